@@ -1,0 +1,146 @@
+package algotest_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goccl/goccl/algorithms"
+	"github.com/goccl/goccl/algorithms/algotest"
+)
+
+type collAlgo struct {
+	coll algorithms.Collective
+	algo algorithms.Algorithm
+}
+
+var everyAlgorithm = []collAlgo{
+	{algorithms.CollAllReduce, algorithms.Ring},
+	{algorithms.CollAllReduce, algorithms.Tree},
+	{algorithms.CollAllReduce, algorithms.RecDoubling},
+	{algorithms.CollAllReduce, algorithms.Rabenseifner},
+	{algorithms.CollReduceScatter, algorithms.Ring},
+	{algorithms.CollAllGather, algorithms.Ring},
+	{algorithms.CollBroadcast, algorithms.Ring},
+	{algorithms.CollReduce, algorithms.Ring},
+	{algorithms.CollAllToAll, algorithms.Pairwise},
+	{algorithms.CollSend, algorithms.P2P},
+}
+
+// counts returns the element counts the issue asks for: 0, 1, primes,
+// counts below the rank count and counts not divisible by it.
+func counts(n int) []int {
+	cs := []int{0, 1, 2, 3, 5, 13, 31, 2*n + 3}
+	if n > 1 {
+		cs = append(cs, n-1)
+	}
+	return cs
+}
+
+// variant is one way of cutting the work: pieces across channels, slice
+// size and link capacity (2 slots is the strictest for deadlocks).
+type variant struct {
+	channels, pieces, slice, slots int
+	inPlace                        bool
+}
+
+var variants = []variant{
+	{channels: 1, pieces: 1, slice: 1, slots: 2},
+	{channels: 1, pieces: 3, slice: 2, slots: 3, inPlace: true},
+	{channels: 2, pieces: 5, slice: 3, slots: 8},
+	{channels: 1, pieces: 1, slice: 1 << 20, slots: 2, inPlace: true},
+}
+
+func TestSimulateEveryAlgorithm(t *testing.T) {
+	maxRanks := 64
+	if testing.Short() {
+		maxRanks = 24
+	}
+	for _, ca := range everyAlgorithm {
+		t.Run(fmt.Sprintf("coll=%v/algo=%v", ca.coll, ca.algo), func(t *testing.T) {
+			t.Parallel()
+			for n := 1; n <= maxRanks; n++ {
+				if (ca.coll == algorithms.CollSend) && n < 2 {
+					continue
+				}
+				for _, count := range counts(n) {
+					for vi, v := range variants {
+						inPlace := v.inPlace && ca.coll != algorithms.CollAllToAll && ca.coll != algorithms.CollSend
+						cfg := algotest.Config{
+							Coll: ca.coll, Algo: ca.algo, NRanks: n, Count: count,
+							Channels: v.channels, Pieces: v.pieces, SliceElems: v.slice, Slots: v.slots,
+							InPlace: inPlace, Seed: uint64(n*1000 + count*10 + vi),
+						}
+						switch ca.coll {
+						case algorithms.CollBroadcast, algorithms.CollReduce:
+							cfg.Root = (n - 1) * vi / len(variants)
+						case algorithms.CollSend:
+							cfg.Root, cfg.Peer = vi%n, (vi+1+count)%n
+							if cfg.Peer == cfg.Root {
+								cfg.Peer = (cfg.Root + 1) % n
+							}
+						}
+						if err := algotest.Run(cfg); err != nil {
+							t.Fatalf("seed %d: %v", cfg.Seed, err)
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestSimulateRingOrders runs ring schedules over random ring orders, as a
+// topology search would produce them.
+func TestSimulateRingOrders(t *testing.T) {
+	seed := uint64(20261130)
+	rng := rand.New(rand.NewPCG(seed, 1))
+	t.Logf("seed %d", seed)
+	for i := 0; i < 200; i++ {
+		n := 1 + rng.IntN(17)
+		ring := rng.Perm(n)
+		for _, c := range []algorithms.Collective{algorithms.CollAllReduce, algorithms.CollReduceScatter,
+			algorithms.CollAllGather, algorithms.CollBroadcast, algorithms.CollReduce} {
+			cfg := algotest.Config{Coll: c, Algo: algorithms.Ring, NRanks: n, Ring: ring, Root: rng.IntN(n),
+				Count: rng.IntN(40), Pieces: 1 + rng.IntN(3), SliceElems: 1 + rng.IntN(4), Slots: 2 + rng.IntN(3),
+				InPlace: rng.IntN(2) == 0, Seed: rng.Uint64()}
+			require.NoError(t, algotest.Run(cfg), "seed %d ring %v", seed, ring)
+		}
+	}
+}
+
+// TestSimulatorCatchesBrokenSchedules makes sure the simulator is not
+// vacuous: each mutation of a correct schedule must be reported.
+func TestSimulatorCatchesBrokenSchedules(t *testing.T) {
+	p := algorithms.Params{Coll: algorithms.CollAllReduce, Algo: algorithms.Ring, NRanks: 4}
+	mutations := map[string]func(s []*algorithms.Schedule){
+		"drop final":         func(s []*algorithms.Schedule) { clearFinal(s[2]) },
+		"reduce wrong block": func(s []*algorithms.Schedule) { s[1].Steps[1].Src.Block = (s[1].Steps[1].Src.Block + 1) % 4 },
+		"swap steps": func(s []*algorithms.Schedule) {
+			s[0].Steps[4], s[0].Steps[5] = s[0].Steps[5], s[0].Steps[4]
+		},
+		"everyone receives first": func(s []*algorithms.Schedule) {
+			for _, x := range s {
+				x.Steps[0], x.Steps[1] = x.Steps[1], x.Steps[0]
+			}
+		},
+	}
+	for name, mutate := range mutations {
+		t.Run(name, func(t *testing.T) {
+			scheds, err := algorithms.BuildAll(p)
+			require.NoError(t, err)
+			mutate(scheds)
+			err = algotest.RunSchedules(algotest.Config{Coll: p.Coll, Algo: p.Algo, NRanks: 4, Count: 8}, scheds)
+			require.Error(t, err)
+			t.Log(err)
+		})
+	}
+}
+
+func clearFinal(s *algorithms.Schedule) {
+	for i := range s.Steps {
+		s.Steps[i].Final = false
+	}
+}

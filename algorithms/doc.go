@@ -1,0 +1,61 @@
+// Package algorithms builds collective schedules as data: for every rank, a
+// list of steps in NCCL's primitive vocabulary (send, recv,
+// recvReduceSend, recvReduceCopy, recvReduceCopySend, recvCopySend, copy,
+// copySend, and two exchanges, sendRecv and sendRecvReduceCopy), over block
+// indices. It also holds the cost model and the tuner that pick an
+// algorithm, a channel count and a chunk size.
+//
+// The package imports the standard library only. It has no goroutines, no
+// clock, no environment and no I/O: everything here is a pure function of
+// its arguments, so schedules can be tested exhaustively without running a
+// transport (package algotest simulates them), and the engine that runs
+// them (internal/engine) owns all the I/O.
+//
+// # Blocks, pieces and slices
+//
+// A schedule does not depend on the element count. It names blocks; a
+// Layout maps blocks to element ranges for a given count:
+//
+//  1. The element space is Majors × K elements: one major block per rank
+//     for reduce-scatter, all-gather and all-to-all (each rank's share),
+//     else one.
+//  2. The engine cuts every major block into P pieces (P a multiple of the
+//     channel count; each channel owns a contiguous run of pieces) and runs
+//     the whole schedule once per piece, in order. That is NCCL's loop over
+//     chunks: pieces pipeline through the ranks.
+//  3. Within a piece, each major block is cut into the schedule's Minor
+//     blocks (n for a ring all-reduce, 2 for the double binary tree, p for
+//     Rabenseifner).
+//  4. Within a step, the engine streams each block in slices of at most one
+//     slot, so a step that receives and sends forwards a slice as soon as it
+//     has it.
+//
+// All cuts are balanced (parts differ by at most one element), so any count
+// works with any rank count; blocks may be empty, and an empty block moves
+// nothing on either side.
+//
+// # Obligations of a schedule (checked by Check, Validate and algotest)
+//
+//  1. Step fields match the kind; peers exist and are not the rank itself.
+//  2. Dst is always Output: Input (the user's send buffer) is never written.
+//  3. For each ordered pair of ranks, the messages one sends the other are,
+//     in order, the messages the other receives from it: connections are
+//     FIFO and carry no tags.
+//  4. Each output element is the reduction of every rank's input element
+//     exactly once (or, for data movement, exactly the right input), and
+//     the step marked Final is the one that completes it, once.
+//  5. It does not deadlock when every message fits in half of a link's
+//     slots (MinPieces), whatever the interleaving of ranks.
+//  6. It is correct when the buffers alias in NCCL's in-place forms.
+//
+// # Algorithms
+//
+// All-reduce: Ring (reduce-scatter + all-gather, bandwidth-optimal), Tree
+// (double binary tree, logarithmic latency at full bandwidth), RecDoubling
+// (log2 n exchanges of the whole buffer, for small messages) and
+// Rabenseifner (recursive halving then doubling, for mid sizes); the last
+// two fold the extra ranks of a count that is not a power of two.
+// Reduce-scatter and all-gather: the halves of the ring. Broadcast and
+// reduce: a pipelined chain along the ring. All-to-all: pairwise exchange.
+// Send and recv: one transfer.
+package algorithms

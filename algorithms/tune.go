@@ -1,0 +1,199 @@
+package algorithms
+
+import (
+	"fmt"
+	"math"
+	"math/bits"
+)
+
+// LinkModel is what the tuner knows about the links between ranks. The
+// engine derives it from the transports in use (and, later, the topology);
+// all ranks must use the same model so that they choose the same plan.
+type LinkModel struct {
+	// Latency is the time one message hop costs, start to finish, for a
+	// tiny message (α in Hockney's model): software overhead plus the
+	// wake-up of the receiver.
+	Latency float64 // seconds
+	// Bandwidth is what one channel moves over one link (1/β).
+	Bandwidth float64 // bytes per second
+	// ReduceRate is how fast one rank reduces (1/γ): bytes of one input
+	// vector per second. Zero means free.
+	ReduceRate float64 // bytes per second
+	// MaxChannels is the most channels worth running at once (≥ 1); more
+	// channels add bandwidth (each channel its own connections) up to it.
+	MaxChannels int
+	// ChannelBytes is the smallest share of an operation worth a channel of
+	// its own: an operation of S bytes uses at most S/ChannelBytes channels.
+	ChannelBytes int64
+	// ChunkBytes is the preferred block size of pipelined algorithms (ring,
+	// tree, chain): big enough to amortise the per-step latency, small
+	// enough that the pipeline fills quickly.
+	ChunkBytes int64
+}
+
+// Validate reports a model the tuner cannot use.
+func (m LinkModel) Validate() error {
+	switch {
+	case !(m.Latency >= 0) || !(m.Bandwidth > 0) || !(m.ReduceRate >= 0):
+		return fmt.Errorf("algorithms: link model needs latency ≥ 0, bandwidth > 0, reduce rate ≥ 0: %+v", m)
+	case m.MaxChannels < 1 || m.ChannelBytes < 1 || m.ChunkBytes < 1:
+		return fmt.Errorf("algorithms: link model needs MaxChannels, ChannelBytes and ChunkBytes ≥ 1: %+v", m)
+	}
+	return nil
+}
+
+// Problem is what the tuner chooses a plan for.
+type Problem struct {
+	Coll   Collective
+	NRanks int
+	// Bytes is the operation's size as nccl-tests counts it: the buffer of
+	// all-reduce, broadcast, reduce, send and recv; the send buffer of
+	// reduce-scatter; the receive buffer of all-gather and all-to-all.
+	Bytes int64
+	Link  LinkModel
+}
+
+// Plan is the tuner's choice.
+type Plan struct {
+	Algo     Algorithm
+	Channels int
+	// ChunkBytes is the target block size for pipelining; the engine cuts
+	// each channel's share into pieces whose blocks are about this size
+	// (never fewer pieces than MinPieces allows).
+	ChunkBytes int64
+}
+
+func log2ceil(n int) int { return bits.Len(uint(n - 1)) }
+
+// Cost predicts the time of problem p run with algorithm a on c channels,
+// in seconds, from the link model: latency α per hop, bytes over bandwidth,
+// bytes over the reduction rate (Hockney's α-β model with the γ term of
+// Thakur, Rabenseifner & Gropp 2005, "Optimization of Collective
+// Communication Operations in MPICH", table 1; pipelined algorithms as in
+// NCCL's src/graph/tuning.cc, which charges a ring 2(n-1) hops and
+// 2(n-1)/n of the bytes). It returns +Inf for an algorithm that cannot run
+// p.
+func Cost(p Problem, a Algorithm, c int) float64 {
+	if !a.Supports(p.Coll) || c < 1 || p.NRanks < 1 {
+		return math.Inf(1)
+	}
+	n := float64(p.NRanks)
+	S := float64(p.Bytes)
+	m := p.Link
+	alpha := m.Latency
+	beta := 1 / (m.Bandwidth * float64(min(c, m.MaxChannels)))
+	gamma := 0.0
+	if m.ReduceRate > 0 {
+		gamma = 1 / (m.ReduceRate * float64(c))
+	}
+	// Every extra channel costs a goroutine hand-off per operation.
+	overhead := float64(c-1) * alpha / 2
+	if p.NRanks == 1 {
+		return S*beta/2 + overhead
+	}
+	// Pipelined algorithms pay their hop count once plus one hop per extra
+	// chunk in flight.
+	chunks := math.Max(1, S/float64(m.ChunkBytes)/float64(c))
+	var t float64
+	switch p.Coll {
+	case CollAllReduce:
+		pw := 1 << (bits.Len(uint(p.NRanks)) - 1)
+		fold := 0.0
+		if pw != p.NRanks {
+			fold = 2*(alpha+S*beta) + S*gamma
+		}
+		L := float64(log2ceil(pw))
+		switch a {
+		case Ring:
+			t = (2*(n-1)+chunks-1)*alpha + 2*(n-1)/n*S*beta + (n-1)/n*S*gamma
+		case Tree:
+			// Up and down each tree (depth log2 n); each tree carries half
+			// the data, each rank sends about S in all and reduces S/2 per
+			// child.
+			t = (2*float64(log2ceil(p.NRanks))+chunks-1)*alpha + 2*S*beta + S*gamma
+		case RecDoubling:
+			t = L*(alpha+S*beta+S*gamma) + fold
+		case Rabenseifner:
+			pf := float64(pw)
+			t = 2*L*alpha + 2*(pf-1)/pf*S*beta + (pf-1)/pf*S*gamma + fold
+		}
+	case CollReduceScatter:
+		t = (n-1+chunks-1)*alpha + (n-1)/n*S*(beta+gamma)
+	case CollAllGather:
+		t = (n-1+chunks-1)*alpha + (n-1)/n*S*beta
+	case CollBroadcast:
+		t = (n-1+chunks-1)*alpha + S*beta
+	case CollReduce:
+		t = (n-1+chunks-1)*alpha + S*(beta+gamma)
+	case CollAllToAll:
+		t = (n-1)*alpha + (n-1)/n*S*beta
+	case CollSend, CollRecv:
+		t = chunks*alpha + S*beta
+	}
+	return t + overhead
+}
+
+// candidates lists the algorithms the tuner weighs for c, in order of
+// preference when costs tie.
+func candidates(c Collective) []Algorithm {
+	switch c {
+	case CollAllReduce:
+		return []Algorithm{Ring, Tree, Rabenseifner, RecDoubling}
+	case CollAllToAll:
+		return []Algorithm{Pairwise}
+	case CollSend, CollRecv:
+		return []Algorithm{P2P}
+	}
+	return []Algorithm{Ring}
+}
+
+// Tune chooses the plan with the lowest predicted cost. force, when not
+// AlgoAuto, fixes the algorithm for the collectives it supports (others
+// keep their own choice); channels and chunk, when positive, fix those.
+// Tune is a pure function of its arguments, so every rank that asks the
+// same question gets the same plan.
+func Tune(p Problem, force Algorithm, channels int, chunk int64) Plan {
+	maxC := channels
+	if maxC <= 0 {
+		maxC = int(min(int64(p.Link.MaxChannels), max(1, p.Bytes/p.Link.ChannelBytes)))
+	}
+	minC := 1
+	if channels > 0 {
+		minC = channels
+	}
+	algos := candidates(p.Coll)
+	if force != AlgoAuto && force.Supports(p.Coll) {
+		algos = []Algorithm{force}
+	}
+	best := Plan{Algo: algos[0], Channels: minC}
+	bestCost := math.Inf(1)
+	for _, a := range algos {
+		for c := minC; c <= maxC; c++ {
+			if cost := Cost(p, a, c); cost < bestCost {
+				best, bestCost = Plan{Algo: a, Channels: c}, cost
+			}
+		}
+	}
+	best.ChunkBytes = p.Link.ChunkBytes
+	if chunk > 0 {
+		best.ChunkBytes = chunk
+	}
+	if best.Algo == RecDoubling || best.Algo == Rabenseifner || best.Algo == Pairwise {
+		best.ChunkBytes = 0 // not pipelined: one piece per channel unless slots demand more
+	}
+	return best
+}
+
+// Pieces returns how many pieces the engine cuts each major block into for
+// plan pl and schedule s: at least one per channel, enough that blocks are
+// about pl.ChunkBytes, never fewer than MinPieces, and a multiple of the
+// channel count so channels get equal shares.
+func Pieces(s *Schedule, pl Plan, k, elemSize, slots, sliceElems int) int {
+	p := MinPieces(s, k, slots, sliceElems)
+	if pl.ChunkBytes > 0 && k > 0 {
+		blockBytes := int64(k) * int64(elemSize) / int64(s.Minor)
+		p = max(p, int((blockBytes+pl.ChunkBytes-1)/pl.ChunkBytes))
+	}
+	c := max(pl.Channels, 1)
+	return (max(p, c) + c - 1) / c * c
+}

@@ -1,0 +1,60 @@
+package algorithms
+
+import (
+	"math"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+var testLink = LinkModel{Latency: 5e-6, Bandwidth: 5e9, ReduceRate: 5e9, MaxChannels: 4, ChannelBytes: 1 << 20, ChunkBytes: 512 << 10}
+
+func TestTunePicksLatencyAlgorithmsForSmallAndRingForLarge(t *testing.T) {
+	small := Tune(Problem{Coll: CollAllReduce, NRanks: 8, Bytes: 8, Link: testLink}, AlgoAuto, 0, 0)
+	require.Equal(t, RecDoubling, small.Algo)
+	require.Equal(t, 1, small.Channels)
+	large := Tune(Problem{Coll: CollAllReduce, NRanks: 8, Bytes: 256 << 20, Link: testLink}, AlgoAuto, 0, 0)
+	require.Contains(t, []Algorithm{Ring, Rabenseifner}, large.Algo)
+	require.Equal(t, 4, large.Channels)
+	if large.Algo == Ring {
+		require.Equal(t, int64(512<<10), large.ChunkBytes)
+	}
+}
+
+func TestTuneHonoursForcedChoices(t *testing.T) {
+	p := Problem{Coll: CollAllReduce, NRanks: 8, Bytes: 8, Link: testLink}
+	pl := Tune(p, Tree, 3, 4096)
+	require.Equal(t, Plan{Algo: Tree, Channels: 3, ChunkBytes: 4096}, pl)
+	// A forced algorithm that does not implement the collective leaves the
+	// collective's own choice.
+	p.Coll = CollAllGather
+	require.Equal(t, Ring, Tune(p, Tree, 0, 0).Algo)
+}
+
+func TestCost(t *testing.T) {
+	p := Problem{Coll: CollAllReduce, NRanks: 4, Bytes: 1 << 20, Link: testLink}
+	require.True(t, math.IsInf(Cost(p, Pairwise, 1), 1))
+	for _, a := range []Algorithm{Ring, Tree, RecDoubling, Rabenseifner} {
+		c1 := Cost(p, a, 1)
+		q := p
+		q.Bytes *= 2
+		require.Greater(t, Cost(q, a, 1), c1, "%v cost must grow with bytes", a)
+		require.Greater(t, c1, 0.0)
+	}
+	require.Error(t, LinkModel{}.Validate())
+	require.NoError(t, testLink.Validate())
+}
+
+func TestPieces(t *testing.T) {
+	s, err := Build(Params{Coll: CollAllReduce, Algo: Ring, NRanks: 4})
+	require.NoError(t, err)
+	pl := Plan{Algo: Ring, Channels: 3, ChunkBytes: 1 << 10}
+	for _, k := range []int{0, 1, 100, 1 << 20} {
+		p := Pieces(s, pl, k, 4, 8, 256)
+		require.Zero(t, p%3, "k=%d: %d pieces not a multiple of the channels", k, p)
+		require.GreaterOrEqual(t, p, MinPieces(s, k, 8, 256))
+		if k == 1<<20 {
+			require.GreaterOrEqual(t, p, (1<<20)*4/4/(1<<10))
+		}
+	}
+}
