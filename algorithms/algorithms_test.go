@@ -120,6 +120,28 @@ func TestMinPiecesKeepsMessagesInHalfTheSlots(t *testing.T) {
 	}
 }
 
+// TestMsgBlocksIsGlobal checks that every rank's schedule carries the
+// largest message of any rank, so that all ranks cut the same pieces.
+func TestMsgBlocksIsGlobal(t *testing.T) {
+	for _, ca := range []struct {
+		c Collective
+		a Algorithm
+	}{{CollAllReduce, Ring}, {CollAllReduce, Tree}, {CollAllReduce, RecDoubling}, {CollAllReduce, Rabenseifner},
+		{CollReduceScatter, Ring}, {CollAllGather, Ring}, {CollBroadcast, Ring}, {CollReduce, Ring}, {CollAllToAll, Pairwise}} {
+		for n := 1; n <= 64; n++ {
+			scheds, err := BuildAll(Params{Coll: ca.c, Algo: ca.a, NRanks: n, Root: n / 2})
+			require.NoError(t, err)
+			most := 0
+			for _, s := range scheds {
+				most = max(most, s.MaxMessageBlocks())
+			}
+			for _, s := range scheds {
+				require.Equal(t, max(most, 1), s.MsgBlocks, "%v/%v n=%d rank %d", ca.c, ca.a, n, s.Rank)
+			}
+		}
+	}
+}
+
 // TestDoubleBinaryTree checks the two trees: each spans all ranks with a
 // single root, parent and child links agree, no node has more than two
 // children, and (for even rank counts) no rank is an inner node of both.

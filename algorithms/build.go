@@ -50,7 +50,7 @@ func Build(p Params) (*Schedule, error) {
 	} else if err := checkPerm(ring, n); err != nil {
 		return nil, err
 	}
-	s := &Schedule{Coll: p.Coll, Algo: p.Algo, NRanks: n, Rank: p.Rank, Root: p.Root, Minor: 1}
+	s := &Schedule{Coll: p.Coll, Algo: p.Algo, NRanks: n, Rank: p.Rank, Root: p.Root, Minor: 1, MsgBlocks: 1}
 	b := builder{s}
 	switch p.Coll {
 	case CollAllReduce:
@@ -325,6 +325,12 @@ func rabenseifnerAllReduce(b builder) {
 	}
 	f := newFold(n, b.s.Rank)
 	b.s.Minor = f.p
+	// The fold moves whole pieces (p blocks); without it the largest
+	// message is the first halving's p/2 blocks.
+	b.s.MsgBlocks = f.p / 2
+	if f.rem > 0 {
+		b.s.MsgBlocks = f.p
+	}
 	cur, active := f.prologue(b, all)
 	if active {
 		v := f.vrank

@@ -190,7 +190,7 @@ func (s *Schedule) MaxMessageBlocks() int {
 }
 
 // MinPieces returns the fewest pieces to cut each major block of k elements
-// into so that every message of s fits in half of a connection's slots
+// into so that every message of every rank's schedule (s.MsgBlocks) fits in half of a connection's slots
 // (slots ≥ 2, each holding sliceElems elements). The engine never uses
 // fewer. Like NCCL, whose ring chunk is half the connection's buffer
 // (ALLREDUCE_CHUNKSTEPS = NCCL_STEPS/2 in src/device/common.h), it relies on
@@ -204,7 +204,7 @@ func MinPieces(s *Schedule, k, slots, sliceElems int) int {
 		panic("algorithms: need at least 2 slots and a positive slice size")
 	}
 	capElems := slots / 2 * sliceElems
-	maxN := s.MaxMessageBlocks()
+	maxN := s.MsgBlocks
 	if maxN == 0 || k == 0 {
 		return 1
 	}

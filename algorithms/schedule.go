@@ -279,7 +279,12 @@ type Schedule struct {
 	// Minor is the number of blocks each major block is cut into per piece
 	// (Layout.Spans).
 	Minor int
-	Steps []Step
+	// MsgBlocks is the largest number of blocks any rank of the
+	// communicator sends in one message. It is the same on every rank (the
+	// engine derives the piece count from it, and all ranks must agree on
+	// that), unlike this rank's own MaxMessageBlocks.
+	MsgBlocks int
+	Steps     []Step
 }
 
 // Blocks returns the size of the schedule's block space: majors × minor.

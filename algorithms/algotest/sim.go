@@ -143,12 +143,20 @@ func RunSchedules(cfg Config, scheds []*algorithms.Schedule) error {
 		return err
 	}
 	// The engine's rule: pieces small enough that every message fits in a
-	// link's slots (algorithms.MinPieces).
+	// link's slots (algorithms.MinPieces). Each rank computes it from its
+	// own schedule, as the engine does, and they must agree.
+	pieces := -1
 	for _, r := range s.ranks {
-		if r != nil {
-			cfg.Pieces = max(cfg.Pieces, algorithms.MinPieces(r.sched, cfg.Count, cfg.Slots, cfg.SliceElems))
+		if r == nil {
+			continue
 		}
+		p := max(cfg.Pieces, algorithms.MinPieces(r.sched, cfg.Count, cfg.Slots, cfg.SliceElems))
+		if pieces >= 0 && p != pieces {
+			return fmt.Errorf("%s: rank %d would cut %d pieces, another rank %d", s.describe(), r.rank, p, pieces)
+		}
+		pieces = p
 	}
+	cfg.Pieces = max(cfg.Pieces, pieces)
 	s.cfg = cfg
 	for c := 0; c < cfg.Channels; c++ {
 		lo, hi := c*cfg.Pieces/cfg.Channels, (c+1)*cfg.Pieces/cfg.Channels

@@ -1,0 +1,386 @@
+// Package mem is an in-process transport: the ranks of a communicator are
+// goroutines of one process and a connection is a ring of slots in shared
+// Go memory. The sender writes (or reduces) straight into the slot the
+// receiver reads from, one copy per hop, as NCCL's P2P transport does
+// between GPUs.
+//
+// It backs collective.NewLocalGroup, and it injects faults for tests: a
+// hook sees every post and wait and can delay it, fail it, or kill a rank
+// (Network.SetFault, Network.Kill).
+package mem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/goccl/goccl/memory"
+	"github.com/goccl/goccl/transport"
+)
+
+// Defaults for Options.
+const (
+	// DefaultSlots is NCCL's NCCL_STEPS (src/include/device.h): a sender
+	// runs at most 8 slices ahead of its receiver.
+	DefaultSlots = 8
+	// DefaultSlotSize keeps a slice, its local operand and its destination
+	// (3 × 128 KiB) inside a 2 MiB L2 cache while it is reduced; see
+	// docs/performance.md for the measurement.
+	DefaultSlotSize = 128 << 10
+)
+
+// ErrKilled is the cause Network.Kill gives by default.
+var ErrKilled = errors.New("killed by fault injection")
+
+// Options configures a Network. Zero fields take the defaults.
+type Options struct {
+	Slots    int
+	SlotSize int
+}
+
+// EventKind says what a fault hook is looking at.
+type EventKind uint8
+
+// Event kinds.
+const (
+	EventPost EventKind = iota // a sender is about to hand over a slot
+	EventWait                  // a receiver is about to take a filled slot
+)
+
+func (k EventKind) String() string {
+	if k == EventPost {
+		return "post"
+	}
+	return "wait"
+}
+
+// Event describes a post or wait to a fault hook.
+type Event struct {
+	Kind     EventKind
+	From, To int // sender and receiver of the connection
+	Channel  int
+	Tag      transport.Tag // for EventPost; zero for EventWait
+}
+
+// FaultFunc is called before every post (by the sender's goroutine) and
+// every wait (by the receiver's). It may sleep to inject a delay, call
+// Network.Kill, or return an error, which fails the call with it.
+type FaultFunc func(Event) error
+
+// Network connects n in-process ranks.
+type Network struct {
+	n     int
+	opts  Options
+	fault atomic.Pointer[FaultFunc]
+
+	mu    sync.Mutex // guards links and the endpoints' states
+	links map[linkKey]*link
+	eps   []*Endpoint
+}
+
+type linkKey struct{ from, to, ch int }
+
+// NewNetwork returns a network of n ranks.
+func NewNetwork(n int, opts Options) (*Network, error) {
+	if opts.Slots == 0 {
+		opts.Slots = DefaultSlots
+	}
+	if opts.SlotSize == 0 {
+		opts.SlotSize = DefaultSlotSize
+	}
+	if n < 1 || opts.Slots < 2 || opts.SlotSize < 64 {
+		return nil, fmt.Errorf("mem: need n ≥ 1, slots ≥ 2 and slot size ≥ 64: n=%d %+v", n, opts)
+	}
+	nw := &Network{n: n, opts: opts, links: map[linkKey]*link{}}
+	for r := 0; r < n; r++ {
+		nw.eps = append(nw.eps, &Endpoint{nw: nw, rank: r, conns: map[[2]int]*conn{}})
+	}
+	return nw, nil
+}
+
+// Endpoint returns rank's endpoint.
+func (nw *Network) Endpoint(rank int) *Endpoint { return nw.eps[rank] }
+
+// SetFault installs a fault hook (nil removes it). It is safe to call at
+// any time.
+func (nw *Network) SetFault(f FaultFunc) {
+	if f == nil {
+		nw.fault.Store(nil)
+		return
+	}
+	nw.fault.Store(&f)
+}
+
+// Kill aborts rank's endpoint as if its process had died: every pending and
+// later call on its connections fails, its peers' with a PeerError naming
+// it. A nil cause means ErrKilled.
+func (nw *Network) Kill(rank int, cause error) {
+	if cause == nil {
+		cause = ErrKilled
+	}
+	nw.eps[rank].Close(cause)
+}
+
+func (nw *Network) hook(ev Event) error {
+	if f := nw.fault.Load(); f != nil {
+		return (*f)(ev)
+	}
+	return nil
+}
+
+// Endpoint is one rank's side of a Network.
+type Endpoint struct {
+	nw   *Network
+	rank int
+
+	// Guarded by nw.mu.
+	conns  map[[2]int]*conn // (peer, channel)
+	closed bool
+	cause  error // non-nil once aborted
+}
+
+var _ transport.Endpoint = (*Endpoint)(nil)
+
+// Caps implements transport.Endpoint.
+func (ep *Endpoint) Caps() transport.Caps {
+	return transport.Caps{Slots: ep.nw.opts.Slots, SlotSize: ep.nw.opts.SlotSize, Memory: memory.Host}
+}
+
+// Connect implements transport.Endpoint. In process there is nothing to
+// negotiate: the link exists as soon as either side asks for it.
+func (ep *Endpoint) Connect(ctx context.Context, peer, ch int) (transport.Conn, error) {
+	nw := ep.nw
+	if peer < 0 || peer >= nw.n || peer == ep.rank {
+		return nil, &transport.PeerError{Peer: peer, Op: "connect", Err: fmt.Errorf("no such peer for rank %d of %d", ep.rank, nw.n)}
+	}
+	nw.mu.Lock()
+	defer nw.mu.Unlock()
+	if ep.closed {
+		return nil, transport.ErrClosed
+	}
+	key := [2]int{peer, ch}
+	if c := ep.conns[key]; c != nil {
+		return c, nil
+	}
+	c := &conn{ep: ep, peer: peer, ch: ch, out: nw.linkLocked(ep.rank, peer, ch), in: nw.linkLocked(peer, ep.rank, ch), cur: -1, rcur: -1}
+	ep.conns[key] = c
+	return c, nil
+}
+
+// linkLocked returns the link from→to on ch, creating it in the state its
+// endpoints are in.
+func (nw *Network) linkLocked(from, to, ch int) *link {
+	k := linkKey{from, to, ch}
+	if l := nw.links[k]; l != nil {
+		return l
+	}
+	l := newLink(from, to, nw.opts)
+	nw.links[k] = l
+	for _, r := range []int{from, to} {
+		ep := nw.eps[r]
+		switch {
+		case ep.cause != nil:
+			l.abort(r, ep.cause)
+		case ep.closed:
+			l.leave(r)
+		}
+	}
+	return l
+}
+
+// Close implements transport.Endpoint.
+func (ep *Endpoint) Close(cause error) error {
+	nw := ep.nw
+	nw.mu.Lock()
+	defer nw.mu.Unlock()
+	if cause != nil && ep.cause == nil {
+		ep.cause = cause
+		for k, l := range nw.links {
+			if k.from == ep.rank || k.to == ep.rank {
+				l.abort(ep.rank, cause)
+			}
+		}
+	}
+	if !ep.closed {
+		ep.closed = true
+		for k, l := range nw.links {
+			if k.from == ep.rank || k.to == ep.rank {
+				l.leave(ep.rank)
+			}
+		}
+	}
+	return nil
+}
+
+// link is one direction of one channel between two ranks.
+type link struct {
+	from, to int
+	slotSize int
+	bufs     [][]byte // slot memory, grown on demand up to slotSize
+	meta     []slotMeta
+	free     chan int // slots the sender may fill, in ring order
+	full     chan int // slots the receiver may drain, in ring order
+
+	dead     chan struct{} // closed when either end aborts
+	deadOnce sync.Once
+	abortBy  int // rank that aborted (valid once dead is closed)
+	cause    error
+
+	fromGone, toGone         chan struct{} // closed on graceful close of an end
+	fromGoneOnce, toGoneOnce sync.Once
+}
+
+type slotMeta struct {
+	n   int
+	tag transport.Tag
+}
+
+func newLink(from, to int, o Options) *link {
+	l := &link{
+		from: from, to: to, slotSize: o.SlotSize,
+		bufs: make([][]byte, o.Slots), meta: make([]slotMeta, o.Slots),
+		free: make(chan int, o.Slots), full: make(chan int, o.Slots),
+		dead: make(chan struct{}), fromGone: make(chan struct{}), toGone: make(chan struct{}),
+	}
+	for i := 0; i < o.Slots; i++ {
+		l.free <- i
+	}
+	return l
+}
+
+func (l *link) abort(by int, cause error) {
+	l.deadOnce.Do(func() {
+		l.abortBy, l.cause = by, cause
+		close(l.dead)
+	})
+}
+
+func (l *link) leave(r int) {
+	if r == l.from {
+		l.fromGoneOnce.Do(func() { close(l.fromGone) })
+	} else {
+		l.toGoneOnce.Do(func() { close(l.toGone) })
+	}
+}
+
+// deadErr is the error rank me sees on a dead link.
+func (l *link) deadErr(me int, op string) error {
+	if l.abortBy == me {
+		return fmt.Errorf("%w: %w", transport.ErrClosed, l.cause)
+	}
+	return &transport.PeerError{Peer: l.abortBy, Op: op, Err: &transport.PeerAbortedError{Peer: l.abortBy, Cause: l.cause}}
+}
+
+// conn is one rank's view of the two links with a peer on a channel.
+type conn struct {
+	ep      *Endpoint
+	peer    int
+	ch      int
+	out, in *link
+	cur     int // slot reserved by the sender side, -1 if none
+	rcur    int // slot held by the receiver side, -1 if none
+}
+
+func (c *conn) Peer() int { return c.peer }
+
+func (c *conn) Reserve(ctx context.Context, n int) (memory.Buffer, error) {
+	l := c.out
+	if n < 0 || n > l.slotSize {
+		return memory.Buffer{}, fmt.Errorf("mem: reserve %d bytes of a %d-byte slot", n, l.slotSize)
+	}
+	var i int
+	select {
+	case i = <-l.free:
+	default:
+		select {
+		case i = <-l.free:
+		case <-l.dead:
+			return memory.Buffer{}, l.deadErr(c.ep.rank, "send")
+		case <-l.toGone:
+			return memory.Buffer{}, &transport.PeerError{Peer: c.peer, Op: "send", Err: transport.ErrPeerClosed}
+		case <-l.fromGone:
+			return memory.Buffer{}, transport.ErrClosed
+		case <-ctx.Done():
+			return memory.Buffer{}, &transport.PeerError{Peer: c.peer, Op: "send", Err: context.Cause(ctx)}
+		}
+	}
+	select {
+	case <-l.dead:
+		l.free <- i
+		return memory.Buffer{}, l.deadErr(c.ep.rank, "send")
+	case <-l.toGone:
+		l.free <- i
+		return memory.Buffer{}, &transport.PeerError{Peer: c.peer, Op: "send", Err: transport.ErrPeerClosed}
+	default:
+	}
+	if cap(l.bufs[i]) < n {
+		// Grow to a power of two (at least 4 KiB), at most the slot size,
+		// so that small operations do not pin whole slots.
+		size := 4096
+		for size < n {
+			size *= 2
+		}
+		l.bufs[i] = make([]byte, min(size, l.slotSize))
+	}
+	c.cur = i
+	return memory.HostBuffer(l.bufs[i][:n]), nil
+}
+
+func (c *conn) Post(n int, tag transport.Tag) error {
+	l := c.out
+	i := c.cur
+	if i < 0 || n > cap(l.bufs[i]) {
+		return fmt.Errorf("mem: post of %d bytes without a matching reserve", n)
+	}
+	c.cur = -1
+	if err := c.ep.nw.hook(Event{Kind: EventPost, From: l.from, To: l.to, Channel: c.ch, Tag: tag}); err != nil {
+		l.free <- i
+		return &transport.PeerError{Peer: c.peer, Op: "send", Err: err}
+	}
+	l.meta[i] = slotMeta{n: n, tag: tag}
+	l.full <- i // never blocks: at most Slots indices exist
+	return nil
+}
+
+func (c *conn) Wait(ctx context.Context) (memory.Buffer, transport.Tag, error) {
+	l := c.in
+	if err := c.ep.nw.hook(Event{Kind: EventWait, From: l.from, To: l.to, Channel: c.ch}); err != nil {
+		return memory.Buffer{}, transport.Tag{}, &transport.PeerError{Peer: c.peer, Op: "recv", Err: err}
+	}
+	var i int
+	select {
+	case i = <-l.full:
+	default:
+		select {
+		case i = <-l.full:
+		case <-l.dead:
+			return memory.Buffer{}, transport.Tag{}, l.deadErr(c.ep.rank, "recv")
+		case <-l.fromGone:
+			// Graceful close: hand out what was posted before it.
+			select {
+			case i = <-l.full:
+			default:
+				return memory.Buffer{}, transport.Tag{}, &transport.PeerError{Peer: c.peer, Op: "recv", Err: transport.ErrPeerClosed}
+			}
+		case <-l.toGone:
+			return memory.Buffer{}, transport.Tag{}, transport.ErrClosed
+		case <-ctx.Done():
+			return memory.Buffer{}, transport.Tag{}, &transport.PeerError{Peer: c.peer, Op: "recv", Err: context.Cause(ctx)}
+		}
+	}
+	c.rcur = i
+	m := l.meta[i]
+	return memory.HostBuffer(l.bufs[i][:m.n]), m.tag, nil
+}
+
+func (c *conn) Release() error {
+	i := c.rcur
+	if i < 0 {
+		return errors.New("mem: release without a matching wait")
+	}
+	c.rcur = -1
+	c.in.free <- i
+	return nil
+}

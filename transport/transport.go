@@ -1,0 +1,110 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/goccl/goccl/memory"
+)
+
+// Endpoint is one rank's attachment to a transport. It makes the
+// connections the engine asks for and tears them all down on Close.
+type Endpoint interface {
+	// Connect returns the connection to peer for channel ch, establishing
+	// it on first use and returning the same Conn afterwards. Both ranks of
+	// a pair connect when they first need the link; Connect blocks until
+	// the link is usable or ctx ends. It is safe for concurrent use.
+	Connect(ctx context.Context, peer, ch int) (Conn, error)
+	// Caps describes the connections this endpoint makes.
+	Caps() Caps
+	// Close tears the endpoint down and is idempotent. With a nil cause it
+	// is graceful: data already posted stays readable by its receivers,
+	// who get ErrPeerClosed only once they have drained it. With a non-nil
+	// cause it aborts: every pending and later call on this endpoint's
+	// connections, on both sides, fails at once, the peers' with a
+	// *PeerError wrapping cause. Close does not wait for calls in progress.
+	Close(cause error) error
+}
+
+// Caps describes an endpoint's connections. The engine sizes its slices
+// and pieces from it, so every rank of a communicator must see the same
+// Slots and SlotSize.
+type Caps struct {
+	Slots    int // slots per connection and direction (≥ 2)
+	SlotSize int // bytes per slot
+	Memory   memory.Kind
+}
+
+// Tag identifies a slice on the wire: which operation it belongs to, which
+// message of that operation on this connection, and which slice of the
+// message. The engine stamps every slice it posts and checks every slice
+// it receives, so that two ranks that disagree about an operation get an
+// error instead of each other's data.
+type Tag struct {
+	Op    uint64
+	Msg   uint32
+	Slice uint32
+}
+
+func (t Tag) String() string { return fmt.Sprintf("op %d message %d slice %d", t.Op, t.Msg, t.Slice) }
+
+// Conn is a bidirectional connection to one peer on one channel: in each
+// direction a ring of Slots slots of SlotSize bytes, filled by the sender
+// and drained by the receiver in order. At most Slots slices are in flight
+// per direction, so a sender runs at most that far ahead of its receiver.
+//
+// The two directions are independent and may be driven by different
+// goroutines, but each direction is driven by one goroutine at a time:
+// Reserve is followed by Post before the next Reserve, and Wait by Release
+// before the next Wait.
+type Conn interface {
+	// Peer returns the rank at the other end.
+	Peer() int
+	// Reserve blocks until the next outgoing slot is free and returns n
+	// bytes of it (n ≤ SlotSize) for the caller to fill. The memory may be
+	// the receiver's own (shared memory, in-process), so the sender writes
+	// or reduces straight into it.
+	Reserve(ctx context.Context, n int) (memory.Buffer, error)
+	// Post hands the reserved slot, holding n bytes, to the receiver.
+	Post(n int, tag Tag) error
+	// Wait blocks until the next incoming slot is filled and returns its
+	// bytes and tag. The data stays valid until Release.
+	Wait(ctx context.Context) (memory.Buffer, Tag, error)
+	// Release returns the slot obtained by Wait to the sender.
+	Release() error
+}
+
+// Errors.
+var (
+	// ErrPeerClosed: the peer closed its endpoint gracefully and has no more
+	// data for us, or takes no more from us.
+	ErrPeerClosed = errors.New("peer closed the connection")
+	// ErrClosed: this endpoint was closed.
+	ErrClosed = errors.New("transport endpoint closed")
+)
+
+// PeerError is a failure of the link to one peer.
+type PeerError struct {
+	Peer int    // the rank at the other end
+	Op   string // what was under way: "connect", "send", "recv"
+	Err  error
+}
+
+func (e *PeerError) Error() string {
+	return fmt.Sprintf("%s with rank %d: %v", e.Op, e.Peer, e.Err)
+}
+
+func (e *PeerError) Unwrap() error { return e.Err }
+
+// PeerAbortedError is the cause a peer gave when it aborted.
+type PeerAbortedError struct {
+	Peer  int
+	Cause error
+}
+
+func (e *PeerAbortedError) Error() string {
+	return fmt.Sprintf("rank %d aborted: %v", e.Peer, e.Cause)
+}
+
+func (e *PeerAbortedError) Unwrap() error { return e.Cause }
