@@ -1,0 +1,526 @@
+//go:build ignore
+
+// asmgen writes zkernels_amd64.s and zkernels_amd64.go, the AVX2 kernels of
+// package kernels. Run it with `go generate ./internal/kernels/`.
+//
+// Every kernel has the same shape (a loop of U vectors per iteration, then a
+// loop of one vector, then one element at a time), so it is cheaper to review
+// this generator than 40 hand-written loops. The element formats (how a
+// vector or one element is loaded and stored) and the operations (what is
+// done to two registers) are described separately below and combined.
+//
+// Instruction semantics are from the Intel 64 and IA-32 Architectures
+// Software Developer's Manual, Vol. 2 (order number 325383). Plan 9 syntax
+// reverses Intel's operand order: "VOP src2, src1, dst" is Intel
+// "VOP dst, src1, src2".
+package main
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"go/format"
+	"log"
+	"os"
+	"strings"
+)
+
+// elemFormat describes how elements of one type live in memory and in a vector
+// register, where the arithmetic is done.
+type elemFormat struct {
+	name     string // Go-visible suffix: F32, F64, F16, BF16, I8, I32, I64
+	size     int    // bytes per element in memory
+	vecBytes int    // bytes of memory per vector register of work
+	float    string // "PS"/"PD" for float formats (arithmetic suffix), "" for integers
+	// bInMem: the second operand can be a memory operand of the vector
+	// instruction (the memory layout is the register layout).
+	bInMem bool
+	// loadV/storeV move one vector of memory (vecBytes) between memory
+	// and k Y registers (k = regs, 1 except for bfloat16); loadS/storeS
+	// move one element into the lowest lane of an X register, zeroing the
+	// other lanes so that they never hold slow denormals, and never touch
+	// memory past the element. tmp are scratch registers the stores may
+	// use (at least storeTemps of them).
+	regs       int
+	loadV      func(mem string, r []string) []string
+	storeV     func(r []string, mem string, tmp []string) []string
+	loadS      func(mem, reg string) []string
+	storeS     func(reg, mem string, tmp []string) []string
+	storeTemps int
+	consts     []string // constant registers the format needs, set up by setup
+	setup      []string
+}
+
+func lines(s ...string) []string { return s }
+
+func x(y string) string { return "X" + strings.TrimPrefix(y, "Y") }
+
+var (
+	f32 = &elemFormat{
+		name: "F32", size: 4, vecBytes: 32, float: "PS", bInMem: true,
+		loadV:  func(m string, r []string) []string { return lines("VMOVUPS " + m + ", " + r[0]) },
+		storeV: func(r []string, m string, _ []string) []string { return lines("VMOVUPS " + r[0] + ", " + m) },
+		loadS:  func(m, r string) []string { return lines("VMOVSS " + m + ", " + r) },
+		storeS: func(r, m string, _ []string) []string { return lines("VMOVSS " + r + ", " + m) },
+	}
+	f64 = &elemFormat{
+		name: "F64", size: 8, vecBytes: 32, float: "PD", bInMem: true,
+		loadV:  func(m string, r []string) []string { return lines("VMOVUPD " + m + ", " + r[0]) },
+		storeV: func(r []string, m string, _ []string) []string { return lines("VMOVUPD " + r[0] + ", " + m) },
+		loadS:  func(m, r string) []string { return lines("VMOVSD " + m + ", " + r) },
+		storeS: func(r, m string, _ []string) []string { return lines("VMOVSD " + r + ", " + m) },
+	}
+	// f16 uses F16C: VCVTPH2PS widens 8 halves to 8 singles exactly;
+	// VCVTPS2PH with imm8 = 0 narrows rounding to nearest even (imm8 bit 2
+	// clear selects the rounding mode in imm8[1:0], 00 = nearest, instead
+	// of MXCSR.RC; SDM Vol. 2, VCVTPS2PH). Overflow gives Inf and NaN a
+	// quiet NaN with the top payload bits, like half.F32ToF16
+	// (TestNaNBitsMatchHalf checks all 65536 inputs).
+	f16 = &elemFormat{
+		name: "F16", size: 2, vecBytes: 16, float: "PS",
+		loadV:  func(m string, r []string) []string { return lines("VCVTPH2PS " + m + ", " + r[0]) },
+		storeV: func(r []string, m string, _ []string) []string { return lines("VCVTPS2PH $0, " + r[0] + ", " + m) },
+		loadS: func(m, r string) []string {
+			return lines("MOVWLZX "+m+", R8", "VMOVD R8, "+r, "VCVTPH2PS "+r+", "+r)
+		},
+		storeS: func(r, m string, _ []string) []string {
+			return lines("VCVTPS2PH $0, "+r+", "+r, "VMOVD "+r+", R8", "MOVW R8, "+m)
+		},
+	}
+	// bf16 is the top half of a binary32. A vector is 16 elements (32
+	// bytes) split into two registers of 8 singles: the even elements
+	// (shifted up 16 bits) and the odd ones (low 16 bits masked off, they
+	// are already in place). This needs no cross-lane shuffles, which all
+	// compete for one execution port, neither to widen nor to narrow.
+	// Narrowing is the round-to-nearest-even addition of half.F32ToBF16
+	// (add 0x7fff plus bit 16, keep the top half) with NaNs taking the
+	// truncated pattern with the quiet bit (bit 22) forced on; the even
+	// results are shifted down and the odd ones blended in word-wise.
+	bf16 = &elemFormat{
+		name: "BF16", size: 2, vecBytes: 32, float: "PS", regs: 2,
+		consts: []string{"Y12", "Y13", "Y14"},
+		setup: lines(
+			"MOVL $0xffff0000, R8", "VMOVD R8, X12", "VPBROADCASTD X12, Y12",
+			"MOVL $0x7fff, R8", "VMOVD R8, X13", "VPBROADCASTD X13, Y13",
+			"MOVL $0x400000, R8", "VMOVD R8, X14", "VPBROADCASTD X14, Y14",
+		),
+		storeTemps: 2,
+		loadV: func(m string, r []string) []string {
+			return lines(
+				"VMOVDQU "+m+", "+r[1],
+				"VPSLLD $16, "+r[1]+", "+r[0],
+				"VPAND Y12, "+r[1]+", "+r[1],
+			)
+		},
+		storeV: func(r []string, m string, tmp []string) []string {
+			l := bf16Round(r[0], tmp[0], tmp[1], "Y13", "Y14")
+			l = append(l, "VPSRLD $16, "+tmp[0]+", "+tmp[0]) // even results to the low words
+			l = append(l, bf16Round(r[1], r[0], tmp[1], "Y13", "Y14")...)
+			return append(l,
+				"VPBLENDW $0xaa, "+r[0]+", "+tmp[0]+", "+tmp[0], // odd results: the high words
+				"VMOVDQU "+tmp[0]+", "+m)
+		},
+		loadS: func(m, r string) []string {
+			return lines("MOVWLZX "+m+", R8", "SHLL $16, R8", "VMOVD R8, "+r)
+		},
+		storeS: func(r, m string, tmp []string) []string {
+			l := bf16Round(r, tmp[0], tmp[1], "X13", "X14")
+			return append(l, "VPSRLD $16, "+tmp[0]+", "+tmp[0], "VMOVD "+tmp[0]+", R8", "MOVW R8, "+m)
+		},
+	}
+	i8 = &elemFormat{
+		name: "I8", size: 1, vecBytes: 32, bInMem: true,
+		loadV:  func(m string, r []string) []string { return lines("VMOVDQU " + m + ", " + r[0]) },
+		storeV: func(r []string, m string, _ []string) []string { return lines("VMOVDQU " + r[0] + ", " + m) },
+		loadS:  func(m, r string) []string { return lines("MOVBLZX "+m+", R8", "VMOVD R8, "+r) },
+		storeS: func(r, m string, _ []string) []string { return lines("VMOVD "+r+", R8", "MOVB R8, "+m) },
+	}
+	i32 = &elemFormat{
+		name: "I32", size: 4, vecBytes: 32, bInMem: true,
+		loadV:  func(m string, r []string) []string { return lines("VMOVDQU " + m + ", " + r[0]) },
+		storeV: func(r []string, m string, _ []string) []string { return lines("VMOVDQU " + r[0] + ", " + m) },
+		loadS:  func(m, r string) []string { return lines("VMOVD " + m + ", " + r) },
+		storeS: func(r, m string, _ []string) []string { return lines("VMOVD " + r + ", " + m) },
+	}
+	i64 = &elemFormat{
+		name: "I64", size: 8, vecBytes: 32, bInMem: true,
+		loadV:  func(m string, r []string) []string { return lines("VMOVDQU " + m + ", " + r[0]) },
+		storeV: func(r []string, m string, _ []string) []string { return lines("VMOVDQU " + r[0] + ", " + m) },
+		loadS:  func(m, r string) []string { return lines("VMOVQ " + m + ", " + r) },
+		storeS: func(r, m string, _ []string) []string { return lines("VMOVQ " + r + ", " + m) },
+	}
+)
+
+// bf16Round leaves in the upper 16 bits of each 32-bit lane of t the
+// bfloat16 pattern of the single in the same lane of r (the lower bits are
+// garbage). r and m are clobbered.
+func bf16Round(r, t, m, bias, quiet string) []string {
+	return lines(
+		"VPSLLD $15, "+r+", "+t,             // bit 16 (lowest kept bit) to bit 31
+		"VPSRLD $31, "+t+", "+t,             // ... and down to bit 0
+		"VPADDD "+bias+", "+t+", "+t,        // 0x7fff + lsb
+		"VPADDD "+r+", "+t+", "+t,           // rounded, carries into exponent/Inf
+		"VCMPPS $3, "+r+", "+r+", "+m,       // m = r unordered with itself: NaN
+		"VPOR "+quiet+", "+r+", "+r,         // quiet NaN
+		"VBLENDVPS "+m+", "+r+", "+t+", "+t, // t = m ? r : t
+	)
+}
+
+// operation combines register a with operand b (a register or, when the
+// format allows and bReg is false, a memory operand) into a.
+type operation struct {
+	name   string
+	temps  int      // scratch registers
+	bReg   bool     // b must be a register (it is used twice or clobbered)
+	consts []string // constant registers needed (set up by setup)
+	setup  []string
+	emit   func(f *elemFormat, a, b string, tmp []string, w string) []string
+}
+
+func simple(name, instr string) *operation {
+	return &operation{name: name, emit: func(_ *elemFormat, a, b string, _ []string, _ string) []string {
+		return lines(instr + " " + b + ", " + a + ", " + a)
+	}}
+}
+
+func floatArith(name, base string) *operation {
+	return &operation{name: name, emit: func(f *elemFormat, a, b string, _ []string, _ string) []string {
+		return lines("V" + base + f.float + " " + b + ", " + a + ", " + a)
+	}}
+}
+
+// floatMinMax propagates NaN from either side. When either input is NaN,
+// VMINPS/VMAXPS write the second source operand (Intel order; b here), NaN
+// or not (SDM Vol. 2, MINPS/MAXPS, Operation: MIN(SRC1, SRC2) returns SRC2
+// unless SRC1 < SRC2), so b's NaNs come out already; a's are restored with
+// a blend under an unordered self-compare of a (VCMPPS predicate 3,
+// UNORD_Q).
+func floatMinMax(name, base string) *operation {
+	return &operation{name: name, temps: 2, emit: func(f *elemFormat, a, b string, t []string, _ string) []string {
+		p := f.float
+		return lines(
+			"V"+base+p+" "+b+", "+a+", "+t[0],
+			"VCMP"+p+" $3, "+a+", "+a+", "+t[1],
+			"VBLENDV"+p+" "+t[1]+", "+a+", "+t[0]+", "+a,
+		)
+	}}
+}
+
+// avgFinal adds and divides by n (broadcast into Y15 by the prologue).
+func avgFinal() *operation {
+	return &operation{name: "avg", consts: []string{"Y15"}, emit: func(f *elemFormat, a, b string, _ []string, w string) []string {
+		return lines(
+			"VADD"+f.float+" "+b+", "+a+", "+a,
+			"VDIV"+f.float+" "+w+"15, "+a+", "+a,
+		)
+	}}
+}
+
+// postDiv is the unary a /= n of Post.
+func postDiv() *operation {
+	return &operation{name: "post", consts: []string{"Y15"}, emit: func(f *elemFormat, a, _ string, _ []string, w string) []string {
+		return lines("VDIV" + f.float + " " + w + "15, " + a + ", " + a)
+	}}
+}
+
+// mul64 is the low 64 bits of a 64x64 product (AVX2 has no VPMULLQ): with
+// a = ah*2^32 + al, b = bh*2^32 + bl, a*b mod 2^64 = al*bl + (ah*bl + al*bh)*2^32.
+var mul64 = &operation{name: "prod", temps: 2, bReg: true, emit: func(_ *elemFormat, a, b string, t []string, _ string) []string {
+	return lines(
+		"VPMULUDQ "+b+", "+a+", "+t[0], // al*bl
+		"VPSRLQ $32, "+a+", "+t[1],
+		"VPMULUDQ "+b+", "+t[1]+", "+t[1], // ah*bl
+		"VPSRLQ $32, "+b+", "+b,
+		"VPMULUDQ "+a+", "+b+", "+b, // al*bh
+		"VPADDQ "+b+", "+t[1]+", "+t[1],
+		"VPSLLQ $32, "+t[1]+", "+t[1],
+		"VPADDQ "+t[1]+", "+t[0]+", "+a,
+	)
+}}
+
+// minMax64 selects with a signed 64-bit compare (VPCMPGTQ). Unsigned
+// compares flip the sign bit of both sides first (Y12 holds 1<<63), which
+// maps unsigned order onto signed order.
+func minMax64(name string, isMax, unsigned bool) *operation {
+	op := &operation{name: name, temps: 2, bReg: true}
+	if unsigned {
+		op.consts = []string{"Y12"}
+		op.setup = lines("MOVQ $0x8000000000000000, R8", "VMOVQ R8, X12", "VPBROADCASTQ X12, Y12")
+	}
+	op.emit = func(_ *elemFormat, a, b string, t []string, w string) []string {
+		var l []string
+		ca, cb := a, b
+		if unsigned {
+			l = append(l, "VPXOR "+w+"12, "+a+", "+t[0], "VPXOR "+w+"12, "+b+", "+t[1])
+			ca, cb = t[0], t[1]
+		}
+		l = append(l, "VPCMPGTQ "+cb+", "+ca+", "+t[1]) // t1 = a > b
+		if isMax {
+			l = append(l, "VPBLENDVB "+t[1]+", "+a+", "+b+", "+a) // a > b ? a : b
+		} else {
+			l = append(l, "VPBLENDVB "+t[1]+", "+b+", "+a+", "+a) // a > b ? b : a
+		}
+		return l
+	}
+	return op
+}
+
+type kernel struct {
+	f     *elemFormat
+	op    *operation
+	unary bool // Post: dst = op(src)
+}
+
+func (k *kernel) fname() string {
+	return k.op.name + k.f.name + "AVX2"
+}
+
+func (k *kernel) nType() string {
+	if k.f.float == "PD" {
+		return "float64"
+	}
+	return "float32"
+}
+
+type gen struct {
+	s  bytes.Buffer
+	gd bytes.Buffer
+}
+
+func (g *gen) p(format string, a ...any) { fmt.Fprintf(&g.s, format+"\n", a...) }
+
+func (g *gen) kernel(k *kernel) {
+	f, op := k.f, k.op
+	consts := append(append([]string{}, f.consts...), op.consts...)
+	avail := 16 - len(consts)
+	kr := f.regs
+	if kr == 0 {
+		kr = 1
+	}
+	// Per vector: kr registers for a, kr for b, the operation's scratch
+	// registers; the store may reuse b's registers once the operation is
+	// done.
+	temps := op.temps
+	if st := f.storeTemps - kr; st > temps {
+		temps = st
+	}
+	per := 2*kr + temps
+	unroll := 4
+	for unroll*per > avail {
+		unroll /= 2
+	}
+	var free []string
+	used := map[string]bool{}
+	for _, c := range consts {
+		used[c] = true
+	}
+	for i := 0; i < 16; i++ {
+		r := fmt.Sprintf("Y%d", i)
+		if !used[r] {
+			free = append(free, r)
+		}
+	}
+
+	name := k.fname()
+	var args, frame string
+	var nOff int
+	if k.unary {
+		args = "dst, src []byte"
+		nOff = 48
+	} else {
+		args = "dst, a, b []byte"
+		nOff = 72
+	}
+	frame = fmt.Sprint(nOff)
+	hasN := op.name == "avg" || op.name == "post"
+	if hasN {
+		args += ", n " + k.nType()
+		if k.nType() == "float64" {
+			frame = fmt.Sprint(nOff + 8)
+		} else {
+			frame = fmt.Sprint(nOff + 4)
+		}
+	}
+	fmt.Fprintf(&g.gd, "//go:noescape\nfunc %s(%s)\n\n", name, args)
+
+	vb := f.vecBytes
+	g.p("// func %s(%s)", name, args)
+	g.p("TEXT ·%s(SB), NOSPLIT, $0-%s", name, frame)
+	g.p("\tMOVQ dst_base+0(FP), DI")
+	g.p("\tMOVQ dst_len+8(FP), CX")
+	// The caller guarantees equal lengths, a multiple of the element
+	// size; if it does not, process only the whole elements common to all
+	// slices rather than touch memory outside them.
+	if k.unary {
+		g.p("\tMOVQ src_base+24(FP), SI")
+		g.p("\tMOVQ src_len+32(FP), R9")
+		g.p("\tCMPQ R9, CX")
+		g.p("\tCMOVQLT R9, CX")
+	} else {
+		g.p("\tMOVQ a_base+24(FP), SI")
+		g.p("\tMOVQ b_base+48(FP), DX")
+		g.p("\tMOVQ a_len+32(FP), R9")
+		g.p("\tCMPQ R9, CX")
+		g.p("\tCMOVQLT R9, CX")
+		g.p("\tMOVQ b_len+56(FP), R9")
+		g.p("\tCMPQ R9, CX")
+		g.p("\tCMOVQLT R9, CX")
+	}
+	if f.size > 1 {
+		g.p("\tANDQ $-%d, CX", f.size)
+	}
+	for _, l := range append(append([]string{}, f.setup...), op.setup...) {
+		g.p("\t%s", l)
+	}
+	if hasN {
+		if k.nType() == "float64" {
+			g.p("\tVBROADCASTSD n+%d(FP), Y15", nOff)
+		} else {
+			g.p("\tVBROADCASTSS n+%d(FP), Y15", nOff)
+		}
+	}
+	g.p("\tXORQ AX, AX")
+
+	body := func(n int, scalar bool) {
+		for i := 0; i < n; i++ {
+			regs := free[i*per : (i+1)*per]
+			a, b := regs[:kr], regs[kr:2*kr]
+			t := append([]string{}, regs[2*kr:]...)
+			off := i * vb
+			ma := fmt.Sprintf("%d(SI)(AX*1)", off)
+			mb := fmt.Sprintf("%d(DX)(AX*1)", off)
+			md := fmt.Sprintf("%d(DI)(AX*1)", off)
+			var l []string
+			if scalar {
+				// One element in the lowest lane of X registers; every
+				// register but a is scratch for the store.
+				xa, xb := x(a[0]), x(b[0])
+				var xt, rest []string
+				for _, r := range t {
+					xt = append(xt, x(r))
+				}
+				for _, r := range append(append([]string{}, a[1:]...), b[1:]...) {
+					rest = append(rest, x(r))
+				}
+				l = append(l, f.loadS(ma, xa)...)
+				if !k.unary {
+					l = append(l, f.loadS(mb, xb)...)
+				}
+				l = append(l, op.emit(f, xa, xb, xt, "X")...)
+				st := append(append([]string{xb}, xt...), rest...)
+				l = append(l, f.storeS(xa, md, st)...)
+			} else {
+				l = append(l, f.loadV(ma, a)...)
+				bop := b
+				if !k.unary {
+					if kr == 1 && f.bInMem && !op.bReg {
+						bop = []string{mb} // memory operand, no load
+					} else {
+						l = append(l, f.loadV(mb, b)...)
+					}
+				}
+				for j := range kr {
+					l = append(l, op.emit(f, a[j], bop[j], t, "Y")...)
+				}
+				st := append(append([]string{}, b...), t...)
+				if bop[0] == mb {
+					st = t
+				}
+				l = append(l, f.storeV(a, md, st)...)
+			}
+			for _, s := range l {
+				g.p("\t%s", s)
+			}
+		}
+	}
+	block := unroll * vb
+	g.p("\tMOVQ CX, BX")
+	g.p("\tANDQ $-%d, BX", block)
+	g.p("\tJZ vec1")
+	g.p("loop%d:", unroll)
+	body(unroll, false)
+	g.p("\tADDQ $%d, AX", block)
+	g.p("\tCMPQ AX, BX")
+	g.p("\tJB loop%d", unroll)
+	g.p("vec1:")
+	g.p("\tMOVQ CX, BX")
+	g.p("\tANDQ $-%d, BX", vb)
+	g.p("\tCMPQ AX, BX")
+	g.p("\tJAE tail")
+	g.p("loop1:")
+	body(1, false)
+	g.p("\tADDQ $%d, AX", vb)
+	g.p("\tCMPQ AX, BX")
+	g.p("\tJB loop1")
+	g.p("tail:")
+	g.p("\tCMPQ AX, CX")
+	g.p("\tJAE done")
+	g.p("loopS:")
+	body(1, true)
+	g.p("\tADDQ $%d, AX", f.size)
+	g.p("\tCMPQ AX, CX")
+	g.p("\tJB loopS")
+	g.p("done:")
+	g.p("\tVZEROUPPER")
+	g.p("\tRET")
+	g.p("")
+}
+
+func main() {
+	outS := flag.String("s", "zkernels_amd64.s", "assembly output")
+	outGo := flag.String("go", "zkernels_amd64.go", "Go declarations output")
+	flag.Parse()
+
+	var ks []*kernel
+	for _, f := range []*elemFormat{f32, f64, f16, bf16} {
+		ks = append(ks,
+			&kernel{f: f, op: floatArith("sum", "ADD")},
+			&kernel{f: f, op: floatArith("prod", "MUL")},
+			&kernel{f: f, op: floatMinMax("min", "MIN")},
+			&kernel{f: f, op: floatMinMax("max", "MAX")},
+			&kernel{f: f, op: avgFinal()},
+			&kernel{f: f, op: postDiv(), unary: true},
+		)
+	}
+	ks = append(ks,
+		&kernel{f: i8, op: simple("sum", "VPADDB")},
+		&kernel{f: i8, op: simple("minS", "VPMINSB")},
+		&kernel{f: i8, op: simple("minU", "VPMINUB")},
+		&kernel{f: i8, op: simple("maxS", "VPMAXSB")},
+		&kernel{f: i8, op: simple("maxU", "VPMAXUB")},
+		&kernel{f: i32, op: simple("sum", "VPADDD")},
+		&kernel{f: i32, op: simple("prod", "VPMULLD")},
+		&kernel{f: i32, op: simple("minS", "VPMINSD")},
+		&kernel{f: i32, op: simple("minU", "VPMINUD")},
+		&kernel{f: i32, op: simple("maxS", "VPMAXSD")},
+		&kernel{f: i32, op: simple("maxU", "VPMAXUD")},
+		&kernel{f: i64, op: simple("sum", "VPADDQ")},
+		&kernel{f: i64, op: mul64},
+		&kernel{f: i64, op: minMax64("minS", false, false)},
+		&kernel{f: i64, op: minMax64("minU", false, true)},
+		&kernel{f: i64, op: minMax64("maxS", true, false)},
+		&kernel{f: i64, op: minMax64("maxU", true, true)},
+	)
+
+	var g gen
+	g.p("// Code generated by asmgen.go; DO NOT EDIT.")
+	g.p("")
+	g.p("//go:build !purego")
+	g.p("")
+	g.p("#include \"textflag.h\"")
+	g.p("")
+	fmt.Fprintf(&g.gd, "// Code generated by asmgen.go; DO NOT EDIT.\n\n//go:build !purego\n\npackage kernels\n\n")
+	for _, k := range ks {
+		g.kernel(k)
+	}
+	src, err := format.Source(g.gd.Bytes())
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := os.WriteFile(*outS, g.s.Bytes(), 0o644); err != nil {
+		log.Fatal(err)
+	}
+	if err := os.WriteFile(*outGo, src, 0o644); err != nil {
+		log.Fatal(err)
+	}
+}

@@ -1,0 +1,12 @@
+//go:build purego || !amd64
+
+package kernels
+
+// Without assembly every kernel is the portable Go one.
+
+func archReduce(Type, Op) Func                 { return nil }
+func archAvg(Type, int) Func                   { return nil }
+func archPost(Type, int) func(dst, src []byte) { return nil }
+
+// hasAsm reports whether this build and CPU have assembly kernels.
+func hasAsm() bool { return false }
