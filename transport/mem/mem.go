@@ -13,8 +13,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/goccl/goccl/memory"
 	"github.com/goccl/goccl/transport"
@@ -30,6 +32,34 @@ const (
 	// docs/performance.md for the measurement.
 	DefaultSlotSize = 128 << 10
 )
+
+// spinFor is how long a waiting call polls before it parks its goroutine.
+// Parking costs a wake-up when the peer posts, which on these 2-vCPU
+// machines is tens of microseconds when it has to wake the other vCPU
+// (../shared/baselines/RESULTS.md); polling with Gosched in between lets
+// other ranks' goroutines run on the same core meanwhile. See
+// docs/performance.md for the measurement behind the value.
+const spinFor = 20 * time.Microsecond
+
+// spin polls ch for up to spinFor and reports what it got.
+func spin(ch chan int) (int, bool) {
+	var start time.Time
+	for i := 1; ; i++ {
+		select {
+		case x := <-ch:
+			return x, true
+		default:
+		}
+		if i%32 == 0 {
+			if start.IsZero() {
+				start = time.Now()
+			} else if time.Since(start) > spinFor {
+				return 0, false
+			}
+			runtime.Gosched()
+		}
+	}
+}
 
 // ErrKilled is the cause Network.Kill gives by default.
 var ErrKilled = errors.New("killed by fault injection")
@@ -290,18 +320,16 @@ func (c *conn) Reserve(ctx context.Context, n int) (memory.Buffer, error) {
 	if n < 0 || n > l.slotSize {
 		return memory.Buffer{}, fmt.Errorf("mem: reserve %d bytes of a %d-byte slot", n, l.slotSize)
 	}
-	var i int
-	select {
-	case i = <-l.free:
-	default:
+	i, ok := spin(l.free)
+	if !ok {
 		select {
 		case i = <-l.free:
 		case <-l.dead:
 			return memory.Buffer{}, l.deadErr(c.ep.rank, "send")
 		case <-l.toGone:
-			return memory.Buffer{}, &transport.PeerError{Peer: c.peer, Op: "send", Err: transport.ErrPeerClosed}
+			return memory.Buffer{}, c.goneErr(l, "send")
 		case <-l.fromGone:
-			return memory.Buffer{}, transport.ErrClosed
+			return memory.Buffer{}, c.goneErr(l, "send")
 		case <-ctx.Done():
 			return memory.Buffer{}, &transport.PeerError{Peer: c.peer, Op: "send", Err: context.Cause(ctx)}
 		}
@@ -312,7 +340,7 @@ func (c *conn) Reserve(ctx context.Context, n int) (memory.Buffer, error) {
 		return memory.Buffer{}, l.deadErr(c.ep.rank, "send")
 	case <-l.toGone:
 		l.free <- i
-		return memory.Buffer{}, &transport.PeerError{Peer: c.peer, Op: "send", Err: transport.ErrPeerClosed}
+		return memory.Buffer{}, c.goneErr(l, "send")
 	default:
 	}
 	if cap(l.bufs[i]) < n {
@@ -326,6 +354,26 @@ func (c *conn) Reserve(ctx context.Context, n int) (memory.Buffer, error) {
 	}
 	c.cur = i
 	return memory.HostBuffer(l.bufs[i][:n]), nil
+}
+
+// goneErr is the error for a link one of whose ends has closed. An abort
+// closes the ends too, so the abort is checked first: it carries the cause.
+func (c *conn) goneErr(l *link, op string) error {
+	select {
+	case <-l.dead:
+		return l.deadErr(c.ep.rank, op)
+	default:
+	}
+	mine := l.toGone
+	if c.ep.rank == l.from {
+		mine = l.fromGone
+	}
+	select {
+	case <-mine:
+		return transport.ErrClosed
+	default:
+	}
+	return &transport.PeerError{Peer: c.peer, Op: op, Err: transport.ErrPeerClosed}
 }
 
 func (c *conn) Post(n int, tag transport.Tag) error {
@@ -349,10 +397,8 @@ func (c *conn) Wait(ctx context.Context) (memory.Buffer, transport.Tag, error) {
 	if err := c.ep.nw.hook(Event{Kind: EventWait, From: l.from, To: l.to, Channel: c.ch}); err != nil {
 		return memory.Buffer{}, transport.Tag{}, &transport.PeerError{Peer: c.peer, Op: "recv", Err: err}
 	}
-	var i int
-	select {
-	case i = <-l.full:
-	default:
+	i, ok := spin(l.full)
+	if !ok {
 		select {
 		case i = <-l.full:
 		case <-l.dead:
@@ -362,10 +408,10 @@ func (c *conn) Wait(ctx context.Context) (memory.Buffer, transport.Tag, error) {
 			select {
 			case i = <-l.full:
 			default:
-				return memory.Buffer{}, transport.Tag{}, &transport.PeerError{Peer: c.peer, Op: "recv", Err: transport.ErrPeerClosed}
+				return memory.Buffer{}, transport.Tag{}, c.goneErr(l, "recv")
 			}
 		case <-l.toGone:
-			return memory.Buffer{}, transport.Tag{}, transport.ErrClosed
+			return memory.Buffer{}, transport.Tag{}, c.goneErr(l, "recv")
 		case <-ctx.Done():
 			return memory.Buffer{}, transport.Tag{}, &transport.PeerError{Peer: c.peer, Op: "recv", Err: context.Cause(ctx)}
 		}

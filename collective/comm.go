@@ -1,0 +1,358 @@
+package collective
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/goccl/goccl/algorithms"
+	"github.com/goccl/goccl/internal/engine"
+	"github.com/goccl/goccl/transport"
+	"github.com/goccl/goccl/transport/mem"
+)
+
+// Comm is one rank's handle on a communicator: a fixed group of ranks that
+// run collectives together. Its methods and the collectives are safe for
+// concurrent use, but operations run one at a time, in the order they were
+// issued (see the package documentation for what that asks of callers).
+type Comm struct {
+	rank, size int
+	cfg        Config
+	eng        *engine.Engine
+	ep         transport.Endpoint
+
+	// ctx is cancelled, with the cause, when the communicator is aborted or
+	// closed; it is the parent of every operation's context.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+
+	mu     sync.Mutex // guards closed, tail, seq
+	closed bool
+	tail   *Request // the last operation issued
+	seq    uint64
+	wg     sync.WaitGroup // goroutines of asynchronous operations
+
+	// The watchdog enforces Config.Timeout without a timer per operation:
+	// the operation in flight (one at a time) publishes its start, and a
+	// single timer, re-armed lazily, aborts the communicator when that
+	// operation has run too long.
+	watchdog *time.Timer
+	opStart  atomic.Int64 // UnixNano start of the operation in flight, 0 if none
+	opSeq    atomic.Uint64
+	opName   atomic.Pointer[string]
+}
+
+// Rank returns this rank's index, 0..Size()-1.
+func (c *Comm) Rank() int { return c.rank }
+
+// Size returns the number of ranks.
+func (c *Comm) Size() int { return c.size }
+
+// Config returns the communicator's settings after defaults and the
+// environment were applied.
+func (c *Comm) Config() Config { return c.cfg }
+
+// Context returns a context that is cancelled when the communicator is
+// aborted (context.Cause wraps ErrAborted and the abort's cause) or closed
+// (ErrClosed).
+func (c *Comm) Context() context.Context { return c.ctx }
+
+// memLink is the link model of the in-process transport: a hop costs a
+// goroutine hand-off; bandwidth is a memory copy on this class of machine
+// (docs/performance.md has the measurements it comes from).
+var memLink = algorithms.LinkModel{
+	Latency:      2e-6,
+	Bandwidth:    6e9,
+	ReduceRate:   6e9,
+	MaxChannels:  DefaultMaxChannels,
+	ChannelBytes: 4 << 20,
+	ChunkBytes:   512 << 10,
+}
+
+// NewLocalGroup returns n communicators whose ranks live in this process
+// and talk through shared memory (like ncclCommInitAll). Each Comm is used
+// by its own goroutine, as each rank is by its own process elsewhere.
+// Options apply to all of them; the GOCCL_* environment is read once.
+func NewLocalGroup(n int, opts ...Option) ([]*Comm, error) {
+	comms, _, err := newLocalGroup(n, opts)
+	return comms, err
+}
+
+// newLocalGroup also returns the network, for fault injection in tests.
+func newLocalGroup(n int, opts []Option) ([]*Comm, *mem.Network, error) {
+	if n < 1 {
+		return nil, nil, fmt.Errorf("%w: NewLocalGroup(%d): need at least 1 rank", ErrInvalidArgument, n)
+	}
+	cfg, err := resolve(opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	nw, err := mem.NewNetwork(n, mem.Options{Slots: cfg.Slots, SlotSize: cfg.SlotSize})
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	link := memLink
+	link.MaxChannels = cfg.MaxChannels
+	comms := make([]*Comm, n)
+	for r := range comms {
+		c, err := newComm(r, n, cfg, nw.Endpoint(r), link)
+		if err != nil {
+			for _, c := range comms[:r] {
+				c.Close()
+			}
+			return nil, nil, err
+		}
+		comms[r] = c
+	}
+	return comms, nw, nil
+}
+
+func newComm(rank, size int, cfg Config, ep transport.Endpoint, link algorithms.LinkModel) (*Comm, error) {
+	eng, err := engine.New(rank, size, ep, engine.Config{
+		Algo: cfg.Algorithm, Channels: cfg.Channels, ChunkBytes: cfg.ChunkSize,
+		MaxChannels: cfg.MaxChannels, Link: link,
+	})
+	if err != nil {
+		return nil, err
+	}
+	c := &Comm{rank: rank, size: size, cfg: cfg, eng: eng, ep: ep}
+	c.ctx, c.cancel = context.WithCancelCause(context.Background())
+	// Armed only once the field is set: watch reads it.
+	c.watchdog = time.AfterFunc(time.Hour, c.watch)
+	c.watchdog.Reset(cfg.Timeout)
+	return c, nil
+}
+
+// watch runs when the watchdog fires: it aborts the communicator if the
+// operation in flight has passed its deadline, and otherwise re-arms the
+// timer for that deadline (or a full timeout when idle), so that every
+// operation is caught within timer precision of its deadline.
+func (c *Comm) watch() {
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed || c.ctx.Err() != nil {
+		return
+	}
+	start := c.opStart.Load()
+	if start == 0 {
+		c.watchdog.Reset(c.cfg.Timeout)
+		return
+	}
+	left := time.Until(time.Unix(0, start).Add(c.cfg.Timeout))
+	if left > 0 {
+		c.watchdog.Reset(left)
+		return
+	}
+	name := "operation"
+	if p := c.opName.Load(); p != nil {
+		name = *p
+	}
+	c.abort(&timeoutError{op: name, seq: c.opSeq.Load(), d: c.cfg.Timeout})
+}
+
+// Abort fails every pending and later operation on this rank with cause
+// (wrapped in ErrAborted), and tells the peers, whose operations that
+// depend on this rank fail promptly naming it. It does not wait for
+// pending operations to return. Close must still be called. A nil cause
+// means ErrAborted.
+func (c *Comm) Abort(cause error) {
+	if c == nil {
+		return
+	}
+	if cause == nil {
+		cause = ErrAborted
+	}
+	c.abort(cause)
+}
+
+func (c *Comm) abort(cause error) {
+	c.cancel(&abortedError{cause: cause})
+	c.ep.Close(cause)
+}
+
+// Close waits for this rank's pending operations to finish, then releases
+// the communicator; afterwards every call fails with ErrClosed. Peers that
+// still expect data from this rank fail instead of waiting for it. Close is
+// idempotent and safe to call concurrently; when it returns, no goroutine
+// of the communicator is left. To cancel pending operations instead of
+// waiting for them, call Abort first.
+func (c *Comm) Close() error {
+	if c == nil {
+		return ErrNilComm
+	}
+	c.mu.Lock()
+	c.closed = true
+	tail := c.tail
+	c.mu.Unlock()
+	if tail != nil {
+		<-tail.done
+	}
+	c.wg.Wait()
+	c.watchdog.Stop()
+	c.ep.Close(nil)
+	c.cancel(ErrClosed)
+	return nil
+}
+
+// Request is an operation started asynchronously. Operations complete in
+// the order they were issued.
+type Request struct {
+	done chan struct{}
+	err  error // set before done is closed
+}
+
+// Done returns a channel that is closed when the operation has completed.
+func (r *Request) Done() <-chan struct{} { return r.done }
+
+// Wait blocks until the operation completes and returns its error, or
+// until ctx ends, which returns ctx's error and leaves the operation
+// running (cancel the context given at Start to stop it). Until Wait has
+// returned nil, the operation's buffers belong to goccl: do not read the
+// output or change the input.
+func (r *Request) Wait(ctx context.Context) error {
+	select {
+	case <-r.done:
+		return r.err
+	default:
+	}
+	select {
+	case <-r.done:
+		return r.err
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// Err returns the operation's error once it has completed, and nil before.
+func (r *Request) Err() error {
+	select {
+	case <-r.done:
+		return r.err
+	default:
+		return nil
+	}
+}
+
+// call is one operation after its arguments were checked.
+type call struct {
+	name string
+	op   engine.Op
+}
+
+func (c *Comm) argError(name, format string, args ...any) error {
+	return &ArgError{Rank: c.rank, Op: name, Msg: fmt.Sprintf(format, args...)}
+}
+
+// issue gives the operation the communicator's next sequence number and
+// runs it after its predecessor, inline (sync) or in a goroutine (async).
+func (c *Comm) issue(ctx context.Context, k *call, async bool) (*Request, error) {
+	if ctx == nil {
+		return nil, c.argError(k.name, "nil context")
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, fmt.Errorf("goccl: rank %d: %s: %w", c.rank, k.name, ErrClosed)
+	}
+	seq := c.seq
+	c.seq++
+	prev := c.tail
+	r := &Request{done: make(chan struct{})}
+	c.tail = r
+	if async {
+		c.wg.Add(1)
+	}
+	c.mu.Unlock()
+	if async {
+		go func() {
+			defer c.wg.Done()
+			r.err = c.exec(ctx, k, seq, prev)
+			close(r.done)
+		}()
+		return r, nil
+	}
+	r.err = c.exec(ctx, k, seq, prev)
+	close(r.done)
+	return r, r.err
+}
+
+// exec runs one operation once its predecessor is done.
+func (c *Comm) exec(ctx context.Context, k *call, seq uint64, prev *Request) error {
+	opErr := func(err error) *OpError {
+		return &OpError{Rank: c.rank, Op: k.name, Seq: seq, Peer: -1, Err: err}
+	}
+	if prev != nil {
+		select {
+		case <-prev.done:
+		default:
+			select {
+			case <-prev.done:
+			case <-ctx.Done():
+				// Skipping an issued operation would leave the peers waiting
+				// for it: this rank can no longer take part.
+				e := opErr(context.Cause(ctx))
+				c.abort(e)
+				return e
+			}
+		}
+	}
+	if cause := context.Cause(c.ctx); cause != nil {
+		if errors.Is(cause, ErrClosed) {
+			return opErr(ErrClosed)
+		}
+		return opErr(cause)
+	}
+	// The operation's context ends with the caller's or with the
+	// communicator's (abort, which the watchdog also uses for the
+	// timeout). A caller's context that never ends (Background) needs no
+	// merging, which saves a context and a callback per operation.
+	octx := c.ctx
+	if ctx.Done() != nil {
+		var cancel context.CancelCauseFunc
+		octx, cancel = context.WithCancelCause(ctx)
+		defer cancel(nil)
+		stop := context.AfterFunc(c.ctx, func() { cancel(context.Cause(c.ctx)) })
+		defer stop()
+	}
+	c.opName.Store(&k.name)
+	c.opSeq.Store(seq)
+	c.opStart.Store(time.Now().UnixNano())
+	defer c.opStart.Store(0)
+
+	pl, err := c.eng.Run(octx, &k.op)
+	if err == nil {
+		return nil
+	}
+	e := opErr(err)
+	if pl.Sched != nil {
+		e.Algo = pl.Algo.String()
+		e.Bytes = int64(k.op.Count) * int64(k.op.Coll.Majors(c.size)) * int64(k.op.Type.Size())
+	}
+	var se *engine.StepError
+	if errors.As(err, &se) {
+		e.Peer = se.Peer
+		e.Where = fmt.Sprintf("channel %d piece %d step %d (%v)", se.Channel, se.Piece, se.Step, se.Kind)
+		e.Err = se.Err
+	}
+	var pe *transport.PeerError
+	if e.Peer < 0 && errors.As(err, &pe) {
+		e.Peer = pe.Peer
+	}
+	// The connections are in an unknown state: no later operation can use
+	// them, and the peers must not wait for this rank.
+	c.abort(e)
+	return e
+}
+
+// Barrier blocks until every rank has entered it (or the operation fails).
+func (c *Comm) Barrier(ctx context.Context) error {
+	if c == nil {
+		return ErrNilComm
+	}
+	var b [1]uint8
+	return AllReduce(ctx, c, b[:], b[:], Max)
+}

@@ -1,0 +1,277 @@
+package collective
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/goccl/goccl/algorithms"
+)
+
+// Defaults.
+const (
+	// DefaultTimeout bounds every operation unless its context ends first:
+	// 10 minutes, torch's default for its NCCL process groups.
+	DefaultTimeout = 10 * time.Minute
+	// DefaultMaxChannels is the most channels the tuner uses.
+	DefaultMaxChannels = 2
+	// MaxChannels is the most channels a communicator can be given.
+	MaxChannels = 32
+)
+
+// Config holds a communicator's settings. The zero value means defaults.
+// Every rank of a communicator must use the same Config (except Timeout),
+// because each derives its plans from it independently.
+type Config struct {
+	// Algorithm forces the all-reduce algorithm (algorithms.Ring, Tree,
+	// RecDoubling or Rabenseifner); algorithms.AlgoAuto lets the tuner
+	// choose. Other collectives have one algorithm each and ignore it.
+	Algorithm algorithms.Algorithm
+	// Channels forces the number of channels (parallel slices of the
+	// buffer, each with its own connections), 1..MaxChannels; 0 lets the
+	// tuner choose up to MaxChannels.
+	Channels int
+	// MaxChannels bounds the tuner's choice; 0 means DefaultMaxChannels.
+	MaxChannels int
+	// ChunkSize forces the pipelining block size in bytes (at least 1 KiB);
+	// 0 lets the link model decide.
+	ChunkSize int64
+	// Timeout bounds each operation; 0 means DefaultTimeout. An operation
+	// that runs out fails, and the communicator is aborted.
+	Timeout time.Duration
+	// Slots and SlotSize shape the in-process transport's connections
+	// (at least 2 slots, at least 4 KiB); 0 means its defaults.
+	Slots    int
+	SlotSize int
+}
+
+// Option changes a Config.
+type Option func(*settings)
+
+type settings struct {
+	cfg    Config
+	set    map[string]bool // fields set by options, which win over the environment
+	lookup func(string) (string, bool)
+}
+
+func (s *settings) mark(f string) {
+	if s.set == nil {
+		s.set = map[string]bool{}
+	}
+	s.set[f] = true
+}
+
+// WithAlgorithm forces the all-reduce algorithm.
+func WithAlgorithm(a algorithms.Algorithm) Option {
+	return func(s *settings) { s.cfg.Algorithm = a; s.mark("Algorithm") }
+}
+
+// WithChannels forces the channel count.
+func WithChannels(n int) Option {
+	return func(s *settings) { s.cfg.Channels = n; s.mark("Channels") }
+}
+
+// WithMaxChannels bounds the tuner's channel count.
+func WithMaxChannels(n int) Option {
+	return func(s *settings) { s.cfg.MaxChannels = n; s.mark("MaxChannels") }
+}
+
+// WithChunkSize forces the pipelining block size in bytes.
+func WithChunkSize(b int64) Option {
+	return func(s *settings) { s.cfg.ChunkSize = b; s.mark("ChunkSize") }
+}
+
+// WithTimeout sets the per-operation timeout.
+func WithTimeout(d time.Duration) Option {
+	return func(s *settings) { s.cfg.Timeout = d; s.mark("Timeout") }
+}
+
+// WithSlots shapes the in-process transport's connections.
+func WithSlots(slots, slotSize int) Option {
+	return func(s *settings) {
+		s.cfg.Slots, s.cfg.SlotSize = slots, slotSize
+		s.mark("Slots")
+		s.mark("SlotSize")
+	}
+}
+
+// WithConfig sets every field of c (zero fields mean defaults, and win over
+// the environment).
+func WithConfig(c Config) Option {
+	return func(s *settings) {
+		s.cfg = c
+		for _, f := range []string{"Algorithm", "Channels", "MaxChannels", "ChunkSize", "Timeout", "Slots", "SlotSize"} {
+			s.mark(f)
+		}
+	}
+}
+
+// WithEnv makes the communicator read GOCCL_* variables through lookup
+// instead of os.LookupEnv; WithEnv(nil) ignores the environment.
+func WithEnv(lookup func(string) (string, bool)) Option {
+	return func(s *settings) {
+		if lookup == nil {
+			lookup = func(string) (string, bool) { return "", false }
+		}
+		s.lookup = lookup
+	}
+}
+
+// Environment variables, all read here and nowhere else. An invalid value
+// is an error, never a silent default.
+const (
+	EnvAlgo        = "GOCCL_ALGO"          // ring, tree, recdoubling, rabenseifner or auto
+	EnvNChannels   = "GOCCL_NCHANNELS"     // 1..32
+	EnvMaxChannels = "GOCCL_MAX_NCHANNELS" // 1..32
+	EnvChunkSize   = "GOCCL_CHUNK_SIZE"    // bytes, with an optional K, M or G suffix (powers of 1024)
+	EnvTimeout     = "GOCCL_TIMEOUT"       // a Go duration ("90s", "10m") or whole seconds
+)
+
+// resolve builds the Config: defaults, then the environment, then options.
+func resolve(opts []Option) (Config, error) {
+	s := settings{lookup: os.LookupEnv}
+	for _, o := range opts {
+		o(&s)
+	}
+	cfg, err := fromEnv(s.lookup)
+	if err != nil {
+		return Config{}, err
+	}
+	for f := range s.set {
+		switch f {
+		case "Algorithm":
+			cfg.Algorithm = s.cfg.Algorithm
+		case "Channels":
+			cfg.Channels = s.cfg.Channels
+		case "MaxChannels":
+			cfg.MaxChannels = s.cfg.MaxChannels
+		case "ChunkSize":
+			cfg.ChunkSize = s.cfg.ChunkSize
+		case "Timeout":
+			cfg.Timeout = s.cfg.Timeout
+		case "Slots":
+			cfg.Slots = s.cfg.Slots
+		case "SlotSize":
+			cfg.SlotSize = s.cfg.SlotSize
+		}
+	}
+	if err := cfg.validate(); err != nil {
+		return Config{}, err
+	}
+	return cfg.withDefaults(), nil
+}
+
+// fromEnv reads the GOCCL_* variables.
+func fromEnv(lookup func(string) (string, bool)) (Config, error) {
+	var c Config
+	bad := func(name, val, want string) error {
+		return fmt.Errorf("%w: %s=%q: want %s", ErrInvalidArgument, name, val, want)
+	}
+	if v, ok := lookup(EnvAlgo); ok && v != "" {
+		a, err := algorithms.ParseAlgorithm(strings.TrimSpace(v))
+		if err != nil || (a != algorithms.AlgoAuto && !a.Supports(algorithms.CollAllReduce)) {
+			return c, bad(EnvAlgo, v, "auto, ring, tree, recdoubling or rabenseifner")
+		}
+		c.Algorithm = a
+	}
+	for _, e := range []struct {
+		name string
+		dst  *int
+	}{{EnvNChannels, &c.Channels}, {EnvMaxChannels, &c.MaxChannels}} {
+		if v, ok := lookup(e.name); ok && v != "" {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil || n < 1 || n > MaxChannels {
+				return c, bad(e.name, v, fmt.Sprintf("an integer in 1..%d", MaxChannels))
+			}
+			*e.dst = n
+		}
+	}
+	if v, ok := lookup(EnvChunkSize); ok && v != "" {
+		n, err := ParseSize(v)
+		if err != nil || n < 1024 {
+			return c, bad(EnvChunkSize, v, "a size of at least 1K, like 512K or 1M")
+		}
+		c.ChunkSize = n
+	}
+	if v, ok := lookup(EnvTimeout); ok && v != "" {
+		d, err := parseTimeout(v)
+		if err != nil || d <= 0 {
+			return c, bad(EnvTimeout, v, `a positive duration like "90s" or "10m", or whole seconds`)
+		}
+		c.Timeout = d
+	}
+	return c, nil
+}
+
+func parseTimeout(v string) (time.Duration, error) {
+	v = strings.TrimSpace(v)
+	if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if n > int64(1<<63-1)/int64(time.Second) {
+			return 0, fmt.Errorf("timeout %s s out of range", v)
+		}
+		return time.Duration(n) * time.Second, nil
+	}
+	return time.ParseDuration(v)
+}
+
+// ParseSize parses a byte count with an optional K, M or G suffix (powers
+// of 1024, as nccl-tests' -b and -e; "KiB"/"KB" spellings are accepted).
+func ParseSize(s string) (int64, error) {
+	t := strings.ToUpper(strings.TrimSpace(s))
+	t = strings.TrimSuffix(strings.TrimSuffix(t, "B"), "I")
+	mult := int64(1)
+	if t != "" {
+		switch t[len(t)-1] {
+		case 'K':
+			mult = 1 << 10
+		case 'M':
+			mult = 1 << 20
+		case 'G':
+			mult = 1 << 30
+		}
+		if mult > 1 {
+			t = t[:len(t)-1]
+		}
+	}
+	n, err := strconv.ParseInt(t, 10, 64)
+	if err != nil || n < 0 || n > (1<<62)/mult {
+		return 0, fmt.Errorf("invalid size %q", s)
+	}
+	return n * mult, nil
+}
+
+func (c Config) validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: config: %s", ErrInvalidArgument, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case c.Algorithm != algorithms.AlgoAuto && !c.Algorithm.Supports(algorithms.CollAllReduce):
+		return bad("algorithm %v does not implement all-reduce (want auto, ring, tree, recdoubling or rabenseifner)", c.Algorithm)
+	case c.Channels < 0 || c.Channels > MaxChannels:
+		return bad("Channels %d out of range 0..%d", c.Channels, MaxChannels)
+	case c.MaxChannels < 0 || c.MaxChannels > MaxChannels:
+		return bad("MaxChannels %d out of range 0..%d", c.MaxChannels, MaxChannels)
+	case c.ChunkSize != 0 && c.ChunkSize < 1024:
+		return bad("ChunkSize %d below 1 KiB", c.ChunkSize)
+	case c.Timeout < 0:
+		return bad("negative Timeout %v", c.Timeout)
+	case c.Slots != 0 && c.Slots < 2:
+		return bad("Slots %d: need at least 2", c.Slots)
+	case c.SlotSize != 0 && c.SlotSize < 4096:
+		return bad("SlotSize %d below 4 KiB", c.SlotSize)
+	}
+	return nil
+}
+
+func (c Config) withDefaults() Config {
+	if c.Timeout == 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.MaxChannels == 0 {
+		c.MaxChannels = DefaultMaxChannels
+	}
+	c.MaxChannels = max(c.MaxChannels, c.Channels)
+	return c
+}

@@ -1,0 +1,109 @@
+package collective_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goccl/goccl/algorithms"
+	"github.com/goccl/goccl/collective"
+)
+
+func env(kv map[string]string) collective.Option {
+	return collective.WithEnv(func(k string) (string, bool) { v, ok := kv[k]; return v, ok })
+}
+
+func TestConfigDefaults(t *testing.T) {
+	comms := newGroup(t, 1)
+	cfg := comms[0].Config()
+	require.Equal(t, collective.DefaultTimeout, cfg.Timeout)
+	require.Equal(t, algorithms.AlgoAuto, cfg.Algorithm)
+	require.Equal(t, collective.DefaultMaxChannels, cfg.MaxChannels)
+}
+
+func TestConfigFromEnvironment(t *testing.T) {
+	comms, err := collective.NewLocalGroup(2, env(map[string]string{
+		"GOCCL_ALGO": "Tree", "GOCCL_NCHANNELS": "3", "GOCCL_CHUNK_SIZE": "256K", "GOCCL_TIMEOUT": "90",
+	}))
+	require.NoError(t, err)
+	defer func() {
+		for _, c := range comms {
+			c.Close()
+		}
+	}()
+	cfg := comms[0].Config()
+	require.Equal(t, algorithms.Tree, cfg.Algorithm)
+	require.Equal(t, 3, cfg.Channels)
+	require.Equal(t, 3, cfg.MaxChannels, "MaxChannels grows to a forced channel count")
+	require.Equal(t, int64(256<<10), cfg.ChunkSize)
+	require.Equal(t, 90*time.Second, cfg.Timeout)
+}
+
+func TestOptionsOverrideEnvironment(t *testing.T) {
+	comms, err := collective.NewLocalGroup(1, env(map[string]string{"GOCCL_ALGO": "tree", "GOCCL_TIMEOUT": "5m"}),
+		collective.WithAlgorithm(algorithms.Ring))
+	require.NoError(t, err)
+	defer comms[0].Close()
+	require.Equal(t, algorithms.Ring, comms[0].Config().Algorithm)
+	require.Equal(t, 5*time.Minute, comms[0].Config().Timeout, "unset options leave the environment's value")
+}
+
+func TestInvalidEnvironmentIsAnError(t *testing.T) {
+	for k, v := range map[string]string{
+		"GOCCL_ALGO":          "fastest",
+		"GOCCL_NCHANNELS":     "0",
+		"GOCCL_MAX_NCHANNELS": "99",
+		"GOCCL_CHUNK_SIZE":    "12",
+		"GOCCL_TIMEOUT":       "-3s",
+	} {
+		_, err := collective.NewLocalGroup(2, env(map[string]string{k: v}))
+		require.ErrorIs(t, err, collective.ErrInvalidArgument, "%s=%s", k, v)
+		require.ErrorContains(t, err, k, "the error must name the variable")
+		require.ErrorContains(t, err, "want")
+	}
+	_, err := collective.NewLocalGroup(2, env(map[string]string{"GOCCL_ALGO": "pairwise"}))
+	require.ErrorContains(t, err, "GOCCL_ALGO")
+}
+
+func TestInvalidOptions(t *testing.T) {
+	for _, o := range []collective.Option{
+		collective.WithChannels(33),
+		collective.WithChunkSize(10),
+		collective.WithTimeout(-time.Second),
+		collective.WithSlots(1, 1<<20),
+		collective.WithAlgorithm(algorithms.Pairwise),
+	} {
+		_, err := collective.NewLocalGroup(2, collective.WithEnv(nil), o)
+		require.ErrorIs(t, err, collective.ErrInvalidArgument)
+	}
+	_, err := collective.NewLocalGroup(0)
+	require.ErrorIs(t, err, collective.ErrInvalidArgument)
+}
+
+func TestParseSize(t *testing.T) {
+	for s, want := range map[string]int64{"8": 8, "1K": 1024, "512k": 512 << 10, "4M": 4 << 20, "1G": 1 << 30, "2KiB": 2048, "3MB": 3 << 20} {
+		got, err := collective.ParseSize(s)
+		require.NoError(t, err, s)
+		require.Equal(t, want, got, s)
+	}
+	for _, s := range []string{"", "K", "-1", "1T", "x"} {
+		_, err := collective.ParseSize(s)
+		require.Error(t, err, s)
+	}
+}
+
+func TestTypesAndOps(t *testing.T) {
+	require.Equal(t, collective.Float32, collective.TypeOf[float32]())
+	require.Equal(t, collective.BFloat16Type, collective.TypeOf[collective.BFloat16]())
+	require.Equal(t, 2, collective.Float16Type.Size())
+	require.Equal(t, "bfloat16", collective.BFloat16Type.String())
+	require.False(t, collective.DataType(10).Valid())
+	require.False(t, collective.DataType(-1).Valid())
+	require.Equal(t, "avg", collective.Avg.String())
+	require.False(t, collective.Op(5).Valid())
+	require.Equal(t, float32(1.5), collective.Float16From(1.5).Float32())
+	require.Equal(t, float32(-2), collective.BFloat16From(-2).Float32())
+	require.True(t, errors.Is(&collective.ArgError{}, collective.ErrInvalidArgument))
+}

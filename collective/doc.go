@@ -1,0 +1,62 @@
+// Package collective is goccl's public API: communicators and the
+// collective operations on them, in the model of NCCL, Gloo and MPI.
+//
+// A communicator is a fixed group of Size() ranks, usually one per process
+// and GPU. Each rank holds a *Comm and calls the same collectives, with the
+// same counts, in the same order; goccl moves and reduces the data through
+// the fastest transport it has and returns when this rank's part is done.
+//
+//	comms, err := collective.NewLocalGroup(4) // 4 ranks in this process
+//	...
+//	// on each rank's goroutine:
+//	err := collective.AllReduce(ctx, comms[r], grads, grads, collective.Sum)
+//
+// # Obligations of callers
+//
+//  1. Every rank issues the same collectives in the same order, each with
+//     the same element type, count, reduction operator and root. Ranks that
+//     disagree fail with an error wrapping ErrMismatch, or with the
+//     operation's timeout, never with silently wrong data.
+//  2. Operations on one communicator run one at a time in the order they
+//     were issued on that rank, blocking or not. Start* forms return at
+//     once; the operation's buffers belong to goccl until its
+//     Request.Wait returns: do not read its output or change its input
+//     before.
+//  3. Send and Recv match per pair of ranks in issue order and must agree
+//     on the length. A Send larger than half the transport's slots waits
+//     for its Recv, and holds back the sender's later operations while it
+//     does (rule 2): order point-to-point operations so that they can meet.
+//  4. Each Comm belongs to one rank: in NewLocalGroup, drive each Comm from
+//     its own goroutine, as each rank of a real job is its own process.
+//  5. Close every Comm. Close waits for pending operations; to stop them
+//     instead, Abort first.
+//
+// # Failures
+//
+// Bad arguments (mismatched lengths, a root or peer out of range, a send
+// to self, overlapping buffers, a closed or nil communicator) return an
+// *ArgError before any data moves; the communicator stays usable. Once an
+// operation has started, any failure (its context cancelled, the timeout,
+// a peer that aborted or died, disagreeing ranks) returns an *OpError that
+// names this rank, the operation and its sequence number, and the peer it
+// was waiting for; it also aborts the communicator, which makes the
+// peers' dependent operations fail promptly instead of hanging. Every
+// operation is bounded by Config.Timeout (default 10 minutes) as well as
+// its context.
+//
+// # Configuration
+//
+// Config, set with Options, has a zero value meaning defaults. The
+// environment variables GOCCL_ALGO, GOCCL_NCHANNELS, GOCCL_MAX_NCHANNELS,
+// GOCCL_CHUNK_SIZE and GOCCL_TIMEOUT are read once, when a communicator is
+// made; options override them; an invalid value is an error.
+//
+// # Arithmetic
+//
+// Integer Sum and Prod wrap around; Avg divides the sum by Size() (integers
+// truncate toward zero, as NCCL). Float16 and BFloat16 are reduced in
+// float32 and rounded back after each step. Min and Max propagate NaN. The
+// reduction order depends on the algorithm, so floating-point results may
+// differ in the last bits between algorithms, but never between ranks:
+// every rank ends with the same bits.
+package collective

@@ -1,0 +1,101 @@
+package collective
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/goccl/goccl/internal/engine"
+)
+
+// Sentinel errors; test for them with errors.Is.
+var (
+	// ErrClosed: the communicator was closed.
+	ErrClosed = errors.New("goccl: communicator closed")
+	// ErrAborted: the communicator was aborted; the error also wraps the
+	// cause.
+	ErrAborted = errors.New("goccl: communicator aborted")
+	// ErrInvalidArgument: bad input, caught before any data moved; the
+	// communicator is still usable.
+	ErrInvalidArgument = errors.New("goccl: invalid argument")
+	// ErrTimeout: an operation ran past the communicator's timeout.
+	ErrTimeout = errors.New("goccl: operation timed out")
+	// ErrMismatch: ranks disagree about an operation (different
+	// collectives, counts, roots or order).
+	ErrMismatch = errors.New("goccl: ranks disagree about the operation")
+	// ErrNilComm: a nil *Comm was passed.
+	ErrNilComm = errors.New("goccl: nil communicator")
+)
+
+// OpError is the failure of one operation on one rank, after it was
+// accepted. Its communicator is aborted by then.
+type OpError struct {
+	Rank  int    // the rank reporting
+	Op    string // collective name, e.g. "allreduce"
+	Seq   uint64 // the operation's number on this communicator, from 0
+	Algo  string // algorithm, when one was chosen
+	Bytes int64  // the operation's size as nccl-tests counts it
+	// Peer is the rank this rank was waiting for or sending to when it
+	// failed, or -1.
+	Peer int
+	// Where says which channel, piece and step, when known.
+	Where string
+	Err   error
+}
+
+func (e *OpError) Error() string {
+	s := fmt.Sprintf("goccl: rank %d: %s#%d", e.Rank, e.Op, e.Seq)
+	if e.Algo != "" {
+		s += fmt.Sprintf(" (%s, %d bytes)", e.Algo, e.Bytes)
+	}
+	if e.Where != "" {
+		s += " " + e.Where
+	}
+	return s + ": " + e.Err.Error()
+}
+
+func (e *OpError) Unwrap() error { return e.Err }
+
+// Is makes errors.Is(err, ErrMismatch) hold for mismatches the engine
+// detects.
+func (e *OpError) Is(target error) bool {
+	if target == ErrMismatch {
+		var m *engine.MismatchError
+		return errors.As(e.Err, &m)
+	}
+	return false
+}
+
+// ArgError is bad input to an operation, caught before any data moved.
+// errors.Is(err, ErrInvalidArgument) holds for it.
+type ArgError struct {
+	Rank int
+	Op   string
+	Msg  string
+}
+
+func (e *ArgError) Error() string {
+	return fmt.Sprintf("goccl: rank %d: %s: invalid argument: %s", e.Rank, e.Op, e.Msg)
+}
+
+func (e *ArgError) Is(target error) bool { return target == ErrInvalidArgument }
+
+// timeoutError is the cause of an operation's context when it runs past the
+// timeout. It is formatted only when reported.
+type timeoutError struct {
+	op  string
+	seq uint64
+	d   time.Duration
+}
+
+func (e *timeoutError) Error() string {
+	return fmt.Sprintf("%v: %s#%d ran past the %v timeout", ErrTimeout, e.op, e.seq, e.d)
+}
+
+func (e *timeoutError) Unwrap() error { return ErrTimeout }
+
+// abortedError wraps the cause of an abort.
+type abortedError struct{ cause error }
+
+func (e *abortedError) Error() string   { return fmt.Sprintf("%v: %v", ErrAborted, e.cause) }
+func (e *abortedError) Unwrap() []error { return []error{ErrAborted, e.cause} }

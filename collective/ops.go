@@ -1,0 +1,362 @@
+package collective
+
+import (
+	"context"
+
+	"github.com/goccl/goccl/algorithms"
+	"github.com/goccl/goccl/internal/engine"
+	"github.com/goccl/goccl/internal/kernels"
+	"github.com/goccl/goccl/memory"
+)
+
+// The collectives. Each blocks until this rank's part is done: its output
+// is complete and its input may be reused. Each has a Start form that
+// returns a *Request at once and runs the operation in the background, in
+// issue order with the blocking ones.
+//
+// Buffer rules follow NCCL. Out-of-place buffers must not overlap; the
+// in-place forms are: send and recv the same slice (AllReduce, Broadcast,
+// Reduce); send == recv[rank*k:(rank+1)*k] (AllGather); recv ==
+// send[rank*k:(rank+1)*k] (ReduceScatter).
+//
+// Errors: bad arguments return an *ArgError (errors.Is ErrInvalidArgument)
+// before anything happens, and the communicator stays usable. Any later
+// failure returns an *OpError naming the rank, the operation, its sequence
+// number and the peer involved, and aborts the communicator.
+
+// AllReduce reduces send across all ranks with op and leaves the result in
+// recv on every rank. len(send) == len(recv).
+func AllReduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op) error {
+	k, err := allReduceCall(c, send, recv, op)
+	if err != nil {
+		return err
+	}
+	_, err = c.issue(ctx, k, false)
+	return err
+}
+
+// StartAllReduce is the asynchronous form of AllReduce.
+func StartAllReduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op) (*Request, error) {
+	k, err := allReduceCall(c, send, recv, op)
+	if err != nil {
+		return nil, err
+	}
+	return c.issue(ctx, k, true)
+}
+
+// ReduceScatter reduces send across all ranks with op and leaves block
+// Rank() of the result in recv: len(send) == Size()*len(recv), and rank r
+// gets elements [r*len(recv), (r+1)*len(recv)) of the reduction.
+func ReduceScatter[T Number](ctx context.Context, c *Comm, send, recv []T, op Op) error {
+	k, err := reduceScatterCall(c, send, recv, op)
+	if err != nil {
+		return err
+	}
+	_, err = c.issue(ctx, k, false)
+	return err
+}
+
+// StartReduceScatter is the asynchronous form of ReduceScatter.
+func StartReduceScatter[T Number](ctx context.Context, c *Comm, send, recv []T, op Op) (*Request, error) {
+	k, err := reduceScatterCall(c, send, recv, op)
+	if err != nil {
+		return nil, err
+	}
+	return c.issue(ctx, k, true)
+}
+
+// AllGather gathers every rank's send into recv, rank r's at
+// recv[r*len(send):(r+1)*len(send)]: len(recv) == Size()*len(send).
+func AllGather[T Number](ctx context.Context, c *Comm, send, recv []T) error {
+	k, err := allGatherCall(c, send, recv)
+	if err != nil {
+		return err
+	}
+	_, err = c.issue(ctx, k, false)
+	return err
+}
+
+// StartAllGather is the asynchronous form of AllGather.
+func StartAllGather[T Number](ctx context.Context, c *Comm, send, recv []T) (*Request, error) {
+	k, err := allGatherCall(c, send, recv)
+	if err != nil {
+		return nil, err
+	}
+	return c.issue(ctx, k, true)
+}
+
+// Broadcast copies root's send into recv on every rank (root included).
+// send is read on root only (and may be nil elsewhere); on root
+// len(send) == len(recv).
+func Broadcast[T Number](ctx context.Context, c *Comm, send, recv []T, root int) error {
+	k, err := broadcastCall(c, send, recv, root)
+	if err != nil {
+		return err
+	}
+	_, err = c.issue(ctx, k, false)
+	return err
+}
+
+// StartBroadcast is the asynchronous form of Broadcast.
+func StartBroadcast[T Number](ctx context.Context, c *Comm, send, recv []T, root int) (*Request, error) {
+	k, err := broadcastCall(c, send, recv, root)
+	if err != nil {
+		return nil, err
+	}
+	return c.issue(ctx, k, true)
+}
+
+// Reduce reduces send across all ranks with op into recv on root. recv is
+// written on root only (and may be nil elsewhere); on root
+// len(recv) == len(send).
+func Reduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op, root int) error {
+	k, err := reduceCall(c, send, recv, op, root)
+	if err != nil {
+		return err
+	}
+	_, err = c.issue(ctx, k, false)
+	return err
+}
+
+// StartReduce is the asynchronous form of Reduce.
+func StartReduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op, root int) (*Request, error) {
+	k, err := reduceCall(c, send, recv, op, root)
+	if err != nil {
+		return nil, err
+	}
+	return c.issue(ctx, k, true)
+}
+
+// AllToAll sends block j of send to rank j, which stores it as block
+// Rank() of its recv: len(send) == len(recv) == Size()*block. The buffers
+// must not overlap.
+func AllToAll[T Number](ctx context.Context, c *Comm, send, recv []T) error {
+	k, err := allToAllCall(c, send, recv)
+	if err != nil {
+		return err
+	}
+	_, err = c.issue(ctx, k, false)
+	return err
+}
+
+// StartAllToAll is the asynchronous form of AllToAll.
+func StartAllToAll[T Number](ctx context.Context, c *Comm, send, recv []T) (*Request, error) {
+	k, err := allToAllCall(c, send, recv)
+	if err != nil {
+		return nil, err
+	}
+	return c.issue(ctx, k, true)
+}
+
+// Send sends buf to peer, which must call Recv with a buffer of the same
+// length. Sends and receives between a pair of ranks match in the order
+// they were issued; they do not block other pairs, but on each rank every
+// operation runs after the ones issued before it, so a Send waiting for its
+// Recv holds back this rank's later operations. Messages up to about half
+// the transport's slots (512 KiB in process) complete without waiting for
+// the Recv.
+func Send[T Number](ctx context.Context, c *Comm, buf []T, peer int) error {
+	k, err := p2pCall(c, "send", algorithms.CollSend, buf, peer)
+	if err != nil {
+		return err
+	}
+	_, err = c.issue(ctx, k, false)
+	return err
+}
+
+// StartSend is the asynchronous form of Send.
+func StartSend[T Number](ctx context.Context, c *Comm, buf []T, peer int) (*Request, error) {
+	k, err := p2pCall(c, "send", algorithms.CollSend, buf, peer)
+	if err != nil {
+		return nil, err
+	}
+	return c.issue(ctx, k, true)
+}
+
+// Recv receives into buf what peer sends with Send.
+func Recv[T Number](ctx context.Context, c *Comm, buf []T, peer int) error {
+	k, err := p2pCall(c, "recv", algorithms.CollRecv, buf, peer)
+	if err != nil {
+		return err
+	}
+	_, err = c.issue(ctx, k, false)
+	return err
+}
+
+// StartRecv is the asynchronous form of Recv.
+func StartRecv[T Number](ctx context.Context, c *Comm, buf []T, peer int) (*Request, error) {
+	k, err := p2pCall(c, "recv", algorithms.CollRecv, buf, peer)
+	if err != nil {
+		return nil, err
+	}
+	return c.issue(ctx, k, true)
+}
+
+// Argument checks. Each returns the call for issue, or an *ArgError.
+
+func checkComm(c *Comm, name string) error {
+	if c == nil {
+		return &ArgError{Rank: -1, Op: name, Msg: ErrNilComm.Error()}
+	}
+	return nil
+}
+
+func (c *Comm) checkOp(name string, op Op) error {
+	if !op.Valid() {
+		return c.argError(name, "reduction operator %v is not Sum, Prod, Min, Max or Avg", op)
+	}
+	return nil
+}
+
+func (c *Comm) checkRoot(name string, root int) error {
+	if root < 0 || root >= c.size {
+		return c.argError(name, "root %d out of range [0,%d)", root, c.size)
+	}
+	return nil
+}
+
+func newCall[T Number](name string, coll algorithms.Collective, count int, send, recv []T) *call {
+	t := TypeOf[T]()
+	return &call{name: name, op: engine.Op{
+		Coll: coll, Type: t.kernel(), Count: count,
+		In: memory.HostBuffer(asBytes(send)), Out: memory.HostBuffer(asBytes(recv)),
+	}}
+}
+
+func allReduceCall[T Number](c *Comm, send, recv []T, op Op) (*call, error) {
+	const name = "allreduce"
+	if err := checkComm(c, name); err != nil {
+		return nil, err
+	}
+	if err := c.checkOp(name, op); err != nil {
+		return nil, err
+	}
+	if len(send) != len(recv) {
+		return nil, c.argError(name, "len(send) = %d but len(recv) = %d; they must be equal", len(send), len(recv))
+	}
+	k := newCall(name, algorithms.CollAllReduce, len(send), send, recv)
+	if k.op.In.Overlaps(k.op.Out) && !k.op.In.Same(k.op.Out) {
+		return nil, c.argError(name, "send and recv overlap without being the same slice")
+	}
+	k.op.Red = kernels.Op(op)
+	return k, nil
+}
+
+func reduceScatterCall[T Number](c *Comm, send, recv []T, op Op) (*call, error) {
+	const name = "reducescatter"
+	if err := checkComm(c, name); err != nil {
+		return nil, err
+	}
+	if err := c.checkOp(name, op); err != nil {
+		return nil, err
+	}
+	if len(send) != c.size*len(recv) {
+		return nil, c.argError(name, "len(send) = %d, want Size()*len(recv) = %d*%d = %d", len(send), c.size, len(recv), c.size*len(recv))
+	}
+	k := newCall(name, algorithms.CollReduceScatter, len(recv), send, recv)
+	if k.op.In.Overlaps(k.op.Out) {
+		if off, ok := k.op.In.Offset(k.op.Out); !ok || off != c.rank*k.op.Out.Len() {
+			return nil, c.argError(name, "recv overlaps send but is not send[rank*len(recv):(rank+1)*len(recv)]")
+		}
+	}
+	k.op.Red = kernels.Op(op)
+	return k, nil
+}
+
+func allGatherCall[T Number](c *Comm, send, recv []T) (*call, error) {
+	const name = "allgather"
+	if err := checkComm(c, name); err != nil {
+		return nil, err
+	}
+	if len(recv) != c.size*len(send) {
+		return nil, c.argError(name, "len(recv) = %d, want Size()*len(send) = %d*%d = %d", len(recv), c.size, len(send), c.size*len(send))
+	}
+	k := newCall(name, algorithms.CollAllGather, len(send), send, recv)
+	if k.op.In.Overlaps(k.op.Out) {
+		if off, ok := k.op.Out.Offset(k.op.In); !ok || off != c.rank*k.op.In.Len() {
+			return nil, c.argError(name, "send overlaps recv but is not recv[rank*len(send):(rank+1)*len(send)]")
+		}
+	}
+	return k, nil
+}
+
+func broadcastCall[T Number](c *Comm, send, recv []T, root int) (*call, error) {
+	const name = "broadcast"
+	if err := checkComm(c, name); err != nil {
+		return nil, err
+	}
+	if err := c.checkRoot(name, root); err != nil {
+		return nil, err
+	}
+	if c.rank != root {
+		send = nil // not read
+	} else if len(send) != len(recv) {
+		return nil, c.argError(name, "on the root len(send) = %d but len(recv) = %d; they must be equal", len(send), len(recv))
+	}
+	k := newCall(name, algorithms.CollBroadcast, len(recv), send, recv)
+	if k.op.In.Overlaps(k.op.Out) && !k.op.In.Same(k.op.Out) {
+		return nil, c.argError(name, "send and recv overlap without being the same slice")
+	}
+	k.op.Root = root
+	return k, nil
+}
+
+func reduceCall[T Number](c *Comm, send, recv []T, op Op, root int) (*call, error) {
+	const name = "reduce"
+	if err := checkComm(c, name); err != nil {
+		return nil, err
+	}
+	if err := c.checkOp(name, op); err != nil {
+		return nil, err
+	}
+	if err := c.checkRoot(name, root); err != nil {
+		return nil, err
+	}
+	if c.rank != root {
+		recv = nil // not written
+	} else if len(send) != len(recv) {
+		return nil, c.argError(name, "on the root len(send) = %d but len(recv) = %d; they must be equal", len(send), len(recv))
+	}
+	k := newCall(name, algorithms.CollReduce, len(send), send, recv)
+	if k.op.In.Overlaps(k.op.Out) && !k.op.In.Same(k.op.Out) {
+		return nil, c.argError(name, "send and recv overlap without being the same slice")
+	}
+	k.op.Red = kernels.Op(op)
+	k.op.Root = root
+	return k, nil
+}
+
+func allToAllCall[T Number](c *Comm, send, recv []T) (*call, error) {
+	const name = "alltoall"
+	if err := checkComm(c, name); err != nil {
+		return nil, err
+	}
+	if len(send) != len(recv) || len(send)%c.size != 0 {
+		return nil, c.argError(name, "len(send) = %d and len(recv) = %d; both must equal Size()*block = %d*block", len(send), len(recv), c.size)
+	}
+	k := newCall(name, algorithms.CollAllToAll, len(send)/c.size, send, recv)
+	if k.op.In.Overlaps(k.op.Out) {
+		return nil, c.argError(name, "send and recv overlap; all-to-all has no in-place form")
+	}
+	return k, nil
+}
+
+func p2pCall[T Number](c *Comm, name string, coll algorithms.Collective, buf []T, peer int) (*call, error) {
+	if err := checkComm(c, name); err != nil {
+		return nil, err
+	}
+	switch {
+	case peer == c.rank:
+		return nil, c.argError(name, "peer %d is this rank itself", peer)
+	case peer < 0 || peer >= c.size:
+		return nil, c.argError(name, "peer %d out of range [0,%d)", peer, c.size)
+	}
+	var k *call
+	if coll == algorithms.CollSend {
+		k = newCall(name, coll, len(buf), buf, nil)
+	} else {
+		k = newCall(name, coll, len(buf), nil, buf)
+	}
+	k.op.Root = peer
+	return k, nil
+}

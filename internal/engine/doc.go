@@ -1,0 +1,46 @@
+// Package engine runs one rank's part of a collective: it asks the tuner
+// (package algorithms) for a plan, takes the rank's schedule, cuts the
+// buffers into channels, pieces and slices, and drives every step through
+// the transport's connections and the host reduction kernels.
+//
+// # How a step runs
+//
+// A step has at most one incoming and one outgoing stream. The engine
+// walks the step's blocks in slices of at most one slot. For each slice of
+// a lockstep step it waits for the incoming slot, reserves the outgoing
+// one, computes the step's value straight from the incoming slot and the
+// local operand into the outgoing slot and/or the destination (one pass for
+// recvReduceSend: the fused primitive of NCCL's prims_simple.h), posts the
+// outgoing slot and releases the incoming one. Because each slice moves on
+// as soon as it is ready, a chain of ranks pipelines at slice granularity,
+// and a connection's Slots bound how far a sender runs ahead.
+//
+// Exchanges (recursive doubling, Rabenseifner, all-to-all) alternate one
+// outgoing and one incoming slice, so two ranks sending to each other
+// never wait on each other.
+//
+// # Channels and pieces
+//
+// Each channel owns a contiguous run of the pieces (algorithms.Layout) and
+// its own connections (channel id c), and runs in its own goroutine when
+// there is more than one; the operation completes when all have.
+// Point-to-point operations use a separate channel id (MaxChannels), so
+// that they never interleave with collective traffic on one connection.
+//
+// # Tags
+//
+// Every slice carries a tag (operation sequence number, message number on
+// the connection, slice number) and its length. The receiver checks both
+// against what its own schedule expects, so ranks that disagree about an
+// operation fail with a MismatchError naming the peer instead of reducing
+// each other's unrelated data. Collectives are numbered on every rank
+// alike; sends and receives per peer and direction.
+//
+// # Ownership and failure
+//
+// Run is called by one goroutine at a time. It reads op.In and writes
+// op.Out only until it returns. On any failure it returns a *StepError
+// (channel, piece, step, peer) and leaves the connections in an unknown
+// state: the caller must abort the endpoint, which fails the peers' pending
+// operations promptly instead of letting them time out.
+package engine

@@ -1,0 +1,298 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/goccl/goccl/algorithms"
+	"github.com/goccl/goccl/internal/kernels"
+	"github.com/goccl/goccl/memory"
+	"github.com/goccl/goccl/transport"
+)
+
+// Config fixes an engine's choices. It must be the same on every rank of a
+// communicator, because every rank derives its plan from it independently.
+type Config struct {
+	// Algo forces an algorithm for the collectives it implements
+	// (AlgoAuto: the tuner chooses).
+	Algo algorithms.Algorithm
+	// Channels forces the channel count (0: the tuner chooses).
+	Channels int
+	// ChunkBytes forces the pipelining block size (0: the link model's).
+	ChunkBytes int64
+	// MaxChannels bounds the channel count; channel ids 0..MaxChannels-1
+	// carry collectives and MaxChannels carries point-to-point operations.
+	MaxChannels int
+	// Link is the tuner's model of the links.
+	Link algorithms.LinkModel
+}
+
+// Op is one operation on one rank. Counts are in elements.
+type Op struct {
+	Coll algorithms.Collective
+	Type kernels.Type
+	Red  kernels.Op
+	// Count is the number of elements per major block: the count of
+	// all-reduce, broadcast, reduce, send and recv, the receive count of
+	// reduce-scatter, the send count of all-gather, the per-peer block of
+	// all-to-all (algorithms.NewLayout).
+	Count int
+	Root  int // broadcast/reduce root; peer of send/recv
+	In    memory.Buffer
+	Out   memory.Buffer
+}
+
+// Plan is how an operation runs.
+type Plan struct {
+	algorithms.Plan
+	Pieces int
+	Sched  *algorithms.Schedule
+	Seq    uint64 // the operation's tag sequence number
+}
+
+// Engine runs one rank's operations through a transport endpoint. Run is
+// called by one goroutine at a time (the communicator serialises
+// operations); the engine starts a goroutine per extra channel for the
+// duration of an operation and none otherwise.
+type Engine struct {
+	rank, nranks int
+	ep           transport.Endpoint
+	caps         transport.Caps
+	cfg          Config
+
+	mu     sync.Mutex // guards scheds and plans (Plan may be called from any goroutine)
+	scheds map[schedKey]*algorithms.Schedule
+	plans  map[planKey]Plan // recent plans: training loops repeat their sizes
+
+	// Owned by the goroutine in Run.
+	conns   map[connKey]transport.Conn
+	collSeq uint64
+	p2pSend []uint64 // per peer: send operations so far
+	p2pRecv []uint64
+	runs    []*chanRun // reused per channel
+}
+
+type schedKey struct {
+	coll algorithms.Collective
+	algo algorithms.Algorithm
+	root int
+}
+
+type connKey struct{ peer, ch int }
+
+type planKey struct {
+	coll  algorithms.Collective
+	typ   kernels.Type
+	count int
+	root  int
+}
+
+// maxPlans bounds the plan cache; it is cleared when full.
+const maxPlans = 256
+
+// New returns an engine for rank of nranks over endpoint ep.
+func New(rank, nranks int, ep transport.Endpoint, cfg Config) (*Engine, error) {
+	caps := ep.Caps()
+	switch {
+	case nranks < 1 || rank < 0 || rank >= nranks:
+		return nil, fmt.Errorf("engine: rank %d of %d", rank, nranks)
+	case caps.Slots < 2 || caps.SlotSize < 64:
+		return nil, fmt.Errorf("engine: transport offers %d slots of %d bytes; need ≥ 2 of ≥ 64", caps.Slots, caps.SlotSize)
+	case cfg.MaxChannels < 1:
+		return nil, fmt.Errorf("engine: MaxChannels %d < 1", cfg.MaxChannels)
+	case cfg.Channels > cfg.MaxChannels:
+		return nil, fmt.Errorf("engine: %d channels forced, at most %d", cfg.Channels, cfg.MaxChannels)
+	}
+	if err := cfg.Link.Validate(); err != nil {
+		return nil, err
+	}
+	return &Engine{
+		rank: rank, nranks: nranks, ep: ep, caps: caps, cfg: cfg,
+		scheds:  map[schedKey]*algorithms.Schedule{},
+		plans:   map[planKey]Plan{},
+		conns:   map[connKey]transport.Conn{},
+		p2pSend: make([]uint64, nranks),
+		p2pRecv: make([]uint64, nranks),
+	}, nil
+}
+
+// problemBytes is the operation's size as nccl-tests counts it.
+func problemBytes(op *Op, n int) int64 {
+	return int64(op.Count) * int64(op.Coll.Majors(n)) * int64(op.Type.Size())
+}
+
+// Plan returns how op would run: algorithm, channels, pieces and schedule.
+// It does not consume a sequence number.
+func (e *Engine) Plan(op *Op) (Plan, error) {
+	k := planKey{op.Coll, op.Type, op.Count, op.Root}
+	e.mu.Lock()
+	pl, ok := e.plans[k]
+	e.mu.Unlock()
+	if ok {
+		return pl, nil
+	}
+	pl, err := e.plan(op)
+	if err != nil {
+		return pl, err
+	}
+	e.mu.Lock()
+	if len(e.plans) >= maxPlans {
+		clear(e.plans)
+	}
+	e.plans[k] = pl
+	e.mu.Unlock()
+	return pl, nil
+}
+
+func (e *Engine) plan(op *Op) (Plan, error) {
+	pb := algorithms.Problem{Coll: op.Coll, NRanks: e.nranks, Bytes: problemBytes(op, e.nranks), Link: e.cfg.Link}
+	pl := algorithms.Tune(pb, e.cfg.Algo, e.cfg.Channels, e.cfg.ChunkBytes)
+	pl.Channels = min(pl.Channels, e.cfg.MaxChannels)
+	if op.Coll == algorithms.CollSend || op.Coll == algorithms.CollRecv {
+		pl.Channels = 1
+	}
+	s, err := e.schedule(op, pl.Algo)
+	if err != nil {
+		return Plan{}, err
+	}
+	slice := e.caps.SlotSize / op.Type.Size()
+	return Plan{Plan: pl, Sched: s, Pieces: algorithms.Pieces(s, pl, op.Count, op.Type.Size(), e.caps.Slots, slice)}, nil
+}
+
+func (e *Engine) schedule(op *Op, algo algorithms.Algorithm) (*algorithms.Schedule, error) {
+	k := schedKey{op.Coll, algo, op.Root}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if s := e.scheds[k]; s != nil {
+		return s, nil
+	}
+	s, err := algorithms.Build(algorithms.Params{Coll: op.Coll, Algo: algo, NRanks: e.nranks, Rank: e.rank, Root: op.Root})
+	if err != nil {
+		return nil, err
+	}
+	if err := s.Check(); err != nil {
+		return nil, err
+	}
+	e.scheds[k] = s
+	return s, nil
+}
+
+// nextSeq returns the operation's tag sequence number. Collectives count
+// on every rank alike; point-to-point operations count per peer and
+// direction, since only the two ranks involved see them.
+func (e *Engine) nextSeq(op *Op) uint64 {
+	var s uint64
+	switch op.Coll {
+	case algorithms.CollSend:
+		s = e.p2pSend[op.Root]
+		e.p2pSend[op.Root]++
+	case algorithms.CollRecv:
+		s = e.p2pRecv[op.Root]
+		e.p2pRecv[op.Root]++
+	default:
+		s = e.collSeq
+		e.collSeq++
+	}
+	return s
+}
+
+// Run executes op and blocks until this rank's part of it is done: its
+// output is complete and everything it sends has been handed to the
+// transport. It fails when ctx ends, when a link fails, or when a peer's
+// data does not match what this rank expects; the error is a *StepError
+// saying where. After a failure the connections are in an unknown state:
+// the caller must abort the endpoint.
+func (e *Engine) Run(ctx context.Context, op *Op) (Plan, error) {
+	if op.In.Kind() != memory.Host || op.Out.Kind() != memory.Host {
+		return Plan{}, errors.New("engine: device memory needs CUDA support, which this build does not have")
+	}
+	seq := e.nextSeq(op)
+	if op.Count == 0 {
+		return Plan{Seq: seq}, nil
+	}
+	pl, err := e.Plan(op)
+	if err != nil {
+		return pl, err
+	}
+	pl.Seq = seq
+	// Connect every channel's peers first, from this goroutine, so that the
+	// channel goroutines only read the connection table.
+	chBase := 0
+	if op.Coll == algorithms.CollSend || op.Coll == algorithms.CollRecv {
+		chBase = e.cfg.MaxChannels
+	}
+	for len(e.runs) < pl.Channels {
+		e.runs = append(e.runs, &chanRun{conns: make([]transport.Conn, e.nranks), sent: make([]uint32, e.nranks), recvd: make([]uint32, e.nranks)})
+	}
+	peers := pl.Sched.Peers()
+	for c := 0; c < pl.Channels; c++ {
+		x := e.runs[c]
+		for _, p := range peers {
+			conn, err := e.connect(ctx, p, chBase+c)
+			if err != nil {
+				return pl, &StepError{Channel: c, Step: -1, Peer: p, Err: err}
+			}
+			x.conns[p] = conn
+		}
+		x.setup(e, op, &pl, c)
+	}
+	if pl.Channels == 1 {
+		return pl, e.runs[0].run(ctx)
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	for c := 0; c < pl.Channels; c++ {
+		x := e.runs[c]
+		g.Go(func() error { return x.run(gctx) })
+	}
+	return pl, g.Wait()
+}
+
+func (e *Engine) connect(ctx context.Context, peer, ch int) (transport.Conn, error) {
+	k := connKey{peer, ch}
+	if c := e.conns[k]; c != nil {
+		return c, nil
+	}
+	c, err := e.ep.Connect(ctx, peer, ch)
+	if err != nil {
+		return nil, err
+	}
+	e.conns[k] = c
+	return c, nil
+}
+
+// StepError says where an operation failed.
+type StepError struct {
+	Channel int
+	Piece   int
+	Step    int // -1 while connecting
+	Kind    algorithms.Kind
+	Peer    int // the peer of the failing call, -1 if none
+	Err     error
+}
+
+func (e *StepError) Error() string {
+	if e.Step < 0 {
+		return fmt.Sprintf("channel %d: connecting to rank %d: %v", e.Channel, e.Peer, e.Err)
+	}
+	return fmt.Sprintf("channel %d piece %d step %d (%v): %v", e.Channel, e.Piece, e.Step, e.Kind, e.Err)
+}
+
+func (e *StepError) Unwrap() error { return e.Err }
+
+// MismatchError reports a slice whose tag or size differs from what the
+// receiver expected: the ranks disagree about the operation.
+type MismatchError struct {
+	Peer      int
+	Got, Want transport.Tag
+	GotBytes  int
+	WantBytes int
+}
+
+func (e *MismatchError) Error() string {
+	return fmt.Sprintf("rank %d sent %d bytes as %v, this rank expected %d bytes as %v: the ranks disagree about the operation (different collective, count, root or order)",
+		e.Peer, e.GotBytes, e.Got, e.WantBytes, e.Want)
+}

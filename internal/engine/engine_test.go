@@ -1,0 +1,159 @@
+package engine
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/goccl/goccl/algorithms"
+	"github.com/goccl/goccl/internal/kernels"
+	"github.com/goccl/goccl/memory"
+	"github.com/goccl/goccl/transport/mem"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var testLink = algorithms.LinkModel{Latency: 2e-6, Bandwidth: 6e9, ReduceRate: 6e9, MaxChannels: 2, ChannelBytes: 1 << 16, ChunkBytes: 1 << 14}
+
+func engines(t *testing.T, n int, cfg Config, opts mem.Options) ([]*Engine, *mem.Network) {
+	t.Helper()
+	nw, err := mem.NewNetwork(n, opts)
+	require.NoError(t, err)
+	if cfg.MaxChannels == 0 {
+		cfg.MaxChannels = 2
+	}
+	if cfg.Link == (algorithms.LinkModel{}) {
+		cfg.Link = testLink
+	}
+	es := make([]*Engine, n)
+	for r := range es {
+		es[r], err = New(r, n, nw.Endpoint(r), cfg)
+		require.NoError(t, err)
+	}
+	t.Cleanup(func() {
+		for r := 0; r < n; r++ {
+			nw.Endpoint(r).Close(nil)
+		}
+	})
+	return es, nw
+}
+
+func f32s(v []float32) []byte {
+	b := make([]byte, 4*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
+	}
+	return b
+}
+
+func f32at(b []byte, i int) float32 { return math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:])) }
+
+// runAll runs op(r) on every engine concurrently.
+func runAll(t *testing.T, es []*Engine, op func(r int) *Op) []error {
+	t.Helper()
+	errs := make([]error, len(es))
+	var wg sync.WaitGroup
+	for r, e := range es {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			_, errs[r] = e.Run(ctx, op(r))
+		})
+	}
+	wg.Wait()
+	return errs
+}
+
+func TestAllReduceEveryAlgorithmThroughTheEngine(t *testing.T) {
+	for _, a := range []algorithms.Algorithm{algorithms.Ring, algorithms.Tree, algorithms.RecDoubling, algorithms.Rabenseifner} {
+		for _, n := range []int{1, 2, 3, 5} {
+			es, _ := engines(t, n, Config{Algo: a, Channels: 2}, mem.Options{Slots: 4, SlotSize: 4096})
+			const count = 10_007
+			outs := make([][]byte, n)
+			errs := runAll(t, es, func(r int) *Op {
+				in := make([]float32, count)
+				for i := range in {
+					in[i] = float32(r*3 + i%11)
+				}
+				outs[r] = make([]byte, 4*count)
+				return &Op{Coll: algorithms.CollAllReduce, Type: kernels.Float32, Red: kernels.Avg, Count: count,
+					In: memory.HostBuffer(f32s(in)), Out: memory.HostBuffer(outs[r])}
+			})
+			for r, err := range errs {
+				require.NoError(t, err, "%v n=%d rank %d", a, n, r)
+			}
+			for r := range outs {
+				for i := 0; i < count; i++ {
+					want := float32(0)
+					for q := 0; q < n; q++ {
+						want += float32(q*3 + i%11)
+					}
+					want /= float32(n)
+					require.Equal(t, want, f32at(outs[r], i), "%v n=%d rank %d element %d", a, n, r, i)
+				}
+			}
+		}
+	}
+}
+
+func TestPlanIsTheSameOnEveryRankAndCached(t *testing.T) {
+	es, _ := engines(t, 4, Config{Channels: 2}, mem.Options{Slots: 8, SlotSize: 8192})
+	for _, coll := range []algorithms.Collective{algorithms.CollAllReduce, algorithms.CollBroadcast, algorithms.CollReduce, algorithms.CollReduceScatter} {
+		var first Plan
+		for r, e := range es {
+			pl, err := e.Plan(&Op{Coll: coll, Type: kernels.Float64, Count: 123_457, Root: 1})
+			require.NoError(t, err)
+			if r == 0 {
+				first = pl
+				continue
+			}
+			require.Equal(t, first.Plan, pl.Plan, "%v rank %d", coll, r)
+			require.Equal(t, first.Pieces, pl.Pieces, "%v rank %d", coll, r)
+		}
+		again, err := es[0].Plan(&Op{Coll: coll, Type: kernels.Float64, Count: 123_457, Root: 1})
+		require.NoError(t, err)
+		require.Same(t, first.Sched, again.Sched)
+	}
+}
+
+func TestMismatchIsDetected(t *testing.T) {
+	es, _ := engines(t, 2, Config{Algo: algorithms.Ring}, mem.Options{})
+	errs := runAll(t, es, func(r int) *Op {
+		count := 64 * (r + 1)
+		return &Op{Coll: algorithms.CollAllReduce, Type: kernels.Int32, Red: kernels.Sum, Count: count,
+			In: memory.HostBuffer(make([]byte, 4*count)), Out: memory.HostBuffer(make([]byte, 4*count))}
+	})
+	var me *MismatchError
+	require.True(t, errors.As(errs[0], &me) || errors.As(errs[1], &me), "errors: %v", errs)
+	var se *StepError
+	require.ErrorAs(t, errs[0], &se)
+	require.Equal(t, 1, se.Peer)
+	require.Contains(t, se.Error(), "channel 0 piece 0 step")
+}
+
+func TestDeviceMemoryIsRefused(t *testing.T) {
+	es, _ := engines(t, 1, Config{}, mem.Options{})
+	_, err := es[0].Run(context.Background(), &Op{Coll: algorithms.CollAllReduce, Type: kernels.Float32, Count: 4,
+		In: memory.DeviceBuffer(0, 0x1000, 16), Out: memory.DeviceBuffer(0, 0x2000, 16)})
+	require.ErrorContains(t, err, "CUDA")
+}
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	nw, err := mem.NewNetwork(2, mem.Options{})
+	require.NoError(t, err)
+	_, err = New(2, 2, nw.Endpoint(0), Config{MaxChannels: 1, Link: testLink})
+	require.Error(t, err)
+	_, err = New(0, 2, nw.Endpoint(0), Config{MaxChannels: 0, Link: testLink})
+	require.Error(t, err)
+	_, err = New(0, 2, nw.Endpoint(0), Config{MaxChannels: 1, Channels: 2, Link: testLink})
+	require.Error(t, err)
+	_, err = New(0, 2, nw.Endpoint(0), Config{MaxChannels: 1})
+	require.Error(t, err, "an empty link model")
+}

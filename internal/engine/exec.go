@@ -1,0 +1,287 @@
+package engine
+
+import (
+	"context"
+	"unsafe"
+
+	"github.com/goccl/goccl/algorithms"
+	"github.com/goccl/goccl/internal/kernels"
+	"github.com/goccl/goccl/transport"
+)
+
+// chanRun executes one channel's share of an operation: its pieces, each
+// through the whole schedule, slice by slice.
+type chanRun struct {
+	// Set by setup, read by run.
+	sched          *algorithms.Schedule
+	layout         algorithms.Layout
+	lo, hi, pieces int // this channel's pieces [lo, hi) of pieces
+	esize          int
+	slice          int // elements per slice
+	in, out        []byte
+	red, final     kernels.Func
+	post           func(dst, src []byte)
+	seq            uint64
+	ch             int
+
+	conns        []transport.Conn // by peer
+	sent, recvd  []uint32         // messages so far this operation, by peer
+	spans        [3][]algorithms.Span
+	piece, stepI int // position, for errors
+}
+
+func (x *chanRun) setup(e *Engine, op *Op, pl *Plan, c int) {
+	x.sched = pl.Sched
+	x.layout = algorithms.NewLayout(op.Coll, e.nranks, e.rank, op.Root, op.Count)
+	x.pieces = pl.Pieces
+	x.lo, x.hi = c*pl.Pieces/pl.Channels, (c+1)*pl.Pieces/pl.Channels
+	x.esize = op.Type.Size()
+	x.slice = e.caps.SlotSize / x.esize
+	x.in, x.out = nil, nil
+	if op.In.Len() > 0 {
+		x.in = op.In.Bytes()
+	}
+	if op.Out.Len() > 0 {
+		x.out = op.Out.Bytes()
+	}
+	if op.Coll.Reduces() {
+		x.red = kernels.Reduce(op.Type, op.Red)
+		x.final = kernels.ReduceFinal(op.Type, op.Red, e.nranks)
+		x.post = kernels.Post(op.Type, op.Red, e.nranks)
+	} else {
+		x.red, x.final, x.post = nil, nil, nil
+	}
+	x.seq = pl.Seq
+	x.ch = c
+	clear(x.sent)
+	clear(x.recvd)
+}
+
+func (x *chanRun) run(ctx context.Context) error {
+	for p := x.lo; p < x.hi; p++ {
+		x.piece = p
+		for i := range x.sched.Steps {
+			x.stepI = i
+			st := &x.sched.Steps[i]
+			var err error
+			if st.Kind.Exchange() {
+				err = x.exchange(ctx, st)
+			} else {
+				err = x.lockstep(ctx, st)
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (x *chanRun) fail(st *algorithms.Step, peer int, err error) error {
+	return &StepError{Channel: x.ch, Piece: x.piece, Step: x.stepI, Kind: st.Kind, Peer: peer, Err: err}
+}
+
+func (x *chanRun) spansOf(i int, ref algorithms.Ref) []algorithms.Span {
+	x.spans[i] = x.spans[i][:0]
+	if ref.Buf != algorithms.NoBuf {
+		x.spans[i] = x.layout.Spans(x.spans[i], ref, x.sched.Minor, x.piece, x.pieces)
+	}
+	return x.spans[i]
+}
+
+func (x *chanRun) buf(b algorithms.Buf) []byte {
+	if b == algorithms.Input {
+		return x.in
+	}
+	return x.out
+}
+
+func sameStart(a, b []byte) bool {
+	return len(a) > 0 && len(b) > 0 && unsafe.SliceData(a) == unsafe.SliceData(b)
+}
+
+// recvSlice waits for the next slice from peer and checks that it is the
+// one this rank expects.
+func (x *chanRun) recvSlice(ctx context.Context, st *algorithms.Step, c transport.Conn, peer int, slice uint32, n int) ([]byte, error) {
+	b, tag, err := c.Wait(ctx)
+	if err != nil {
+		return nil, x.fail(st, peer, err)
+	}
+	want := transport.Tag{Op: x.seq, Msg: x.recvd[peer], Slice: slice}
+	if tag != want || b.Len() != n {
+		c.Release()
+		return nil, x.fail(st, peer, &MismatchError{Peer: peer, Got: tag, Want: want, GotBytes: b.Len(), WantBytes: n})
+	}
+	return b.Bytes(), nil
+}
+
+// lockstep runs a step whose local operand, destination, incoming and
+// outgoing streams all walk the same blocks, slice by slice: receive a
+// slice, reserve the outgoing slot, compute into it, post, release.
+func (x *chanRun) lockstep(ctx context.Context, st *algorithms.Step) error {
+	es := x.esize
+	srcS := algorithms.NewSlicer(x.spansOf(0, st.Src), x.slice)
+	dstS := algorithms.NewSlicer(x.spansOf(1, st.Dst), x.slice)
+	hasSrc, hasDst := st.Src.Buf != algorithms.NoBuf, st.Dst.Buf != algorithms.NoBuf
+	srcBuf, dstBuf := x.buf(st.Src.Buf), x.out
+	var rc, sc transport.Conn
+	rpeer, speer := int(st.RecvPeer), int(st.SendPeer)
+	if st.Kind.Receives() {
+		rc = x.conns[rpeer]
+	}
+	if st.Kind.Sends() {
+		sc = x.conns[speer]
+	}
+	red := x.red
+	if st.Final {
+		red = x.final
+	}
+	for sl := uint32(0); ; sl++ {
+		var srcOff, dstOff, n int
+		var ok bool
+		if hasSrc {
+			srcOff, n, ok = srcS.Next()
+		}
+		if hasDst {
+			dstOff, n, ok = dstS.Next()
+		}
+		if !ok {
+			break
+		}
+		nb := n * es
+		var src, dst, in, out []byte
+		if hasSrc {
+			src = srcBuf[srcOff*es : srcOff*es+nb]
+		}
+		if hasDst {
+			dst = dstBuf[dstOff*es : dstOff*es+nb]
+		}
+		if rc != nil {
+			var err error
+			if in, err = x.recvSlice(ctx, st, rc, rpeer, sl, nb); err != nil {
+				return err
+			}
+		}
+		if sc != nil {
+			b, err := sc.Reserve(ctx, nb)
+			if err != nil {
+				if rc != nil {
+					rc.Release()
+				}
+				return x.fail(st, speer, err)
+			}
+			out = b.Bytes()
+		}
+		switch st.Kind {
+		case algorithms.Copy:
+			x.copyFinal(dst, src, st.Final)
+		case algorithms.Send:
+			copy(out, src)
+		case algorithms.Recv:
+			copy(dst, in)
+		case algorithms.CopySend:
+			copy(out, src)
+			if !sameStart(dst, src) {
+				copy(dst, src)
+			}
+		case algorithms.RecvReduceSend:
+			red(out, in, src)
+		case algorithms.RecvReduceCopy:
+			red(dst, in, src)
+		case algorithms.RecvReduceCopySend:
+			red(dst, in, src)
+			copy(out, dst)
+		case algorithms.RecvCopySend:
+			copy(dst, in)
+			copy(out, in)
+		}
+		if sc != nil {
+			if err := sc.Post(nb, transport.Tag{Op: x.seq, Msg: x.sent[speer], Slice: sl}); err != nil {
+				if rc != nil {
+					rc.Release()
+				}
+				return x.fail(st, speer, err)
+			}
+		}
+		if rc != nil {
+			if err := rc.Release(); err != nil {
+				return x.fail(st, rpeer, err)
+			}
+		}
+	}
+	if rc != nil {
+		x.recvd[rpeer]++
+	}
+	if sc != nil {
+		x.sent[speer]++
+	}
+	return nil
+}
+
+// copyFinal copies src to dst, applying the operator's post-processing if
+// the copy completes a reduction (a single rank's Avg).
+func (x *chanRun) copyFinal(dst, src []byte, final bool) {
+	if final && x.post != nil {
+		x.post(dst, src)
+		return
+	}
+	if !sameStart(dst, src) {
+		copy(dst, src)
+	}
+}
+
+// exchange runs SendRecv and SendRecvReduceCopy: per round, send the next
+// outgoing slice (if any), then take the next incoming one (if any). Each
+// outgoing slice is copied into its slot before the incoming slice of the
+// same round is written, which is what makes recursive doubling's
+// in-place exchange safe.
+func (x *chanRun) exchange(ctx context.Context, st *algorithms.Step) error {
+	es := x.esize
+	txS := algorithms.NewSlicer(x.spansOf(2, st.Tx), x.slice)
+	dstS := algorithms.NewSlicer(x.spansOf(1, st.Dst), x.slice)
+	srcS := algorithms.NewSlicer(x.spansOf(0, st.Src), x.slice)
+	txBuf, srcBuf := x.buf(st.Tx.Buf), x.buf(st.Src.Buf)
+	rpeer, speer := int(st.RecvPeer), int(st.SendPeer)
+	rc, sc := x.conns[rpeer], x.conns[speer]
+	red := x.red
+	if st.Final {
+		red = x.final
+	}
+	reduces := st.Kind.Reduces()
+	var txSl, rxSl uint32
+	for !txS.Done() || !dstS.Done() {
+		if off, n, ok := txS.Next(); ok {
+			nb := n * es
+			b, err := sc.Reserve(ctx, nb)
+			if err != nil {
+				return x.fail(st, speer, err)
+			}
+			copy(b.Bytes(), txBuf[off*es:off*es+nb])
+			if err := sc.Post(nb, transport.Tag{Op: x.seq, Msg: x.sent[speer], Slice: txSl}); err != nil {
+				return x.fail(st, speer, err)
+			}
+			txSl++
+		}
+		if off, n, ok := dstS.Next(); ok {
+			nb := n * es
+			in, err := x.recvSlice(ctx, st, rc, rpeer, rxSl, nb)
+			if err != nil {
+				return err
+			}
+			dst := x.out[off*es : off*es+nb]
+			if reduces {
+				soff, _, _ := srcS.Next()
+				red(dst, in, srcBuf[soff*es:soff*es+nb])
+			} else {
+				copy(dst, in)
+			}
+			if err := rc.Release(); err != nil {
+				return x.fail(st, rpeer, err)
+			}
+			rxSl++
+		}
+	}
+	x.sent[speer]++
+	x.recvd[rpeer]++
+	return nil
+}
