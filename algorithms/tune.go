@@ -65,6 +65,10 @@ type Plan struct {
 
 func log2ceil(n int) int { return bits.Len(uint(n - 1)) }
 
+// rabenseifnerEfficiency is the measured bandwidth of Rabenseifner's
+// exchanges relative to the ring's (see Cost).
+const rabenseifnerEfficiency = 0.85
+
 // Cost predicts the time of problem p run with algorithm a on c channels,
 // in seconds, from the link model: latency α per hop, bytes over bandwidth,
 // bytes over the reduction rate (Hockney's α-β model with the γ term of
@@ -114,8 +118,12 @@ func Cost(p Problem, a Algorithm, c int) float64 {
 		case RecDoubling:
 			t = L*(alpha+S*beta+S*gamma) + fold
 		case Rabenseifner:
+			// Its exchanges move the same bytes as a ring but measured about
+			// 15% slower per byte than the ring's forwarding at 1 MiB and
+			// above (docs/performance.md), as NCCL also scales each
+			// algorithm's bandwidth by a measured factor (tuning.cc).
 			pf := float64(pw)
-			t = 2*L*alpha + 2*(pf-1)/pf*S*beta + (pf-1)/pf*S*gamma + fold
+			t = 2*L*alpha + (2*(pf-1)/pf*S*beta+(pf-1)/pf*S*gamma)/rabenseifnerEfficiency + fold
 		}
 	case CollReduceScatter:
 		t = (n-1+chunks-1)*alpha + (n-1)/n*S*(beta+gamma)

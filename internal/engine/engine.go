@@ -49,9 +49,10 @@ type Op struct {
 // Plan is how an operation runs.
 type Plan struct {
 	algorithms.Plan
-	Pieces int
-	Sched  *algorithms.Schedule
-	Seq    uint64 // the operation's tag sequence number
+	Pieces     int
+	SliceElems int // elements per slice (at most a slot)
+	Sched      *algorithms.Schedule
+	Seq        uint64 // the operation's tag sequence number
 }
 
 // Engine runs one rank's operations through a transport endpoint. Run is
@@ -159,9 +160,30 @@ func (e *Engine) plan(op *Op) (Plan, error) {
 	if err != nil {
 		return Plan{}, err
 	}
-	slice := e.caps.SlotSize / op.Type.Size()
-	return Plan{Plan: pl, Sched: s, Pieces: algorithms.Pieces(s, pl, op.Count, op.Type.Size(), e.caps.Slots, slice)}, nil
+	es := op.Type.Size()
+	slotElems := e.caps.SlotSize / es
+	pieces := algorithms.Pieces(s, pl, op.Count, es, e.caps.Slots, slotElems)
+	// Like NCCL (enqueue.cc halves the chunk while a channel has too little
+	// work), cut slices smaller than a slot when blocks are small, so that
+	// every step streams at least minSlicesPerStep slices: a chain of ranks
+	// only overlaps its hops when there is more than one slice in flight.
+	blockElems := (op.Count + pieces*s.Minor - 1) / (pieces * s.Minor)
+	sliceElems := slotElems
+	if blockElems > 0 {
+		want := (blockElems + minSlicesPerStep - 1) / minSlicesPerStep
+		sliceElems = min(slotElems, max(want, minSliceBytes/es))
+	}
+	// Smaller slices mean fewer elements in flight per connection: keep
+	// every message within half the slots (algorithms.MinPieces).
+	pieces = max(pieces, algorithms.Pieces(s, pl, op.Count, es, e.caps.Slots, sliceElems))
+	return Plan{Plan: pl, Sched: s, Pieces: pieces, SliceElems: sliceElems}, nil
 }
+
+// Slicing of small blocks; see plan.
+const (
+	minSlicesPerStep = 4
+	minSliceBytes    = 16 << 10
+)
 
 func (e *Engine) schedule(op *Op, algo algorithms.Algorithm) (*algorithms.Schedule, error) {
 	k := schedKey{op.Coll, algo, op.Root}

@@ -36,7 +36,7 @@ func (x *chanRun) setup(e *Engine, op *Op, pl *Plan, c int) {
 	x.pieces = pl.Pieces
 	x.lo, x.hi = c*pl.Pieces/pl.Channels, (c+1)*pl.Pieces/pl.Channels
 	x.esize = op.Type.Size()
-	x.slice = e.caps.SlotSize / x.esize
+	x.slice = pl.SliceElems
 	x.in, x.out = nil, nil
 	if op.In.Len() > 0 {
 		x.in = op.In.Bytes()
