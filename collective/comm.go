@@ -36,13 +36,20 @@ type Comm struct {
 	wg     sync.WaitGroup // goroutines of asynchronous operations
 
 	// The watchdog enforces Config.Timeout without a timer per operation:
-	// the operation in flight (one at a time) publishes its start, and a
-	// single timer, re-armed lazily, aborts the communicator when that
-	// operation has run too long.
-	watchdog *time.Timer
-	opStart  atomic.Int64 // UnixNano start of the operation in flight, 0 if none
-	opSeq    atomic.Uint64
-	opName   atomic.Pointer[string]
+	// the operation in flight (one at a time) publishes itself in op, and
+	// one goroutine per communicator, started by newComm and stopped by
+	// Close, aborts the communicator when that operation has run too long.
+	op        atomic.Pointer[inflight]
+	born      time.Time     // monotonic base for inflight.start
+	stopWatch chan struct{} // closed by Close
+	watchDone chan struct{} // closed when the watchdog has returned
+}
+
+// inflight is the operation the watchdog watches.
+type inflight struct {
+	name  string
+	seq   uint64
+	start time.Duration // since Comm.born (monotonic)
 }
 
 // Rank returns this rank's index, 0..Size()-1.
@@ -118,40 +125,40 @@ func newComm(rank, size int, cfg Config, ep transport.Endpoint, link algorithms.
 	if err != nil {
 		return nil, err
 	}
-	c := &Comm{rank: rank, size: size, cfg: cfg, eng: eng, ep: ep}
+	c := &Comm{rank: rank, size: size, cfg: cfg, eng: eng, ep: ep, born: time.Now(),
+		stopWatch: make(chan struct{}), watchDone: make(chan struct{})}
 	c.ctx, c.cancel = context.WithCancelCause(context.Background())
-	// Armed only once the field is set: watch reads it.
-	c.watchdog = time.AfterFunc(time.Hour, c.watch)
-	c.watchdog.Reset(cfg.Timeout)
+	go c.watch()
 	return c, nil
 }
 
-// watch runs when the watchdog fires: it aborts the communicator if the
-// operation in flight has passed its deadline, and otherwise re-arms the
-// timer for that deadline (or a full timeout when idle), so that every
-// operation is caught within timer precision of its deadline.
+// watch is the watchdog: it sleeps until the deadline of the operation in
+// flight (or a full timeout when idle) and aborts the communicator if that
+// same operation is still running then.
 func (c *Comm) watch() {
-	c.mu.Lock()
-	closed := c.closed
-	c.mu.Unlock()
-	if closed || c.ctx.Err() != nil {
+	defer close(c.watchDone)
+	t := time.NewTimer(c.cfg.Timeout)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stopWatch:
+			return
+		case <-c.ctx.Done():
+			return
+		case <-t.C:
+		}
+		op := c.op.Load()
+		if op == nil {
+			t.Reset(c.cfg.Timeout)
+			continue
+		}
+		if left := op.start + c.cfg.Timeout - time.Since(c.born); left > 0 {
+			t.Reset(left)
+			continue
+		}
+		c.abort(&timeoutError{op: op.name, seq: op.seq, d: c.cfg.Timeout})
 		return
 	}
-	start := c.opStart.Load()
-	if start == 0 {
-		c.watchdog.Reset(c.cfg.Timeout)
-		return
-	}
-	left := time.Until(time.Unix(0, start).Add(c.cfg.Timeout))
-	if left > 0 {
-		c.watchdog.Reset(left)
-		return
-	}
-	name := "operation"
-	if p := c.opName.Load(); p != nil {
-		name = *p
-	}
-	c.abort(&timeoutError{op: name, seq: c.opSeq.Load(), d: c.cfg.Timeout})
 }
 
 // Abort fails every pending and later operation on this rank with cause
@@ -182,7 +189,7 @@ func (c *Comm) abort(cause error) {
 // waiting for them, call Abort first.
 func (c *Comm) Close() error {
 	if c == nil {
-		return ErrNilComm
+		return &ArgError{Rank: -1, Op: "close", Err: ErrNilComm}
 	}
 	c.mu.Lock()
 	c.closed = true
@@ -192,7 +199,14 @@ func (c *Comm) Close() error {
 		<-tail.done
 	}
 	c.wg.Wait()
-	c.watchdog.Stop()
+	c.mu.Lock()
+	select {
+	case <-c.stopWatch:
+	default:
+		close(c.stopWatch)
+	}
+	c.mu.Unlock()
+	<-c.watchDone
 	c.ep.Close(nil)
 	c.cancel(ErrClosed)
 	return nil
@@ -214,6 +228,9 @@ func (r *Request) Done() <-chan struct{} { return r.done }
 // returned nil, the operation's buffers belong to goccl: do not read the
 // output or change the input.
 func (r *Request) Wait(ctx context.Context) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
 	select {
 	case <-r.done:
 		return r.err
@@ -256,7 +273,7 @@ func (c *Comm) issue(ctx context.Context, k *call, async bool) (*Request, error)
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return nil, fmt.Errorf("goccl: rank %d: %s: %w", c.rank, k.name, ErrClosed)
+		return nil, &ArgError{Rank: c.rank, Op: k.name, Err: ErrClosed}
 	}
 	seq := c.seq
 	c.seq++
@@ -301,10 +318,7 @@ func (c *Comm) exec(ctx context.Context, k *call, seq uint64, prev *Request) err
 		}
 	}
 	if cause := context.Cause(c.ctx); cause != nil {
-		if errors.Is(cause, ErrClosed) {
-			return opErr(ErrClosed)
-		}
-		return opErr(cause)
+		return opErr(cause) // ErrClosed itself, or the abort's cause wrapped in ErrAborted
 	}
 	// The operation's context ends with the caller's or with the
 	// communicator's (abort, which the watchdog also uses for the
@@ -318,13 +332,16 @@ func (c *Comm) exec(ctx context.Context, k *call, seq uint64, prev *Request) err
 		stop := context.AfterFunc(c.ctx, func() { cancel(context.Cause(c.ctx)) })
 		defer stop()
 	}
-	c.opName.Store(&k.name)
-	c.opSeq.Store(seq)
-	c.opStart.Store(time.Now().UnixNano())
-	defer c.opStart.Store(0)
+	c.op.Store(&inflight{name: k.name, seq: seq, start: time.Since(c.born)})
+	defer c.op.Store(nil)
 
 	pl, err := c.eng.Run(octx, &k.op)
 	if err == nil {
+		if cause := context.Cause(c.ctx); cause != nil {
+			// Aborted while running: the contract is that pending
+			// operations fail, even one whose data happened to arrive.
+			return opErr(cause)
+		}
 		return nil
 	}
 	e := opErr(err)
@@ -342,6 +359,12 @@ func (c *Comm) exec(ctx context.Context, k *call, seq uint64, prev *Request) err
 	if e.Peer < 0 && errors.As(err, &pe) {
 		e.Peer = pe.Peer
 	}
+	if cause := context.Cause(c.ctx); cause != nil {
+		// Aborted (by Abort, the watchdog or another operation) while
+		// running: report the abort's cause, which wraps ErrAborted, rather
+		// than whichever symptom the transport saw first.
+		e.Err = cause
+	}
 	// The connections are in an unknown state: no later operation can use
 	// them, and the peers must not wait for this rank.
 	c.abort(e)
@@ -351,7 +374,7 @@ func (c *Comm) exec(ctx context.Context, k *call, seq uint64, prev *Request) err
 // Barrier blocks until every rank has entered it (or the operation fails).
 func (c *Comm) Barrier(ctx context.Context) error {
 	if c == nil {
-		return ErrNilComm
+		return &ArgError{Rank: -1, Op: "barrier", Err: ErrNilComm}
 	}
 	var b [1]uint8
 	return AllReduce(ctx, c, b[:], b[:], Max)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/goccl/goccl/algorithms"
+	"github.com/goccl/goccl/transport/mem"
 )
 
 // Defaults.
@@ -41,8 +42,8 @@ type Config struct {
 	// Timeout bounds each operation; 0 means DefaultTimeout. An operation
 	// that runs out fails, and the communicator is aborted.
 	Timeout time.Duration
-	// Slots and SlotSize shape the in-process transport's connections
-	// (at least 2 slots, at least 4 KiB); 0 means its defaults.
+	// Slots and SlotSize shape the transports' connections (2..64 slots of
+	// 4 KiB..64 MiB); 0 means the defaults (8 slots of 128 KiB).
 	Slots    int
 	SlotSize int
 }
@@ -257,10 +258,12 @@ func (c Config) validate() error {
 		return bad("ChunkSize %d below 1 KiB", c.ChunkSize)
 	case c.Timeout < 0:
 		return bad("negative Timeout %v", c.Timeout)
-	case c.Slots != 0 && c.Slots < 2:
-		return bad("Slots %d: need at least 2", c.Slots)
-	case c.SlotSize != 0 && c.SlotSize < 4096:
-		return bad("SlotSize %d below 4 KiB", c.SlotSize)
+	case c.Slots != 0 && (c.Slots < 2 || c.Slots > 64):
+		return bad("Slots %d out of range 2..64", c.Slots)
+	case c.SlotSize != 0 && (c.SlotSize < 4096 || c.SlotSize > 64<<20):
+		return bad("SlotSize %d out of range 4 KiB..64 MiB", c.SlotSize)
+	case c.Channels > 0 && c.MaxChannels > 0 && c.Channels > c.MaxChannels:
+		return bad("Channels %d exceeds MaxChannels %d", c.Channels, c.MaxChannels)
 	}
 	return nil
 }
@@ -270,8 +273,14 @@ func (c Config) withDefaults() Config {
 		c.Timeout = DefaultTimeout
 	}
 	if c.MaxChannels == 0 {
-		c.MaxChannels = DefaultMaxChannels
+		// A forced channel count above the default raises the bound with it.
+		c.MaxChannels = max(DefaultMaxChannels, c.Channels)
 	}
-	c.MaxChannels = max(c.MaxChannels, c.Channels)
+	if c.Slots == 0 {
+		c.Slots = mem.DefaultSlots
+	}
+	if c.SlotSize == 0 {
+		c.SlotSize = mem.DefaultSlotSize
+	}
 	return c
 }

@@ -23,9 +23,10 @@
 //     Request.Wait returns: do not read its output or change its input
 //     before.
 //  3. Send and Recv match per pair of ranks in issue order and must agree
-//     on the length. A Send larger than half the transport's slots waits
-//     for its Recv, and holds back the sender's later operations while it
-//     does (rule 2): order point-to-point operations so that they can meet.
+//     on the length and type. A Send that does not fit in the connection
+//     (see Send) waits for its Recv, and holds back the sender's later
+//     operations while it does (rule 2): order point-to-point operations so
+//     that they can meet.
 //  4. Each Comm belongs to one rank: in NewLocalGroup, drive each Comm from
 //     its own goroutine, as each rank of a real job is its own process.
 //  5. Close every Comm. Close waits for pending operations; to stop them
@@ -35,7 +36,12 @@
 //
 // Bad arguments (mismatched lengths, a root or peer out of range, a send
 // to self, overlapping buffers, a closed or nil communicator) return an
-// *ArgError before any data moves; the communicator stays usable. Once an
+// *ArgError before any data moves; the communicator stays usable. Ranks
+// that disagree about an operation's collective, type, operator, count or
+// root are caught by a signature every slice carries (ErrMismatch), at the
+// first slice a rank receives from a disagreeing peer: in the operation
+// itself, or, when the disagreement leaves nobody receiving (every rank a
+// broadcast root), in the next one. Once an
 // operation has started, any failure (its context cancelled, the timeout,
 // a peer that aborted or died, disagreeing ranks) returns an *OpError that
 // names this rank, the operation and its sequence number, and the peer it

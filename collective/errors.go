@@ -66,19 +66,30 @@ func (e *OpError) Is(target error) bool {
 	return false
 }
 
-// ArgError is bad input to an operation, caught before any data moved.
-// errors.Is(err, ErrInvalidArgument) holds for it.
+// ArgError is bad input to an operation, caught before any data moved:
+// errors.Is(err, ErrInvalidArgument) holds for it, and also errors.Is(err,
+// ErrNilComm) or errors.Is(err, ErrClosed) when that is what was wrong.
 type ArgError struct {
-	Rank int
+	Rank int // -1 when the communicator is nil
 	Op   string
 	Msg  string
+	Err  error // ErrNilComm, ErrClosed, or nil
 }
 
 func (e *ArgError) Error() string {
-	return fmt.Sprintf("goccl: rank %d: %s: invalid argument: %s", e.Rank, e.Op, e.Msg)
+	msg := e.Msg
+	if e.Err != nil {
+		msg = e.Err.Error()
+	}
+	if e.Rank < 0 {
+		return fmt.Sprintf("goccl: %s: invalid argument: %s", e.Op, msg)
+	}
+	return fmt.Sprintf("goccl: rank %d: %s: invalid argument: %s", e.Rank, e.Op, msg)
 }
 
 func (e *ArgError) Is(target error) bool { return target == ErrInvalidArgument }
+
+func (e *ArgError) Unwrap() error { return e.Err }
 
 // timeoutError is the cause of an operation's context when it runs past the
 // timeout. It is formatted only when reported.

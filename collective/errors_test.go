@@ -88,8 +88,47 @@ func TestBadArgumentsLeaveTheCommunicatorUsable(t *testing.T) {
 func TestNilComm(t *testing.T) {
 	err := collective.AllReduce(context.Background(), nil, []int32{1}, []int32{1}, collective.Sum)
 	require.ErrorIs(t, err, collective.ErrInvalidArgument)
+	require.ErrorIs(t, err, collective.ErrNilComm)
 	require.ErrorContains(t, err, "nil communicator")
-	require.ErrorIs(t, (*collective.Comm)(nil).Barrier(context.Background()), collective.ErrNilComm)
+	for _, err := range []error{(*collective.Comm)(nil).Barrier(context.Background()), (*collective.Comm)(nil).Close()} {
+		require.ErrorIs(t, err, collective.ErrNilComm)
+		require.ErrorIs(t, err, collective.ErrInvalidArgument)
+	}
+}
+
+func TestOutOfRangeEnumsAreInvalid(t *testing.T) {
+	require.False(t, collective.Op(259).Valid(), "no truncation to uint8")
+	require.False(t, collective.DataType(256).Valid())
+	comms := newGroup(t, 1)
+	err := collective.AllReduce(context.Background(), comms[0], []int32{1}, []int32{1}, collective.Op(259))
+	require.ErrorIs(t, err, collective.ErrInvalidArgument)
+}
+
+func TestAbortReachesOperationsWithCancellableContexts(t *testing.T) {
+	for i := 0; i < 20; i++ {
+		comms, _ := newNet(t, 2)
+		cause := errors.New("operator pressed stop")
+		ctx, cancel := context.WithCancel(context.Background())
+		buf := make([]float32, 1000)
+		req, err := collective.StartAllReduce(ctx, comms[0], buf, buf, collective.Sum) // rank 1 never joins
+		require.NoError(t, err)
+		comms[0].Abort(cause)
+		err = req.Wait(context.Background())
+		cancel()
+		require.ErrorIs(t, err, collective.ErrAborted)
+		require.ErrorIs(t, err, cause)
+	}
+}
+
+func TestWatchdogDoesNotOutliveClose(t *testing.T) {
+	// goleak (TestMain) fails the run if a watchdog goroutine survives.
+	for i := 0; i < 50; i++ {
+		comms, err := collective.NewLocalGroup(2, collective.WithEnv(nil), collective.WithTimeout(time.Microsecond))
+		require.NoError(t, err)
+		for _, c := range comms {
+			require.NoError(t, c.Close())
+		}
+	}
 }
 
 func TestUseAfterClose(t *testing.T) {
@@ -100,6 +139,7 @@ func TestUseAfterClose(t *testing.T) {
 		require.NoError(t, c.Close(), "Close is idempotent")
 		err := collective.AllReduce(context.Background(), c, []float64{1}, []float64{1}, collective.Sum)
 		require.ErrorIs(t, err, collective.ErrClosed)
+		require.ErrorIs(t, err, collective.ErrInvalidArgument)
 		require.ErrorIs(t, context.Cause(c.Context()), collective.ErrClosed)
 	}
 }
@@ -271,6 +311,29 @@ func TestMismatchedOperationsFailInsteadOfMixingData(t *testing.T) {
 	for name, f := range map[string]func(r int, c *collective.Comm) error{
 		"count": func(r int, c *collective.Comm) error {
 			buf := make([]float32, 1000+1000*r)
+			return collective.AllReduce(context.Background(), c, buf, buf, collective.Sum)
+		},
+		"operator": func(r int, c *collective.Comm) error {
+			buf := make([]float32, 500)
+			return collective.AllReduce(context.Background(), c, buf, buf, []collective.Op{collective.Sum, collective.Max}[r])
+		},
+		"root": func(r int, c *collective.Comm) error {
+			// Each rank thinks it is the root: nobody receives, so nothing
+			// can be checked in this operation; the data left in the
+			// connections makes the next operation fail instead of being
+			// taken for its own.
+			buf := make([]int32, 500)
+			if err := collective.Broadcast(context.Background(), c, buf, buf, r); err != nil {
+				return err
+			}
+			return c.Barrier(context.Background())
+		},
+		"same size, other type": func(r int, c *collective.Comm) error {
+			if r == 0 {
+				buf := make([]int32, 4)
+				return collective.AllReduce(context.Background(), c, buf, buf, collective.Sum)
+			}
+			buf := make([]float32, 4)
 			return collective.AllReduce(context.Background(), c, buf, buf, collective.Sum)
 		},
 		"type": func(r int, c *collective.Comm) error {

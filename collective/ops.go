@@ -149,12 +149,13 @@ func StartAllToAll[T Number](ctx context.Context, c *Comm, send, recv []T) (*Req
 }
 
 // Send sends buf to peer, which must call Recv with a buffer of the same
-// length. Sends and receives between a pair of ranks match in the order
-// they were issued; they do not block other pairs, but on each rank every
-// operation runs after the ones issued before it, so a Send waiting for its
-// Recv holds back this rank's later operations. Messages up to about half
-// the transport's slots (512 KiB in process) complete without waiting for
-// the Recv.
+// length and type. Sends and receives between a pair of ranks match in the
+// order they were issued; they do not block other pairs, but on each rank
+// every operation runs after the ones issued before it, so a Send waiting
+// for its Recv holds back this rank's later operations. A Send completes
+// without its Recv only while what is in flight to that peer fits in the
+// connection: one message of at most half its slots' bytes (4 × 128 KiB by
+// default), and at most Config.Slots messages in all.
 func Send[T Number](ctx context.Context, c *Comm, buf []T, peer int) error {
 	k, err := p2pCall(c, "send", algorithms.CollSend, buf, peer)
 	if err != nil {
@@ -196,7 +197,7 @@ func StartRecv[T Number](ctx context.Context, c *Comm, buf []T, peer int) (*Requ
 
 func checkComm(c *Comm, name string) error {
 	if c == nil {
-		return &ArgError{Rank: -1, Op: name, Msg: ErrNilComm.Error()}
+		return &ArgError{Rank: -1, Op: name, Err: ErrNilComm}
 	}
 	return nil
 }

@@ -31,7 +31,7 @@ const (
 func (t DataType) kernel() kernels.Type { return kernels.Type(t) }
 
 // Valid reports whether t is one of the ten element types.
-func (t DataType) Valid() bool { return t >= 0 && kernels.Type(t).Valid() }
+func (t DataType) Valid() bool { return t >= Int8 && t <= BFloat16Type }
 
 // Size returns the size of one element in bytes (0 if t is not Valid).
 func (t DataType) Size() int {
@@ -64,7 +64,7 @@ const (
 )
 
 // Valid reports whether o is one of the five operators.
-func (o Op) Valid() bool { return o >= 0 && kernels.Op(o).Valid() }
+func (o Op) Valid() bool { return o >= Sum && o <= Avg }
 
 func (o Op) String() string {
 	if !o.Valid() {

@@ -36,18 +36,22 @@ type Caps struct {
 	Memory   memory.Kind
 }
 
-// Tag identifies a slice on the wire: which operation it belongs to, which
-// message of that operation on this connection, and which slice of the
-// message. The engine stamps every slice it posts and checks every slice
-// it receives, so that two ranks that disagree about an operation get an
-// error instead of each other's data.
+// Tag identifies a slice on the wire: which operation it belongs to (its
+// sequence number and a signature of what it is), which message of that
+// operation on this connection, and which slice of the message. The engine
+// stamps every slice it posts and checks every slice it receives, so that
+// two ranks that disagree about an operation get an error instead of each
+// other's data.
 type Tag struct {
 	Op    uint64
+	Sig   uint32 // hash of the operation's collective, type, operator, count, root and plan
 	Msg   uint32
 	Slice uint32
 }
 
-func (t Tag) String() string { return fmt.Sprintf("op %d message %d slice %d", t.Op, t.Msg, t.Slice) }
+func (t Tag) String() string {
+	return fmt.Sprintf("op %d (signature %08x) message %d slice %d", t.Op, t.Sig, t.Msg, t.Slice)
+}
 
 // Conn is a bidirectional connection to one peer on one channel: in each
 // direction a ring of Slots slots of SlotSize bytes, filled by the sender

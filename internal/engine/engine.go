@@ -53,6 +53,9 @@ type Plan struct {
 	SliceElems int // elements per slice (at most a slot)
 	Sched      *algorithms.Schedule
 	Seq        uint64 // the operation's tag sequence number
+	// Sig fingerprints what every rank must agree on: collective, type,
+	// operator, count, root and plan. It travels in every slice's tag.
+	Sig uint32
 }
 
 // Engine runs one rank's operations through a transport endpoint. Run is
@@ -176,7 +179,33 @@ func (e *Engine) plan(op *Op) (Plan, error) {
 	// Smaller slices mean fewer elements in flight per connection: keep
 	// every message within half the slots (algorithms.MinPieces).
 	pieces = max(pieces, algorithms.Pieces(s, pl, op.Count, es, e.caps.Slots, sliceElems))
-	return Plan{Plan: pl, Sched: s, Pieces: pieces, SliceElems: sliceElems}, nil
+	return Plan{Plan: pl, Sched: s, Pieces: pieces, SliceElems: sliceElems, Sig: signature(op, pl, pieces, sliceElems)}, nil
+}
+
+// signature hashes (FNV-1a) what the ranks of an operation must agree on.
+// Send and Recv hash alike and leave out the peer, which is the other
+// rank on each side; collectives without a reduction or a root leave those
+// out, since their values are not required to match.
+func signature(op *Op, pl algorithms.Plan, pieces, slice int) uint32 {
+	coll, red, root := op.Coll, op.Red, op.Root
+	switch coll {
+	case algorithms.CollSend, algorithms.CollRecv:
+		coll, root = algorithms.CollSend, 0
+	case algorithms.CollAllReduce, algorithms.CollReduceScatter, algorithms.CollAllGather, algorithms.CollAllToAll:
+		root = 0
+	}
+	if !coll.Reduces() {
+		red = 0
+	}
+	h := uint32(2166136261)
+	for _, v := range []uint64{uint64(coll), uint64(op.Type), uint64(red), uint64(op.Count), uint64(root),
+		uint64(pl.Algo), uint64(pl.Channels), uint64(pieces), uint64(slice)} {
+		for i := 0; i < 8; i++ {
+			h ^= uint32(v >> (8 * i) & 0xff)
+			h *= 16777619
+		}
+	}
+	return h
 }
 
 // Slicing of small blocks; see plan.
@@ -234,6 +263,8 @@ func (e *Engine) Run(ctx context.Context, op *Op) (Plan, error) {
 	}
 	seq := e.nextSeq(op)
 	if op.Count == 0 {
+		// Nothing moves, so nothing is checked: like NCCL, a zero count is
+		// a no-op that does not synchronise.
 		return Plan{Seq: seq}, nil
 	}
 	pl, err := e.Plan(op)
@@ -315,6 +346,6 @@ type MismatchError struct {
 }
 
 func (e *MismatchError) Error() string {
-	return fmt.Sprintf("rank %d sent %d bytes as %v, this rank expected %d bytes as %v: the ranks disagree about the operation (different collective, count, root or order)",
+	return fmt.Sprintf("rank %d sent %d bytes as %v, this rank expected %d bytes as %v: the ranks disagree about the operation (different collective, type, operator, count, root, configuration or order)",
 		e.Peer, e.GotBytes, e.Got, e.WantBytes, e.Want)
 }

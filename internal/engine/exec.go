@@ -22,6 +22,7 @@ type chanRun struct {
 	red, final     kernels.Func
 	post           func(dst, src []byte)
 	seq            uint64
+	sig            uint32
 	ch             int
 
 	conns        []transport.Conn // by peer
@@ -52,6 +53,7 @@ func (x *chanRun) setup(e *Engine, op *Op, pl *Plan, c int) {
 		x.red, x.final, x.post = nil, nil, nil
 	}
 	x.seq = pl.Seq
+	x.sig = pl.Sig
 	x.ch = c
 	clear(x.sent)
 	clear(x.recvd)
@@ -107,7 +109,7 @@ func (x *chanRun) recvSlice(ctx context.Context, st *algorithms.Step, c transpor
 	if err != nil {
 		return nil, x.fail(st, peer, err)
 	}
-	want := transport.Tag{Op: x.seq, Msg: x.recvd[peer], Slice: slice}
+	want := transport.Tag{Op: x.seq, Sig: x.sig, Msg: x.recvd[peer], Slice: slice}
 	if tag != want || b.Len() != n {
 		c.Release()
 		return nil, x.fail(st, peer, &MismatchError{Peer: peer, Got: tag, Want: want, GotBytes: b.Len(), WantBytes: n})
@@ -196,7 +198,7 @@ func (x *chanRun) lockstep(ctx context.Context, st *algorithms.Step) error {
 			copy(out, in)
 		}
 		if sc != nil {
-			if err := sc.Post(nb, transport.Tag{Op: x.seq, Msg: x.sent[speer], Slice: sl}); err != nil {
+			if err := sc.Post(nb, transport.Tag{Op: x.seq, Sig: x.sig, Msg: x.sent[speer], Slice: sl}); err != nil {
 				if rc != nil {
 					rc.Release()
 				}
@@ -257,7 +259,7 @@ func (x *chanRun) exchange(ctx context.Context, st *algorithms.Step) error {
 				return x.fail(st, speer, err)
 			}
 			copy(b.Bytes(), txBuf[off*es:off*es+nb])
-			if err := sc.Post(nb, transport.Tag{Op: x.seq, Msg: x.sent[speer], Slice: txSl}); err != nil {
+			if err := sc.Post(nb, transport.Tag{Op: x.seq, Sig: x.sig, Msg: x.sent[speer], Slice: txSl}); err != nil {
 				return x.fail(st, speer, err)
 			}
 			txSl++
