@@ -1,0 +1,411 @@
+// Package bootstrap brings the ranks of a job together: a root collects
+// every rank's PeerInfo and hands the full table back, after which the
+// ranks connect to each other directly (package transport/tcp).
+//
+// Every connection to the root is authenticated first (package
+// handshake); a stranger with the wrong secret, garbage or a handshake
+// cut short is logged and dropped and never disturbs the job. The root
+// reports ranks that never arrive before the first waiting rank would give
+// up (each rank says how long it will wait), so a missing rank is an
+// error that names it, not a hang.
+//
+// Goroutines: the root runs one accept loop and one goroutine per
+// connection; all end when the root finishes (table sent, failure,
+// timeout) or is closed. Join runs in its caller's goroutine.
+package bootstrap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/goccl/goccl/internal/handshake"
+	"github.com/goccl/goccl/internal/wire"
+)
+
+// Timeouts.
+const (
+	// HandshakeTimeout bounds how long a connection may take to
+	// authenticate and register.
+	HandshakeTimeout = 10 * time.Second
+	// DefaultRootTimeout is how long a root serves when no rank says how
+	// long it waits.
+	DefaultRootTimeout = 5 * time.Minute
+	// reportMargin is how much before the first waiting rank's deadline the
+	// root reports missing ranks.
+	reportMargin = 500 * time.Millisecond
+)
+
+// RootOptions configures a root.
+type RootOptions struct {
+	Secret  []byte
+	Version string        // the library version ranks must have
+	Timeout time.Duration // how long to serve at most; 0 means DefaultRootTimeout
+	Logger  *slog.Logger  // nil means slog.Default()
+}
+
+// Root serves one job's rendezvous.
+type Root struct {
+	ln   net.Listener
+	opts RootOptions
+	log  *slog.Logger
+	done chan struct{}
+	wg   sync.WaitGroup // accept loop and connection goroutines
+
+	mu       sync.Mutex // guards the fields below
+	nranks   int
+	regs     []*registration
+	count    int
+	report   *time.Timer // reports missing ranks at reportAt
+	reportAt time.Time
+	lifetime *time.Timer
+	finished bool
+	err      error
+	conns    map[net.Conn]struct{} // open connections, closed on finish
+}
+
+type registration struct {
+	conn net.Conn
+	info wire.PeerInfo
+	from string
+}
+
+// StartRoot listens on addr ("host:port"; port 0 picks one) and serves
+// until every rank has registered and received the table, until it fails,
+// or until Close.
+func StartRoot(addr string, opts RootOptions) (*Root, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("bootstrap root: %w", err)
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = DefaultRootTimeout
+	}
+	r := &Root{ln: ln, opts: opts, log: opts.Logger, done: make(chan struct{}), conns: map[net.Conn]struct{}{}}
+	if r.log == nil {
+		r.log = slog.Default()
+	}
+	r.mu.Lock()
+	r.lifetime = time.AfterFunc(opts.Timeout, func() {
+		r.fail(fmt.Errorf("the root served for %v without every rank registering", opts.Timeout))
+	})
+	r.mu.Unlock()
+	r.wg.Add(1)
+	go r.accept()
+	return r, nil
+}
+
+// Addr returns the address the root listens on.
+func (r *Root) Addr() net.Addr { return r.ln.Addr() }
+
+// Done is closed when the root has finished.
+func (r *Root) Done() <-chan struct{} { return r.done }
+
+// Err returns why the root failed (nil while running or after success).
+func (r *Root) Err() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.err
+}
+
+// Close stops the root; ranks still waiting are told it closed. It waits
+// for the root's goroutines and is idempotent.
+func (r *Root) Close() error {
+	r.fail(errors.New("the root was closed before every rank registered"))
+	r.wg.Wait()
+	return nil
+}
+
+func (r *Root) accept() {
+	defer r.wg.Done()
+	for {
+		c, err := r.ln.Accept()
+		if err != nil {
+			return // closed by finish
+		}
+		r.mu.Lock()
+		if r.finished {
+			r.mu.Unlock()
+			c.Close()
+			return
+		}
+		r.conns[c] = struct{}{}
+		r.wg.Add(1)
+		r.mu.Unlock()
+		go r.handle(c)
+	}
+}
+
+func (r *Root) drop(c net.Conn, why error) {
+	r.log.Warn("goccl: bootstrap root dropped a connection", "from", c.RemoteAddr().String(), "err", why)
+	c.Close()
+	r.mu.Lock()
+	delete(r.conns, c)
+	r.mu.Unlock()
+}
+
+// handle authenticates one connection and registers its rank.
+func (r *Root) handle(c net.Conn) {
+	defer r.wg.Done()
+	c.SetDeadline(time.Now().Add(HandshakeTimeout))
+	if _, err := handshake.Server(c, r.opts.Secret, wire.PurposeBootstrap); err != nil {
+		r.drop(c, err)
+		return
+	}
+	typ, payload, err := handshake.ReadFrame(c, wire.MaxTopology+4*wire.MaxString+64)
+	if err != nil {
+		r.drop(c, fmt.Errorf("reading the registration: %w", err))
+		return
+	}
+	if typ != wire.FramePeerInfo {
+		r.drop(c, fmt.Errorf("expected a registration, got a %v frame", typ))
+		return
+	}
+	info, _, err := wire.ParsePeerInfo(payload)
+	if err != nil {
+		r.drop(c, fmt.Errorf("malformed registration: %w", err))
+		return
+	}
+	reg := &registration{conn: c, info: info, from: c.RemoteAddr().String()}
+	if err := r.register(reg); err != nil {
+		rej := wire.Reject{Reason: err.Error()}
+		handshake.WriteFrame(c, wire.FrameReject, rej.Append(nil))
+		r.drop(c, err)
+		return
+	}
+	// Registered: wait for the table without a deadline, but notice if the
+	// rank goes away (its process died) before everyone has arrived.
+	c.SetDeadline(time.Time{})
+	var b [1]byte
+	_, err = c.Read(b[:])
+	r.mu.Lock()
+	finished := r.finished
+	r.mu.Unlock()
+	if !finished {
+		if err == nil {
+			err = errors.New("sent data while waiting for the table")
+		}
+		r.fail(fmt.Errorf("rank %d (pid %d on %s) left before every rank had registered: %v", info.Rank, info.PID, info.HostID, err))
+	}
+}
+
+func (r *Root) register(reg *registration) error {
+	info := reg.info
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.finished {
+		return errors.New("the root has finished")
+	}
+	switch {
+	case info.NRanks < 1 || info.NRanks > wire.MaxPeers:
+		return fmt.Errorf("rank %d registered for a job of %d ranks (want 1..%d)", info.Rank, info.NRanks, wire.MaxPeers)
+	case r.nranks != 0 && int(info.NRanks) != r.nranks:
+		return fmt.Errorf("rank %d says the job has %d ranks; rank %d said %d", info.Rank, info.NRanks, r.firstRank(), r.nranks)
+	case info.Rank >= info.NRanks:
+		return fmt.Errorf("rank %d out of range for %d ranks", info.Rank, info.NRanks)
+	case info.Version != r.opts.Version:
+		return fmt.Errorf("rank %d runs goccl %q, the root runs %q: run the same version on every rank", info.Rank, info.Version, r.opts.Version)
+	}
+	if r.nranks == 0 {
+		r.nranks = int(info.NRanks)
+		r.regs = make([]*registration, r.nranks)
+	}
+	if old := r.regs[info.Rank]; old != nil {
+		return fmt.Errorf("rank %d registered twice: pid %d on %s (%s), then pid %d on %s (%s)",
+			info.Rank, old.info.PID, old.info.HostID, old.from, info.PID, info.HostID, reg.from)
+	}
+	r.regs[info.Rank] = reg
+	r.count++
+	if info.WaitMillis > 0 {
+		// Report before the first waiting rank gives up; the time only ever
+		// moves earlier.
+		wait := time.Duration(info.WaitMillis)*time.Millisecond - reportMargin
+		at := time.Now().Add(wait)
+		switch {
+		case r.report == nil:
+			r.report, r.reportAt = time.AfterFunc(wait, r.reportMissing), at
+		case at.Before(r.reportAt):
+			r.report.Reset(wait)
+			r.reportAt = at
+		}
+	}
+	if r.count == r.nranks {
+		r.sendTableLocked()
+	}
+	return nil
+}
+
+func (r *Root) firstRank() int {
+	for i, g := range r.regs {
+		if g != nil {
+			return i
+		}
+	}
+	return -1
+}
+
+func (r *Root) reportMissing() {
+	r.mu.Lock()
+	if r.finished {
+		r.mu.Unlock()
+		return
+	}
+	var missing, here []string
+	for i, g := range r.regs {
+		if g == nil {
+			missing = append(missing, fmt.Sprint(i))
+		} else {
+			here = append(here, fmt.Sprint(i))
+		}
+	}
+	n := r.nranks
+	r.mu.Unlock()
+	r.fail(fmt.Errorf("ranks %s of %d never registered with the root (registered: %s)",
+		strings.Join(missing, ", "), n, strings.Join(here, ", ")))
+}
+
+// sendTableLocked sends the table to every rank and finishes.
+func (r *Root) sendTableLocked() {
+	t := wire.Table{Peers: make([]wire.PeerInfo, r.nranks)}
+	for i, g := range r.regs {
+		t.Peers[i] = g.info
+	}
+	frame := wire.AppendFrame(nil, wire.FrameTable, t.Append(nil))
+	for _, g := range r.regs {
+		g.conn.SetWriteDeadline(time.Now().Add(HandshakeTimeout))
+		if _, err := g.conn.Write(frame); err != nil {
+			r.log.Warn("goccl: bootstrap root could not send the table", "rank", g.info.Rank, "err", err)
+		}
+	}
+	r.finishLocked(nil)
+}
+
+// fail tells every waiting rank why and finishes.
+func (r *Root) fail(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.finished {
+		return
+	}
+	rej := wire.Reject{Reason: err.Error()}
+	frame := wire.AppendFrame(nil, wire.FrameReject, rej.Append(nil))
+	for _, g := range r.regs {
+		if g != nil {
+			g.conn.SetWriteDeadline(time.Now().Add(time.Second))
+			g.conn.Write(frame)
+		}
+	}
+	r.finishLocked(err)
+}
+
+func (r *Root) finishLocked(err error) {
+	r.finished = true
+	r.err = err
+	r.ln.Close()
+	for c := range r.conns {
+		c.Close()
+	}
+	if r.report != nil {
+		r.report.Stop()
+	}
+	r.lifetime.Stop()
+	close(r.done)
+}
+
+// Join registers info with the root at addr and returns the table. It
+// retries the connection with backoff until ctx ends (the root may not be
+// up yet), and tells the root how long it will wait, so that the root can
+// name the ranks that never arrived before this rank gives up.
+func Join(ctx context.Context, addr string, secret []byte, info wire.PeerInfo) (wire.Table, error) {
+	if dl, ok := ctx.Deadline(); ok {
+		info.WaitMillis = uint32(max(1, min(time.Until(dl).Milliseconds(), 1<<31)))
+	}
+	if err := info.Validate(); err != nil {
+		return wire.Table{}, err
+	}
+	c, err := dialRoot(ctx, addr, secret)
+	if err != nil {
+		return wire.Table{}, err
+	}
+	defer c.Close()
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
+	defer stop()
+	c.SetDeadline(time.Now().Add(HandshakeTimeout))
+	if err := handshake.WriteFrame(c, wire.FramePeerInfo, info.Append(nil)); err != nil {
+		return wire.Table{}, fmt.Errorf("registering with the root at %s: %w", addr, err)
+	}
+	c.SetDeadline(time.Time{})
+	if ctx.Err() != nil {
+		return wire.Table{}, context.Cause(ctx)
+	}
+	typ, payload, err := handshake.ReadFrame(c, wire.MaxFrame)
+	if err != nil {
+		if ctx.Err() != nil {
+			return wire.Table{}, fmt.Errorf("waiting for the other ranks at the root %s: %w", addr, context.Cause(ctx))
+		}
+		if errors.Is(err, io.EOF) {
+			err = errors.New("the root closed the connection (did its process exit?)")
+		}
+		return wire.Table{}, fmt.Errorf("waiting for the other ranks at the root %s: %w", addr, err)
+	}
+	switch typ {
+	case wire.FrameReject:
+		rej, _, err := wire.ParseReject(payload)
+		if err != nil {
+			return wire.Table{}, fmt.Errorf("malformed reject from the root: %w", err)
+		}
+		return wire.Table{}, fmt.Errorf("the root refused: %s", rej.Reason)
+	case wire.FrameTable:
+	default:
+		return wire.Table{}, fmt.Errorf("expected the table from the root, got a %v frame", typ)
+	}
+	t, _, err := wire.ParseTable(payload)
+	if err != nil {
+		return wire.Table{}, fmt.Errorf("malformed table from the root: %w", err)
+	}
+	if len(t.Peers) != int(info.NRanks) {
+		return wire.Table{}, fmt.Errorf("the root's table has %d ranks, want %d", len(t.Peers), info.NRanks)
+	}
+	for i, p := range t.Peers {
+		if int(p.Rank) != i || p.Version != info.Version {
+			return wire.Table{}, fmt.Errorf("the root's table is inconsistent at rank %d", i)
+		}
+	}
+	return t, nil
+}
+
+// dialRoot connects and authenticates, retrying with jittered exponential
+// backoff while the root is not reachable yet.
+func dialRoot(ctx context.Context, addr string, secret []byte) (net.Conn, error) {
+	backoff := 10 * time.Millisecond
+	var last error
+	for attempt := 0; ; attempt++ {
+		d := net.Dialer{Timeout: 5 * time.Second}
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err == nil {
+			c.SetDeadline(time.Now().Add(HandshakeTimeout))
+			err = handshake.Client(c, secret, wire.PurposeBootstrap)
+			if err == nil {
+				return c, nil
+			}
+			c.Close()
+			if errors.Is(err, handshake.ErrAuth) {
+				return nil, fmt.Errorf("the root at %s does not know this job's secret (a different GOCCL_SECRET, or another job's root on that port): %w", addr, err)
+			}
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("could not reach the root at %s before the init deadline (%d attempts; last error: %v): %w", addr, attempt+1, last, context.Cause(ctx))
+		case <-time.After(backoff/2 + rand.N(backoff)):
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}

@@ -1,0 +1,233 @@
+package bootstrap
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/goccl/goccl/internal/handshake"
+	"github.com/goccl/goccl/internal/wire"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var secret = []byte("0123456789abcdef")
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func startRoot(t *testing.T) *Root {
+	t.Helper()
+	r, err := StartRoot("127.0.0.1:0", RootOptions{Secret: secret, Version: "v1", Logger: quiet()})
+	require.NoError(t, err)
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+func info(rank, n int) wire.PeerInfo {
+	return wire.PeerInfo{Rank: uint32(rank), NRanks: uint32(n), PID: uint32(1000 + rank), HostID: "h", DataAddr: fmt.Sprintf("127.0.0.1:%d", 9000+rank), Version: "v1"}
+}
+
+// joinAll joins ranks concurrently and returns their tables and errors.
+func joinAll(t *testing.T, addr string, ranks []int, n int, timeout time.Duration) ([]wire.Table, []error) {
+	t.Helper()
+	tables := make([]wire.Table, len(ranks))
+	errs := make([]error, len(ranks))
+	var wg sync.WaitGroup
+	for i, r := range ranks {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			tables[i], errs[i] = Join(ctx, addr, secret, info(r, n))
+		})
+	}
+	wg.Wait()
+	return tables, errs
+}
+
+func TestJoin(t *testing.T) {
+	r := startRoot(t)
+	tables, errs := joinAll(t, r.Addr().String(), []int{2, 0, 3, 1}, 4, 10*time.Second)
+	for i, err := range errs {
+		require.NoError(t, err, "joiner %d", i)
+		require.Len(t, tables[i].Peers, 4)
+		for rank, p := range tables[i].Peers {
+			require.Equal(t, uint32(rank), p.Rank)
+			require.Equal(t, fmt.Sprintf("127.0.0.1:%d", 9000+rank), p.DataAddr)
+		}
+	}
+	<-r.Done()
+	require.NoError(t, r.Err())
+}
+
+func TestRootStartsLate(t *testing.T) {
+	// Pick a port, release it, and start the root there after the ranks
+	// began retrying.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	ln.Close()
+	var tables []wire.Table
+	var errs []error
+	done := make(chan struct{})
+	go func() {
+		tables, errs = joinAll(t, addr, []int{0, 1}, 2, 10*time.Second)
+		close(done)
+	}()
+	time.Sleep(100 * time.Millisecond) // the ranks are retrying meanwhile; the test passes either way
+	r, err := StartRoot(addr, RootOptions{Secret: secret, Version: "v1", Logger: quiet()})
+	require.NoError(t, err)
+	defer r.Close()
+	<-done
+	require.NoError(t, errs[0])
+	require.NoError(t, errs[1])
+	require.Len(t, tables[1].Peers, 2)
+}
+
+func TestMissingRankIsNamedBeforeTheDeadline(t *testing.T) {
+	r := startRoot(t)
+	start := time.Now()
+	_, errs := joinAll(t, r.Addr().String(), []int{0, 1, 3}, 5, 2*time.Second)
+	took := time.Since(start)
+	for i, err := range errs {
+		require.ErrorContains(t, err, "ranks 2, 4 of 5 never registered with the root (registered: 0, 1, 3)", "joiner %d", i)
+	}
+	require.Less(t, took, 2*time.Second, "reported before the ranks' own deadline")
+	require.ErrorContains(t, r.Err(), "never registered")
+}
+
+func TestUnreachableRoot(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	ln.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err = Join(ctx, addr, secret, info(0, 2))
+	require.ErrorContains(t, err, "could not reach the root at "+addr)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+}
+
+func TestWrongSecretRootIsNamed(t *testing.T) {
+	r := startRoot(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := Join(ctx, r.Addr().String(), []byte("not the secret"), info(0, 1))
+	require.ErrorIs(t, err, handshake.ErrAuth)
+	require.ErrorContains(t, err, "does not know this job's secret")
+}
+
+func TestRegistrationErrors(t *testing.T) {
+	for name, tc := range map[string]struct {
+		first, second wire.PeerInfo
+		want          string
+	}{
+		"duplicate":  {info(0, 2), info(0, 2), "rank 0 registered twice"},
+		"size":       {info(0, 2), info(1, 3), "rank 1 says the job has 3 ranks; rank 0 said 2"},
+		"version":    {info(0, 2), func() wire.PeerInfo { p := info(1, 2); p.Version = "v2"; return p }(), `runs goccl "v2", the root runs "v1"`},
+		"rank range": {info(0, 2), info(2, 2), "rank 2 out of range for 2 ranks"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			r := startRoot(t)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			first := make(chan error, 1)
+			go func() {
+				_, err := Join(ctx, r.Addr().String(), secret, tc.first)
+				first <- err
+			}()
+			require.Eventually(t, func() bool {
+				r.mu.Lock()
+				defer r.mu.Unlock()
+				return r.count == 1
+			}, 5*time.Second, 5*time.Millisecond)
+			_, err := Join(ctx, r.Addr().String(), secret, tc.second)
+			require.ErrorContains(t, err, tc.want)
+			r.Close()
+			require.Error(t, <-first)
+		})
+	}
+}
+
+// TestStrangersDoNotDisturbTheJob throws wrong secrets, garbage, truncated
+// and replayed handshakes at the root while ranks join.
+func TestStrangersDoNotDisturbTheJob(t *testing.T) {
+	r := startRoot(t)
+	addr := r.Addr().String()
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	attack := func(f func(net.Conn)) {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				c, err := net.DialTimeout("tcp", addr, time.Second)
+				if err != nil {
+					return // the root finished and closed its listener
+				}
+				c.SetDeadline(time.Now().Add(200 * time.Millisecond))
+				f(c)
+				c.Close()
+			}
+		})
+	}
+	attack(func(c net.Conn) { handshake.Client(c, []byte("wrong secret"), wire.PurposeBootstrap) })
+	attack(func(c net.Conn) { c.Write([]byte("\x00\x01garbage that is not goccl")) })
+	attack(func(c net.Conn) { c.Write([]byte(wire.Magic[:3])); time.Sleep(50 * time.Millisecond) })
+	attack(func(c net.Conn) {
+		// Replay: a hello and a response recorded from another session
+		// cannot match the fresh server nonce.
+		h := wire.Hello{Version: wire.ProtocolVersion, Purpose: wire.PurposeBootstrap}
+		c.Write(h.Append(nil))
+		handshake.ReadFrame(c, 1024)
+		resp := wire.Response{Proof: wire.Proof(secret, wire.RoleClient, &h, [wire.NonceLen]byte{})}
+		handshake.WriteFrame(c, wire.FrameResponse, resp.Append(nil))
+		p := info(0, 4)
+		handshake.WriteFrame(c, wire.FramePeerInfo, p.Append(nil))
+	})
+	time.Sleep(50 * time.Millisecond) // let the attackers get going; the test passes either way
+	tables, errs := joinAll(t, addr, []int{0, 1, 2, 3}, 4, 10*time.Second)
+	close(stop)
+	wg.Wait()
+	for i, err := range errs {
+		require.NoError(t, err, "joiner %d", i)
+		require.Equal(t, fmt.Sprintf("127.0.0.1:%d", 9000), tables[i].Peers[0].DataAddr, "no stranger's registration got in")
+	}
+}
+
+func TestRankLeavingEarlyFailsTheOthers(t *testing.T) {
+	r := startRoot(t)
+	res := make(chan error, 1)
+	go func() {
+		_, errs := joinAll(t, r.Addr().String(), []int{0}, 3, 10*time.Second)
+		res <- errs[0]
+	}()
+	require.Eventually(t, func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.count == 1
+	}, 5*time.Second, 5*time.Millisecond)
+	// Rank 1 registers by hand and hangs up, as if its process died.
+	c, err := net.Dial("tcp", r.Addr().String())
+	require.NoError(t, err)
+	require.NoError(t, handshake.Client(c, secret, wire.PurposeBootstrap))
+	p := info(1, 3)
+	require.NoError(t, handshake.WriteFrame(c, wire.FramePeerInfo, p.Append(nil)))
+	require.Eventually(t, func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.count == 2
+	}, 5*time.Second, 5*time.Millisecond)
+	c.Close()
+	require.ErrorContains(t, <-res, "rank 1 (pid 1001 on h) left before every rank had registered")
+}

@@ -1,0 +1,158 @@
+// Package handshake authenticates a goccl connection before any other
+// byte on it is trusted: both ends prove that they know the job's secret.
+//
+//	client → server  Hello       magic, protocol version, purpose, client nonce
+//	server → client  Challenge   server nonce, HMAC(secret, "S" ‖ hello ‖ server nonce)
+//	              or Reject      why (wrong protocol version, wrong purpose)
+//	client → server  Response    HMAC(secret, "C" ‖ hello ‖ server nonce)
+//
+// The client checks the server's proof before it sends its own, so it
+// never talks to an impostor; the server checks the client's before it
+// reads anything else. Nonces come from crypto/rand on both sides, so a
+// recorded handshake cannot be replayed. NCCL checks a 64-bit magic
+// number; a stranger who does not know the 128-bit secret gets nothing
+// past this point.
+//
+// The caller sets deadlines on the connection: a peer that stops mid-way
+// must not hold a goroutine forever.
+package handshake
+
+import (
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/goccl/goccl/internal/wire"
+)
+
+// ErrAuth: the other end does not know the job's secret.
+var ErrAuth = errors.New("authentication failed: the peer does not know this job's secret")
+
+// Client runs the client side over rw.
+func Client(rw io.ReadWriter, secret []byte, purpose wire.Purpose) error {
+	h := wire.Hello{Version: wire.ProtocolVersion, Purpose: purpose}
+	if _, err := rand.Read(h.Nonce[:]); err != nil {
+		return err
+	}
+	if _, err := rw.Write(h.Append(nil)); err != nil {
+		return err
+	}
+	typ, payload, err := ReadFrame(rw, 1024)
+	if err != nil {
+		return fmt.Errorf("reading the challenge: %w", err)
+	}
+	switch typ {
+	case wire.FrameReject:
+		r, _, err := wire.ParseReject(payload)
+		if err != nil {
+			return fmt.Errorf("malformed reject: %w", err)
+		}
+		return fmt.Errorf("refused by the peer: %s", r.Reason)
+	case wire.FrameChallenge:
+	default:
+		return fmt.Errorf("expected a challenge, got a %v frame", typ)
+	}
+	c, _, err := wire.ParseChallenge(payload)
+	if err != nil {
+		return fmt.Errorf("malformed challenge: %w", err)
+	}
+	if !wire.CheckProof(secret, wire.RoleServer, &h, c.Nonce, c.Proof) {
+		return ErrAuth
+	}
+	resp := wire.Response{Proof: wire.Proof(secret, wire.RoleClient, &h, c.Nonce)}
+	_, err = rw.Write(wire.AppendFrame(nil, wire.FrameResponse, resp.Append(nil)))
+	return err
+}
+
+// Server runs the server side over rw and returns the client's Hello. A
+// client that asks for another purpose or speaks another protocol version
+// is told why before the error is returned.
+func Server(rw io.ReadWriter, secret []byte, want wire.Purpose) (wire.Hello, error) {
+	var buf [64]byte
+	b := buf[:0]
+	var h wire.Hello
+	for {
+		var err error
+		if h, _, err = wire.ParseHello(b); err == nil {
+			break
+		} else if !errors.Is(err, wire.ErrShort) {
+			return h, err
+		}
+		// Read only what the hello can still need, so that a stranger's
+		// garbage is rejected at its first wrong byte.
+		n, err := rw.Read(buf[len(b) : len(b)+1+helloRemaining(b)])
+		if err != nil {
+			return h, fmt.Errorf("reading the hello: %w", err)
+		}
+		b = buf[:len(b)+n]
+	}
+	reject := func(format string, args ...any) (wire.Hello, error) {
+		msg := fmt.Sprintf(format, args...)
+		r := wire.Reject{Reason: msg}
+		rw.Write(wire.AppendFrame(nil, wire.FrameReject, r.Append(nil)))
+		return h, errors.New(msg)
+	}
+	if h.Version != wire.ProtocolVersion {
+		return reject("protocol version %d, this goccl speaks %d: run the same goccl version on every rank", h.Version, wire.ProtocolVersion)
+	}
+	if h.Purpose != want {
+		return reject("a %v connection reached a %v listener", h.Purpose, want)
+	}
+	c := wire.Challenge{}
+	if _, err := rand.Read(c.Nonce[:]); err != nil {
+		return h, err
+	}
+	c.Proof = wire.Proof(secret, wire.RoleServer, &h, c.Nonce)
+	if _, err := rw.Write(wire.AppendFrame(nil, wire.FrameChallenge, c.Append(nil))); err != nil {
+		return h, err
+	}
+	typ, payload, err := ReadFrame(rw, 1024)
+	if err != nil {
+		return h, fmt.Errorf("reading the response: %w", err)
+	}
+	if typ != wire.FrameResponse {
+		return h, fmt.Errorf("expected a response, got a %v frame", typ)
+	}
+	r, _, err := wire.ParseResponse(payload)
+	if err != nil {
+		return h, fmt.Errorf("malformed response: %w", err)
+	}
+	if !wire.CheckProof(secret, wire.RoleClient, &h, c.Nonce, r.Proof) {
+		return h, ErrAuth
+	}
+	return h, nil
+}
+
+// helloRemaining returns how many more bytes a hello that starts with b
+// needs at most (beyond one).
+func helloRemaining(b []byte) int {
+	var h wire.Hello
+	return h.Len() - len(b) - 1
+}
+
+// ReadFrame reads one frame of at most max payload bytes.
+func ReadFrame(r io.Reader, max int) (wire.FrameType, []byte, error) {
+	var hdr [wire.FrameHeaderLen]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return 0, nil, err
+	}
+	typ, n, err := wire.ParseFrameHeader(hdr[:])
+	if err != nil {
+		return 0, nil, err
+	}
+	if n > max {
+		return 0, nil, fmt.Errorf("a %v frame of %d bytes exceeds the %d expected here", typ, n, max)
+	}
+	payload := make([]byte, n)
+	if _, err := io.ReadFull(r, payload); err != nil {
+		return 0, nil, err
+	}
+	return typ, payload, nil
+}
+
+// WriteFrame writes one frame.
+func WriteFrame(w io.Writer, t wire.FrameType, payload []byte) error {
+	_, err := w.Write(wire.AppendFrame(nil, t, payload))
+	return err
+}

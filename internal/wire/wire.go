@@ -1,0 +1,474 @@
+// Package wire holds every message goccl puts on a network connection:
+// the handshake that proves both ends know the job's secret, the peer
+// information ranks exchange through the root, the setup of a data
+// connection, and the header of each data slice.
+//
+// Each message type T has Len() int, Append(b []byte) []byte and a
+// ParseT(b []byte) (T, int, error) that returns the number of bytes used.
+// Parsers never panic and never allocate more than the input justifies:
+// lengths are checked against the bytes actually present and against the
+// limits below. A buffer cut short yields ErrShort, so stream readers can
+// tell "read more" from "garbage". All integers are big-endian.
+package wire
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// Magic opens every goccl connection.
+const Magic = "goccl\x00"
+
+// ProtocolVersion is the version of everything in this package. Peers
+// with a different version are refused with a clear error.
+const ProtocolVersion uint16 = 1
+
+// Limits on variable-length fields.
+const (
+	MaxString   = 1024
+	MaxTopology = 1 << 20
+	MaxPeers    = 1 << 16
+	MaxFrame    = 64 << 20
+	NonceLen    = 16
+	ProofLen    = sha256.Size
+)
+
+// Errors.
+var (
+	// ErrShort: the buffer ends before the message does.
+	ErrShort = errors.New("wire: message truncated")
+	// ErrBadMagic: the bytes are not a goccl connection at all.
+	ErrBadMagic = errors.New("wire: not a goccl connection (bad magic)")
+)
+
+// Purpose says what a connection is for.
+type Purpose uint8
+
+// Purposes.
+const (
+	PurposeBootstrap Purpose = 1 // a rank registering with the root
+	PurposeData      Purpose = 2 // a transport connection between ranks
+)
+
+func (p Purpose) String() string {
+	switch p {
+	case PurposeBootstrap:
+		return "bootstrap"
+	case PurposeData:
+		return "data"
+	}
+	return fmt.Sprintf("purpose(%d)", uint8(p))
+}
+
+// Hello is the first message of every connection, client to server.
+type Hello struct {
+	Version uint16
+	Purpose Purpose
+	Nonce   [NonceLen]byte
+}
+
+const helloLen = len(Magic) + 2 + 1 + NonceLen
+
+func (h *Hello) Len() int { return helloLen }
+
+func (h *Hello) Append(b []byte) []byte {
+	b = append(b, Magic...)
+	b = binary.BigEndian.AppendUint16(b, h.Version)
+	b = append(b, byte(h.Purpose))
+	return append(b, h.Nonce[:]...)
+}
+
+// ParseHello parses a Hello. The magic is checked first, so a stranger
+// speaking another protocol is told apart from a short read as soon as
+// its first bytes differ.
+func ParseHello(b []byte) (Hello, int, error) {
+	var h Hello
+	for i := 0; i < len(Magic); i++ {
+		if i >= len(b) {
+			return h, 0, ErrShort
+		}
+		if b[i] != Magic[i] {
+			return h, 0, ErrBadMagic
+		}
+	}
+	if len(b) < helloLen {
+		return h, 0, ErrShort
+	}
+	p := b[len(Magic):]
+	h.Version = binary.BigEndian.Uint16(p)
+	h.Purpose = Purpose(p[2])
+	copy(h.Nonce[:], p[3:])
+	return h, helloLen, nil
+}
+
+// Challenge is the server's answer to a Hello: its own nonce, and its
+// proof that it knows the secret.
+type Challenge struct {
+	Nonce [NonceLen]byte
+	Proof [ProofLen]byte
+}
+
+const challengeLen = NonceLen + ProofLen
+
+func (c *Challenge) Len() int { return challengeLen }
+
+func (c *Challenge) Append(b []byte) []byte {
+	b = append(b, c.Nonce[:]...)
+	return append(b, c.Proof[:]...)
+}
+
+func ParseChallenge(b []byte) (Challenge, int, error) {
+	var c Challenge
+	if len(b) < challengeLen {
+		return c, 0, ErrShort
+	}
+	copy(c.Nonce[:], b)
+	copy(c.Proof[:], b[NonceLen:])
+	return c, challengeLen, nil
+}
+
+// Response is the client's proof that it knows the secret.
+type Response struct {
+	Proof [ProofLen]byte
+}
+
+func (r *Response) Len() int { return ProofLen }
+
+func (r *Response) Append(b []byte) []byte { return append(b, r.Proof[:]...) }
+
+func ParseResponse(b []byte) (Response, int, error) {
+	var r Response
+	if len(b) < ProofLen {
+		return r, 0, ErrShort
+	}
+	copy(r.Proof[:], b)
+	return r, ProofLen, nil
+}
+
+// Roles for Proof.
+const (
+	RoleServer byte = 'S'
+	RoleClient byte = 'C'
+)
+
+// Proof returns HMAC-SHA256(secret, role ‖ hello ‖ server nonce): what
+// each end sends to show it knows the secret. Both nonces are fresh per
+// connection, so a recorded handshake cannot be replayed, and the role
+// byte keeps a server's proof from serving as a client's.
+func Proof(secret []byte, role byte, h *Hello, serverNonce [NonceLen]byte) [ProofLen]byte {
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte{role})
+	m.Write(h.Append(make([]byte, 0, helloLen)))
+	m.Write(serverNonce[:])
+	var out [ProofLen]byte
+	copy(out[:], m.Sum(nil))
+	return out
+}
+
+// CheckProof reports whether got is the right proof, in constant time.
+func CheckProof(secret []byte, role byte, h *Hello, serverNonce [NonceLen]byte, got [ProofLen]byte) bool {
+	want := Proof(secret, role, h, serverNonce)
+	return hmac.Equal(want[:], got[:])
+}
+
+// FrameType names a framed message.
+type FrameType uint8
+
+// Frame types.
+const (
+	FramePeerInfo  FrameType = 1 // rank → root
+	FrameTable     FrameType = 2 // root → rank
+	FrameReject    FrameType = 3 // either way: why the connection is refused
+	FrameConnSetup FrameType = 4 // dialer → listener of a data connection
+	FrameChallenge FrameType = 5 // server → client, after a Hello
+	FrameResponse  FrameType = 6 // client → server, after a Challenge
+)
+
+func (t FrameType) String() string {
+	switch t {
+	case FramePeerInfo:
+		return "peer-info"
+	case FrameTable:
+		return "table"
+	case FrameReject:
+		return "reject"
+	case FrameConnSetup:
+		return "conn-setup"
+	case FrameChallenge:
+		return "challenge"
+	case FrameResponse:
+		return "response"
+	}
+	return fmt.Sprintf("frame(%d)", uint8(t))
+}
+
+// FrameHeaderLen is the size of a frame header: type (1) and payload
+// length (4).
+const FrameHeaderLen = 5
+
+// AppendFrame appends a frame holding payload.
+func AppendFrame(b []byte, t FrameType, payload []byte) []byte {
+	b = append(b, byte(t))
+	b = binary.BigEndian.AppendUint32(b, uint32(len(payload)))
+	return append(b, payload...)
+}
+
+// ParseFrameHeader parses a frame header and checks the length against
+// MaxFrame.
+func ParseFrameHeader(b []byte) (FrameType, int, error) {
+	if len(b) < FrameHeaderLen {
+		return 0, 0, ErrShort
+	}
+	n := binary.BigEndian.Uint32(b[1:])
+	if n > MaxFrame {
+		return 0, 0, fmt.Errorf("wire: frame of %d bytes exceeds the %d-byte limit", n, MaxFrame)
+	}
+	return FrameType(b[0]), int(n), nil
+}
+
+// PeerInfo is what a rank tells the root about itself.
+type PeerInfo struct {
+	Rank   uint32
+	NRanks uint32
+	PID    uint32
+	// WaitMillis is how long the rank will wait for the table: the root
+	// reports missing ranks before the first registered rank gives up.
+	WaitMillis uint32
+	HostID     string // hostname + boot id, or GOCCL_HOSTID
+	DataAddr   string // host:port of the rank's data listener
+	Version    string // library version
+	Topology   []byte // opaque topology summary
+}
+
+func (p *PeerInfo) Len() int {
+	return 16 + 2 + len(p.HostID) + 2 + len(p.DataAddr) + 2 + len(p.Version) + 4 + len(p.Topology)
+}
+
+func (p *PeerInfo) Append(b []byte) []byte {
+	b = binary.BigEndian.AppendUint32(b, p.Rank)
+	b = binary.BigEndian.AppendUint32(b, p.NRanks)
+	b = binary.BigEndian.AppendUint32(b, p.PID)
+	b = binary.BigEndian.AppendUint32(b, p.WaitMillis)
+	b = appendString(b, p.HostID)
+	b = appendString(b, p.DataAddr)
+	b = appendString(b, p.Version)
+	b = binary.BigEndian.AppendUint32(b, uint32(len(p.Topology)))
+	return append(b, p.Topology...)
+}
+
+// Validate reports fields over the limits (Append does not check).
+func (p *PeerInfo) Validate() error {
+	for _, s := range []string{p.HostID, p.DataAddr, p.Version} {
+		if len(s) > MaxString {
+			return fmt.Errorf("wire: string of %d bytes exceeds the %d-byte limit", len(s), MaxString)
+		}
+	}
+	if len(p.Topology) > MaxTopology {
+		return fmt.Errorf("wire: topology of %d bytes exceeds the %d-byte limit", len(p.Topology), MaxTopology)
+	}
+	return nil
+}
+
+func ParsePeerInfo(b []byte) (PeerInfo, int, error) {
+	var p PeerInfo
+	if len(b) < 16 {
+		return p, 0, ErrShort
+	}
+	p.Rank = binary.BigEndian.Uint32(b)
+	p.NRanks = binary.BigEndian.Uint32(b[4:])
+	p.PID = binary.BigEndian.Uint32(b[8:])
+	p.WaitMillis = binary.BigEndian.Uint32(b[12:])
+	off := 16
+	var err error
+	for _, dst := range []*string{&p.HostID, &p.DataAddr, &p.Version} {
+		var n int
+		if *dst, n, err = parseString(b[off:]); err != nil {
+			return PeerInfo{}, 0, err
+		}
+		off += n
+	}
+	if len(b) < off+4 {
+		return PeerInfo{}, 0, ErrShort
+	}
+	tl := binary.BigEndian.Uint32(b[off:])
+	off += 4
+	if tl > MaxTopology {
+		return PeerInfo{}, 0, fmt.Errorf("wire: topology of %d bytes exceeds the %d-byte limit", tl, MaxTopology)
+	}
+	if uint64(len(b)) < uint64(off)+uint64(tl) {
+		return PeerInfo{}, 0, ErrShort
+	}
+	if tl > 0 {
+		p.Topology = append([]byte(nil), b[off:off+int(tl)]...)
+	}
+	return p, off + int(tl), nil
+}
+
+// Table is the root's answer once every rank has registered: every rank's
+// PeerInfo, indexed by rank.
+type Table struct {
+	Peers []PeerInfo
+}
+
+func (t *Table) Len() int {
+	n := 4
+	for i := range t.Peers {
+		n += t.Peers[i].Len()
+	}
+	return n
+}
+
+func (t *Table) Append(b []byte) []byte {
+	b = binary.BigEndian.AppendUint32(b, uint32(len(t.Peers)))
+	for i := range t.Peers {
+		b = t.Peers[i].Append(b)
+	}
+	return b
+}
+
+func ParseTable(b []byte) (Table, int, error) {
+	var t Table
+	if len(b) < 4 {
+		return t, 0, ErrShort
+	}
+	n := binary.BigEndian.Uint32(b)
+	if n > MaxPeers {
+		return t, 0, fmt.Errorf("wire: table of %d peers exceeds the %d limit", n, MaxPeers)
+	}
+	off := 4
+	// Every PeerInfo takes at least 26 bytes: do not trust n for the
+	// allocation beyond what the input can hold.
+	if n > 0 {
+		t.Peers = make([]PeerInfo, 0, min(int(n), len(b)/26))
+	}
+	for i := uint32(0); i < n; i++ {
+		p, m, err := ParsePeerInfo(b[off:])
+		if err != nil {
+			return Table{}, 0, err
+		}
+		t.Peers = append(t.Peers, p)
+		off += m
+	}
+	return t, off, nil
+}
+
+// Reject tells the other end why it is refused, before closing.
+type Reject struct {
+	Reason string
+}
+
+func (r *Reject) Len() int { return 2 + len(r.Reason) }
+
+func (r *Reject) Append(b []byte) []byte {
+	s := r.Reason
+	if len(s) > MaxString {
+		s = s[:MaxString]
+	}
+	return appendString(b, s)
+}
+
+func ParseReject(b []byte) (Reject, int, error) {
+	s, n, err := parseString(b)
+	return Reject{Reason: s}, n, err
+}
+
+// ConnSetup opens a data connection: which ranks and channel it joins,
+// and which of the connection's sockets this is.
+type ConnSetup struct {
+	From, To uint32
+	Channel  uint32
+	Socket   uint16
+	NSocks   uint16
+}
+
+const connSetupLen = 16
+
+func (c *ConnSetup) Len() int { return connSetupLen }
+
+func (c *ConnSetup) Append(b []byte) []byte {
+	b = binary.BigEndian.AppendUint32(b, c.From)
+	b = binary.BigEndian.AppendUint32(b, c.To)
+	b = binary.BigEndian.AppendUint32(b, c.Channel)
+	b = binary.BigEndian.AppendUint16(b, c.Socket)
+	return binary.BigEndian.AppendUint16(b, c.NSocks)
+}
+
+func ParseConnSetup(b []byte) (ConnSetup, int, error) {
+	var c ConnSetup
+	if len(b) < connSetupLen {
+		return c, 0, ErrShort
+	}
+	c.From = binary.BigEndian.Uint32(b)
+	c.To = binary.BigEndian.Uint32(b[4:])
+	c.Channel = binary.BigEndian.Uint32(b[8:])
+	c.Socket = binary.BigEndian.Uint16(b[12:])
+	c.NSocks = binary.BigEndian.Uint16(b[14:])
+	return c, connSetupLen, nil
+}
+
+// SliceHeader precedes every data slice on a TCP connection: the engine's
+// tag and the payload length.
+type SliceHeader struct {
+	Op    uint64
+	Sig   uint32
+	Msg   uint32
+	Slice uint32
+	Size  uint32 // payload bytes
+}
+
+// SliceHeaderLen is the encoded size of a SliceHeader.
+const SliceHeaderLen = 24
+
+func (h *SliceHeader) Len() int { return SliceHeaderLen }
+
+func (h *SliceHeader) Append(b []byte) []byte {
+	b = binary.BigEndian.AppendUint64(b, h.Op)
+	b = binary.BigEndian.AppendUint32(b, h.Sig)
+	b = binary.BigEndian.AppendUint32(b, h.Msg)
+	b = binary.BigEndian.AppendUint32(b, h.Slice)
+	return binary.BigEndian.AppendUint32(b, h.Size)
+}
+
+// Put encodes h into b[:SliceHeaderLen] without allocating.
+func (h *SliceHeader) Put(b []byte) {
+	binary.BigEndian.PutUint64(b, h.Op)
+	binary.BigEndian.PutUint32(b[8:], h.Sig)
+	binary.BigEndian.PutUint32(b[12:], h.Msg)
+	binary.BigEndian.PutUint32(b[16:], h.Slice)
+	binary.BigEndian.PutUint32(b[20:], h.Size)
+}
+
+func ParseSliceHeader(b []byte) (SliceHeader, int, error) {
+	var h SliceHeader
+	if len(b) < SliceHeaderLen {
+		return h, 0, ErrShort
+	}
+	h.Op = binary.BigEndian.Uint64(b)
+	h.Sig = binary.BigEndian.Uint32(b[8:])
+	h.Msg = binary.BigEndian.Uint32(b[12:])
+	h.Slice = binary.BigEndian.Uint32(b[16:])
+	h.Size = binary.BigEndian.Uint32(b[20:])
+	return h, SliceHeaderLen, nil
+}
+
+func appendString(b []byte, s string) []byte {
+	b = binary.BigEndian.AppendUint16(b, uint16(len(s)))
+	return append(b, s...)
+}
+
+func parseString(b []byte) (string, int, error) {
+	if len(b) < 2 {
+		return "", 0, ErrShort
+	}
+	n := int(binary.BigEndian.Uint16(b))
+	if n > MaxString {
+		return "", 0, fmt.Errorf("wire: string of %d bytes exceeds the %d-byte limit", n, MaxString)
+	}
+	if len(b) < 2+n {
+		return "", 0, ErrShort
+	}
+	return string(b[2 : 2+n]), 2 + n, nil
+}

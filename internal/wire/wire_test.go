@@ -1,0 +1,168 @@
+package wire
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// message is what every wire type offers.
+type message interface {
+	Len() int
+	Append([]byte) []byte
+}
+
+// codec ties a sample message to its parser.
+type codec struct {
+	name  string
+	msg   message
+	parse func([]byte) (message, int, error)
+}
+
+func wrap[T any, P interface {
+	*T
+	message
+}](f func([]byte) (T, int, error)) func([]byte) (message, int, error) {
+	return func(b []byte) (message, int, error) {
+		v, n, err := f(b)
+		return P(&v), n, err
+	}
+}
+
+func samples() []codec {
+	hello := &Hello{Version: ProtocolVersion, Purpose: PurposeData, Nonce: [NonceLen]byte{1, 2, 3, 15: 4}}
+	info := &PeerInfo{Rank: 3, NRanks: 8, PID: 4242, WaitMillis: 30000, HostID: "node7/0b9c", DataAddr: "[fd00::7]:41234", Version: "0.1.0", Topology: []byte{9, 8, 7}}
+	return []codec{
+		{"hello", hello, wrap(ParseHello)},
+		{"challenge", &Challenge{Nonce: [NonceLen]byte{5}, Proof: [ProofLen]byte{6, 7}}, wrap(ParseChallenge)},
+		{"response", &Response{Proof: [ProofLen]byte{8}}, wrap(ParseResponse)},
+		{"peerinfo", info, wrap(ParsePeerInfo)},
+		{"peerinfo-empty", &PeerInfo{}, wrap(ParsePeerInfo)},
+		{"table", &Table{Peers: []PeerInfo{*info, {Rank: 1, NRanks: 8, HostID: "x"}}}, wrap(ParseTable)},
+		{"table-empty", &Table{}, wrap(ParseTable)},
+		{"reject", &Reject{Reason: "protocol version 2, want 1"}, wrap(ParseReject)},
+		{"connsetup", &ConnSetup{From: 1, To: 6, Channel: 2, Socket: 1, NSocks: 4}, wrap(ParseConnSetup)},
+		{"sliceheader", &SliceHeader{Op: 1 << 40, Sig: 0xdeadbeef, Msg: 7, Slice: 9, Size: 4096}, wrap(ParseSliceHeader)},
+	}
+}
+
+func TestRoundTrip(t *testing.T) {
+	for _, c := range samples() {
+		b := c.msg.Append([]byte("prefix"))[len("prefix"):]
+		require.Len(t, b, c.msg.Len(), c.name)
+		got, n, err := c.parse(append(b, "trailing"...))
+		require.NoError(t, err, c.name)
+		require.Equal(t, len(b), n, c.name)
+		require.Equal(t, c.msg, got, c.name)
+	}
+}
+
+// TestEveryPrefixIsShort cuts each encoding at every length: the parser
+// must report ErrShort, never succeed or panic.
+func TestEveryPrefixIsShort(t *testing.T) {
+	for _, c := range samples() {
+		b := c.msg.Append(nil)
+		for i := 0; i < len(b); i++ {
+			_, _, err := c.parse(b[:i])
+			require.ErrorIs(t, err, ErrShort, "%s cut at %d of %d", c.name, i, len(b))
+		}
+	}
+}
+
+func TestHelloRejectsStrangers(t *testing.T) {
+	_, _, err := ParseHello([]byte("GET / HTTP/1.1\r\n"))
+	require.ErrorIs(t, err, ErrBadMagic)
+	_, _, err = ParseHello([]byte("gox"))
+	require.ErrorIs(t, err, ErrBadMagic, "the first differing byte is enough")
+}
+
+func TestLimits(t *testing.T) {
+	long := &PeerInfo{HostID: strings.Repeat("h", MaxString+1)}
+	require.Error(t, long.Validate())
+	_, _, err := ParsePeerInfo(long.Append(nil))
+	require.Error(t, err)
+	require.False(t, errors.Is(err, ErrShort), "an oversized field is not a short read")
+
+	huge := AppendFrame(nil, FrameTable, nil)
+	huge[1], huge[2] = 0xff, 0xff
+	_, _, err = ParseFrameHeader(huge)
+	require.ErrorContains(t, err, "exceeds")
+
+	// A table claiming many peers in a few bytes is short, and does not
+	// allocate for the claim.
+	_, _, err = ParseTable([]byte{0, 0, 0xff, 0xff, 1})
+	require.ErrorIs(t, err, ErrShort)
+	_, _, err = ParseTable([]byte{0xff, 0xff, 0xff, 0xff})
+	require.ErrorContains(t, err, "exceeds")
+}
+
+func TestFrames(t *testing.T) {
+	info := &PeerInfo{Rank: 1, NRanks: 2, DataAddr: "127.0.0.1:9"}
+	b := AppendFrame(nil, FramePeerInfo, info.Append(nil))
+	typ, n, err := ParseFrameHeader(b)
+	require.NoError(t, err)
+	require.Equal(t, FramePeerInfo, typ)
+	require.Equal(t, info.Len(), n)
+	require.Equal(t, "peer-info", typ.String())
+}
+
+func TestProof(t *testing.T) {
+	secret := []byte("0123456789abcdef")
+	h := &Hello{Version: ProtocolVersion, Purpose: PurposeBootstrap, Nonce: [NonceLen]byte{1}}
+	sn := [NonceLen]byte{2}
+	p := Proof(secret, RoleServer, h, sn)
+	require.True(t, CheckProof(secret, RoleServer, h, sn, p))
+	require.False(t, CheckProof(secret, RoleClient, h, sn, p), "a server proof is no client proof")
+	require.False(t, CheckProof([]byte("wrong"), RoleServer, h, sn, p))
+	h2 := *h
+	h2.Nonce[0] = 9
+	require.False(t, CheckProof(secret, RoleServer, &h2, sn, p), "bound to the client nonce")
+	require.False(t, CheckProof(secret, RoleServer, h, [NonceLen]byte{3}, p), "bound to the server nonce")
+}
+
+// fuzzCodec checks one parser on arbitrary input: no panic, and anything
+// it accepts re-encodes to the bytes it consumed.
+func fuzzCodec(f *testing.F, name string) {
+	var c codec
+	for _, s := range samples() {
+		if s.name == name {
+			c = s
+		}
+	}
+	f.Add(c.msg.Append(nil))
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, n, err := c.parse(b)
+		if err != nil {
+			return
+		}
+		if n < 0 || n > len(b) {
+			t.Fatalf("%s: consumed %d of %d bytes", name, n, len(b))
+		}
+		if got := m.Append(nil); !bytes.Equal(got, b[:n]) {
+			t.Fatalf("%s: re-encoding %x differs from input %x", name, got, b[:n])
+		}
+	})
+}
+
+func FuzzHello(f *testing.F)       { fuzzCodec(f, "hello") }
+func FuzzChallenge(f *testing.F)   { fuzzCodec(f, "challenge") }
+func FuzzResponse(f *testing.F)    { fuzzCodec(f, "response") }
+func FuzzPeerInfo(f *testing.F)    { fuzzCodec(f, "peerinfo") }
+func FuzzTable(f *testing.F)       { fuzzCodec(f, "table") }
+func FuzzReject(f *testing.F)      { fuzzCodec(f, "reject") }
+func FuzzConnSetup(f *testing.F)   { fuzzCodec(f, "connsetup") }
+func FuzzSliceHeader(f *testing.F) { fuzzCodec(f, "sliceheader") }
+
+func FuzzFrameHeader(f *testing.F) {
+	f.Add(AppendFrame(nil, FrameTable, []byte("x")))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		_, n, err := ParseFrameHeader(b)
+		if err == nil && (n < 0 || n > MaxFrame) {
+			t.Fatalf("length %d outside [0, %d]", n, MaxFrame)
+		}
+	})
+}
