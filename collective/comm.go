@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/goccl/goccl/algorithms"
 	"github.com/goccl/goccl/internal/engine"
+	"github.com/goccl/goccl/internal/wire"
 	"github.com/goccl/goccl/transport"
 	"github.com/goccl/goccl/transport/mem"
 )
@@ -23,6 +25,8 @@ type Comm struct {
 	cfg        Config
 	eng        *engine.Engine
 	ep         transport.Endpoint
+	peers      []wire.PeerInfo // from the bootstrap; nil in a local group
+	transport  string          // "mem" or "tcp"
 
 	// ctx is cancelled, with the cause, when the communicator is aborted or
 	// closed; it is the parent of every operation's context.
@@ -36,20 +40,13 @@ type Comm struct {
 	wg     sync.WaitGroup // goroutines of asynchronous operations
 
 	// The watchdog enforces Config.Timeout without a timer per operation:
-	// the operation in flight (one at a time) publishes itself in op, and
-	// one goroutine per communicator, started by newComm and stopped by
+	// the operation in flight (one at a time) publishes its Request in op,
+	// and one goroutine per communicator, started by newComm and stopped by
 	// Close, aborts the communicator when that operation has run too long.
-	op        atomic.Pointer[inflight]
-	born      time.Time     // monotonic base for inflight.start
+	op        atomic.Pointer[Request]
+	born      time.Time     // monotonic base for Request.start
 	stopWatch chan struct{} // closed by Close
 	watchDone chan struct{} // closed when the watchdog has returned
-}
-
-// inflight is the operation the watchdog watches.
-type inflight struct {
-	name  string
-	seq   uint64
-	start time.Duration // since Comm.born (monotonic)
 }
 
 // Rank returns this rank's index, 0..Size()-1.
@@ -61,6 +58,35 @@ func (c *Comm) Size() int { return c.size }
 // Config returns the communicator's settings after defaults and the
 // environment were applied.
 func (c *Comm) Config() Config { return c.cfg }
+
+// RankInfo describes one rank of a communicator.
+type RankInfo struct {
+	Rank      int
+	PID       int
+	Host      string // host identity (hostname/boot id, or GOCCL_HOSTID)
+	Addr      string // data address, "" in a local group
+	Transport string // how this rank reaches it: "self", "mem", "tcp"
+}
+
+// Ranks describes every rank of the communicator, as this rank sees it.
+func (c *Comm) Ranks() []RankInfo {
+	out := make([]RankInfo, c.size)
+	for r := range out {
+		ri := RankInfo{Rank: r, Transport: c.transport}
+		if r == c.rank {
+			ri.Transport = "self"
+		}
+		if c.peers != nil {
+			p := c.peers[r]
+			ri.PID, ri.Host, ri.Addr = int(p.PID), p.HostID, p.DataAddr
+		} else {
+			ri.PID = os.Getpid()
+			ri.Host, _ = os.Hostname()
+		}
+		out[r] = ri
+	}
+	return out
+}
 
 // Context returns a context that is cancelled when the communicator is
 // aborted (context.Cause wraps ErrAborted and the abort's cause) or closed
@@ -93,7 +119,7 @@ func newLocalGroup(n int, opts []Option) ([]*Comm, *mem.Network, error) {
 	if n < 1 {
 		return nil, nil, fmt.Errorf("%w: NewLocalGroup(%d): need at least 1 rank", ErrInvalidArgument, n)
 	}
-	cfg, err := resolve(opts)
+	cfg, _, err := resolve(opts)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -106,6 +132,9 @@ func newLocalGroup(n int, opts []Option) ([]*Comm, *mem.Network, error) {
 	comms := make([]*Comm, n)
 	for r := range comms {
 		c, err := newComm(r, n, cfg, nw.Endpoint(r), link)
+		if err == nil {
+			c.transport = "mem"
+		}
 		if err != nil {
 			for _, c := range comms[:r] {
 				c.Close()
@@ -125,6 +154,8 @@ func newComm(rank, size int, cfg Config, ep transport.Endpoint, link algorithms.
 	if err != nil {
 		return nil, err
 	}
+	caps := ep.Caps()
+	cfg.Slots, cfg.SlotSize = caps.Slots, caps.SlotSize // report what is in effect
 	c := &Comm{rank: rank, size: size, cfg: cfg, eng: eng, ep: ep, born: time.Now(),
 		stopWatch: make(chan struct{}), watchDone: make(chan struct{})}
 	c.ctx, c.cancel = context.WithCancelCause(context.Background())
@@ -152,7 +183,7 @@ func (c *Comm) watch() {
 			t.Reset(c.cfg.Timeout)
 			continue
 		}
-		if left := op.start + c.cfg.Timeout - time.Since(c.born); left > 0 {
+		if left := time.Duration(op.start.Load()) + c.cfg.Timeout - time.Since(c.born); left > 0 {
 			t.Reset(left)
 			continue
 		}
@@ -196,7 +227,7 @@ func (c *Comm) Close() error {
 	tail := c.tail
 	c.mu.Unlock()
 	if tail != nil {
-		<-tail.done
+		<-c.doneChan(tail)
 	}
 	c.wg.Wait()
 	c.mu.Lock()
@@ -215,12 +246,46 @@ func (c *Comm) Close() error {
 // Request is an operation started asynchronously. Operations complete in
 // the order they were issued.
 type Request struct {
-	done chan struct{}
-	err  error // set before done is closed
+	c     *Comm
+	name  string
+	seq   uint64
+	start atomic.Int64 // when it began to run, since Comm.born (for the watchdog)
+
+	// Guarded by c.mu. done is made when first needed: a blocking
+	// operation that nobody waits on needs no channel.
+	finished bool
+	done     chan struct{}
+	err      error // set before finished
+}
+
+// doneChan returns a channel closed when r has finished.
+func (c *Comm) doneChan(r *Request) <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if r.done == nil {
+		r.done = make(chan struct{})
+		if r.finished {
+			close(r.done)
+		}
+	}
+	return r.done
+}
+
+func (c *Comm) finish(r *Request, err error) {
+	c.mu.Lock()
+	r.err = err
+	r.finished = true
+	if r.done != nil {
+		close(r.done)
+	}
+	if c.tail == r {
+		c.tail = nil // nothing left to wait for
+	}
+	c.mu.Unlock()
 }
 
 // Done returns a channel that is closed when the operation has completed.
-func (r *Request) Done() <-chan struct{} { return r.done }
+func (r *Request) Done() <-chan struct{} { return r.c.doneChan(r) }
 
 // Wait blocks until the operation completes and returns its error, or
 // until ctx ends, which returns ctx's error and leaves the operation
@@ -231,14 +296,15 @@ func (r *Request) Wait(ctx context.Context) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
+	done := r.Done()
 	select {
-	case <-r.done:
-		return r.err
+	case <-done:
+		return r.Err()
 	default:
 	}
 	select {
-	case <-r.done:
-		return r.err
+	case <-done:
+		return r.Err()
 	case <-ctx.Done():
 		return context.Cause(ctx)
 	}
@@ -246,12 +312,9 @@ func (r *Request) Wait(ctx context.Context) error {
 
 // Err returns the operation's error once it has completed, and nil before.
 func (r *Request) Err() error {
-	select {
-	case <-r.done:
-		return r.err
-	default:
-		return nil
-	}
+	r.c.mu.Lock()
+	defer r.c.mu.Unlock()
+	return r.err
 }
 
 // call is one operation after its arguments were checked.
@@ -264,50 +327,66 @@ func (c *Comm) argError(name, format string, args ...any) error {
 	return &ArgError{Rank: c.rank, Op: name, Msg: fmt.Sprintf(format, args...)}
 }
 
-// issue gives the operation the communicator's next sequence number and
-// runs it after its predecessor, inline (sync) or in a goroutine (async).
-func (c *Comm) issue(ctx context.Context, k *call, async bool) (*Request, error) {
+// run issues a blocking operation and runs it in the caller's goroutine
+// once its predecessor is done. k does not escape, so a blocking
+// operation allocates only its Request.
+func (c *Comm) run(ctx context.Context, k *call) error {
+	r, prev, err := c.issue(ctx, k.name, false)
+	if err != nil {
+		return err
+	}
+	err = c.exec(ctx, k, r, prev)
+	c.finish(r, err)
+	return err
+}
+
+// start issues an asynchronous operation and runs it in a goroutine.
+func (c *Comm) start(ctx context.Context, k call) (*Request, error) {
+	r, prev, err := c.issue(ctx, k.name, true)
+	if err != nil {
+		return nil, err
+	}
+	go func() {
+		defer c.wg.Done()
+		c.finish(r, c.exec(ctx, &k, r, prev))
+	}()
+	return r, nil
+}
+
+// issue gives an operation the communicator's next sequence number and
+// returns its Request and its predecessor's.
+func (c *Comm) issue(ctx context.Context, name string, async bool) (r, prev *Request, err error) {
 	if ctx == nil {
-		return nil, c.argError(k.name, "nil context")
+		return nil, nil, c.argError(name, "nil context")
 	}
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.closed {
-		c.mu.Unlock()
-		return nil, &ArgError{Rank: c.rank, Op: k.name, Err: ErrClosed}
+		return nil, nil, &ArgError{Rank: c.rank, Op: name, Err: ErrClosed}
 	}
-	seq := c.seq
+	r = &Request{c: c, name: name, seq: c.seq}
 	c.seq++
-	prev := c.tail
-	r := &Request{done: make(chan struct{})}
+	prev = c.tail
 	c.tail = r
 	if async {
+		r.done = make(chan struct{}) // the caller will wait on it
 		c.wg.Add(1)
 	}
-	c.mu.Unlock()
-	if async {
-		go func() {
-			defer c.wg.Done()
-			r.err = c.exec(ctx, k, seq, prev)
-			close(r.done)
-		}()
-		return r, nil
-	}
-	r.err = c.exec(ctx, k, seq, prev)
-	close(r.done)
-	return r, r.err
+	return r, prev, nil
 }
 
 // exec runs one operation once its predecessor is done.
-func (c *Comm) exec(ctx context.Context, k *call, seq uint64, prev *Request) error {
+func (c *Comm) exec(ctx context.Context, k *call, r *Request, prev *Request) error {
 	opErr := func(err error) *OpError {
-		return &OpError{Rank: c.rank, Op: k.name, Seq: seq, Peer: -1, Err: err}
+		return &OpError{Rank: c.rank, Op: k.name, Seq: r.seq, Peer: -1, Err: err}
 	}
 	if prev != nil {
-		select {
-		case <-prev.done:
-		default:
+		c.mu.Lock()
+		waiting := !prev.finished
+		c.mu.Unlock()
+		if waiting {
 			select {
-			case <-prev.done:
+			case <-c.doneChan(prev):
 			case <-ctx.Done():
 				// Skipping an issued operation would leave the peers waiting
 				// for it: this rank can no longer take part.
@@ -320,22 +399,15 @@ func (c *Comm) exec(ctx context.Context, k *call, seq uint64, prev *Request) err
 	if cause := context.Cause(c.ctx); cause != nil {
 		return opErr(cause) // ErrClosed itself, or the abort's cause wrapped in ErrAborted
 	}
-	// The operation's context ends with the caller's or with the
-	// communicator's (abort, which the watchdog also uses for the
-	// timeout). A caller's context that never ends (Background) needs no
-	// merging, which saves a context and a callback per operation.
-	octx := c.ctx
-	if ctx.Done() != nil {
-		var cancel context.CancelCauseFunc
-		octx, cancel = context.WithCancelCause(ctx)
-		defer cancel(nil)
-		stop := context.AfterFunc(c.ctx, func() { cancel(context.Cause(c.ctx)) })
-		defer stop()
-	}
-	c.op.Store(&inflight{name: k.name, seq: seq, start: time.Since(c.born)})
+	// The engine waits on the caller's context only: an abort (by Abort,
+	// the watchdog's timeout, or a failed operation) closes the endpoint,
+	// which fails every wait in the transports at once, so no context per
+	// operation needs to merge the caller's with the communicator's.
+	r.start.Store(int64(time.Since(c.born)))
+	c.op.Store(r)
 	defer c.op.Store(nil)
 
-	pl, err := c.eng.Run(octx, &k.op)
+	pl, err := c.eng.Run(ctx, &k.op)
 	if err == nil {
 		if cause := context.Cause(c.ctx); cause != nil {
 			// Aborted while running: the contract is that pending

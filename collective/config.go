@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/goccl/goccl/algorithms"
-	"github.com/goccl/goccl/transport/mem"
 )
 
 // Defaults.
@@ -16,6 +15,10 @@ const (
 	// DefaultTimeout bounds every operation unless its context ends first:
 	// 10 minutes, torch's default for its NCCL process groups.
 	DefaultTimeout = 10 * time.Minute
+	// DefaultSpin is how long waits poll before they sleep.
+	DefaultSpin = time.Millisecond
+	// DefaultInitTimeout bounds the bootstrap of Init and InitFromEnv.
+	DefaultInitTimeout = 2 * time.Minute
 	// DefaultMaxChannels is the most channels the tuner uses.
 	DefaultMaxChannels = 2
 	// MaxChannels is the most channels a communicator can be given.
@@ -43,9 +46,30 @@ type Config struct {
 	// that runs out fails, and the communicator is aborted.
 	Timeout time.Duration
 	// Slots and SlotSize shape the transports' connections (2..64 slots of
-	// 4 KiB..64 MiB); 0 means the defaults (8 slots of 128 KiB).
+	// 4 KiB..64 MiB); 0 means the transport's defaults. Every rank must use
+	// the same values.
 	Slots    int
 	SlotSize int
+	// InitTimeout bounds Init and InitFromEnv when their context has no
+	// deadline; 0 means DefaultInitTimeout.
+	InitTimeout time.Duration
+	// NSocks is the number of TCP sockets per connection between two
+	// ranks (1..64); 0 means the transport's default. Every rank must use
+	// the same value.
+	NSocks int
+	// SocketIfname chooses the network interfaces, as NCCL_SOCKET_IFNAME:
+	// prefixes to use ("eth,ib"), ^ to exclude ("^docker,lo"), = for exact
+	// names ("=eth0"). Empty: every interface that is up except loopback
+	// and container bridges, or loopback when that is all there is.
+	SocketIfname string
+	// HostID overrides the host identity (hostname and boot id) that
+	// decides which ranks share a host; set it per network namespace to
+	// make namespaces count as hosts.
+	HostID string
+	// Spin is how long a rank waiting for data polls before it sleeps
+	// (parking and waking a thread costs tens of microseconds); 0 means
+	// DefaultSpin, a negative value never polls.
+	Spin time.Duration
 }
 
 // Option changes a Config.
@@ -98,12 +122,39 @@ func WithSlots(slots, slotSize int) Option {
 	}
 }
 
+// WithInitTimeout bounds Init and InitFromEnv when their context has no
+// deadline.
+func WithInitTimeout(d time.Duration) Option {
+	return func(s *settings) { s.cfg.InitTimeout = d; s.mark("InitTimeout") }
+}
+
+// WithNSocks sets the number of TCP sockets per connection.
+func WithNSocks(n int) Option {
+	return func(s *settings) { s.cfg.NSocks = n; s.mark("NSocks") }
+}
+
+// WithSocketIfname chooses network interfaces (NCCL_SOCKET_IFNAME syntax).
+func WithSocketIfname(spec string) Option {
+	return func(s *settings) { s.cfg.SocketIfname = spec; s.mark("SocketIfname") }
+}
+
+// WithSpin sets how long waits poll before they sleep (negative: never).
+func WithSpin(d time.Duration) Option {
+	return func(s *settings) { s.cfg.Spin = d; s.mark("Spin") }
+}
+
+// WithHostID overrides the host identity.
+func WithHostID(id string) Option {
+	return func(s *settings) { s.cfg.HostID = id; s.mark("HostID") }
+}
+
 // WithConfig sets every field of c (zero fields mean defaults, and win over
 // the environment).
 func WithConfig(c Config) Option {
 	return func(s *settings) {
 		s.cfg = c
-		for _, f := range []string{"Algorithm", "Channels", "MaxChannels", "ChunkSize", "Timeout", "Slots", "SlotSize"} {
+		for _, f := range []string{"Algorithm", "Channels", "MaxChannels", "ChunkSize", "Timeout", "Slots", "SlotSize",
+			"InitTimeout", "NSocks", "SocketIfname", "HostID", "Spin"} {
 			s.mark(f)
 		}
 	}
@@ -128,17 +179,23 @@ const (
 	EnvMaxChannels = "GOCCL_MAX_NCHANNELS" // 1..32
 	EnvChunkSize   = "GOCCL_CHUNK_SIZE"    // bytes, with an optional K, M or G suffix (powers of 1024)
 	EnvTimeout     = "GOCCL_TIMEOUT"       // a Go duration ("90s", "10m") or whole seconds
+	EnvInitTimeout = "GOCCL_INIT_TIMEOUT"  // like GOCCL_TIMEOUT, for Init and InitFromEnv
+	EnvNSocks      = "GOCCL_NSOCKS"        // TCP sockets per connection, 1..64
+	EnvSocketIf    = "GOCCL_SOCKET_IFNAME"
+	EnvHostID      = "GOCCL_HOSTID"
+	EnvSpin        = "GOCCL_SPIN" // a duration ("1ms", "200us"); 0 never polls
 )
 
-// resolve builds the Config: defaults, then the environment, then options.
-func resolve(opts []Option) (Config, error) {
+// resolve builds the Config: defaults, then the environment, then
+// options. It also returns the environment it read, for InitFromEnv.
+func resolve(opts []Option) (Config, func(string) (string, bool), error) {
 	s := settings{lookup: os.LookupEnv}
 	for _, o := range opts {
 		o(&s)
 	}
 	cfg, err := fromEnv(s.lookup)
 	if err != nil {
-		return Config{}, err
+		return Config{}, nil, err
 	}
 	for f := range s.set {
 		switch f {
@@ -156,12 +213,22 @@ func resolve(opts []Option) (Config, error) {
 			cfg.Slots = s.cfg.Slots
 		case "SlotSize":
 			cfg.SlotSize = s.cfg.SlotSize
+		case "InitTimeout":
+			cfg.InitTimeout = s.cfg.InitTimeout
+		case "NSocks":
+			cfg.NSocks = s.cfg.NSocks
+		case "SocketIfname":
+			cfg.SocketIfname = s.cfg.SocketIfname
+		case "HostID":
+			cfg.HostID = s.cfg.HostID
+		case "Spin":
+			cfg.Spin = s.cfg.Spin
 		}
 	}
 	if err := cfg.validate(); err != nil {
-		return Config{}, err
+		return Config{}, nil, err
 	}
-	return cfg.withDefaults(), nil
+	return cfg.withDefaults(), s.lookup, nil
 }
 
 // fromEnv reads the GOCCL_* variables.
@@ -196,12 +263,43 @@ func fromEnv(lookup func(string) (string, bool)) (Config, error) {
 		}
 		c.ChunkSize = n
 	}
-	if v, ok := lookup(EnvTimeout); ok && v != "" {
-		d, err := parseTimeout(v)
-		if err != nil || d <= 0 {
-			return c, bad(EnvTimeout, v, `a positive duration like "90s" or "10m", or whole seconds`)
+	for _, e := range []struct {
+		name string
+		dst  *time.Duration
+	}{{EnvTimeout, &c.Timeout}, {EnvInitTimeout, &c.InitTimeout}} {
+		if v, ok := lookup(e.name); ok && v != "" {
+			d, err := parseTimeout(v)
+			if err != nil || d <= 0 {
+				return c, bad(e.name, v, `a positive duration like "90s" or "10m", or whole seconds`)
+			}
+			*e.dst = d
 		}
-		c.Timeout = d
+	}
+	if v, ok := lookup(EnvNSocks); ok && v != "" {
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil || n < 1 || n > 64 {
+			return c, bad(EnvNSocks, v, "an integer in 1..64")
+		}
+		c.NSocks = n
+	}
+	if v, ok := lookup(EnvSocketIf); ok {
+		c.SocketIfname = v
+	}
+	if v, ok := lookup(EnvHostID); ok {
+		c.HostID = v
+	}
+	if v, ok := lookup(EnvSpin); ok && v != "" {
+		d, err := time.ParseDuration(strings.TrimSpace(v))
+		if strings.TrimSpace(v) == "0" {
+			d, err = 0, nil
+		}
+		if err != nil || d < 0 {
+			return c, bad(EnvSpin, v, `a duration like "1ms" or "200us", or 0 to never poll`)
+		}
+		if d == 0 {
+			d = -1 // never poll
+		}
+		c.Spin = d
 	}
 	return c, nil
 }
@@ -264,6 +362,10 @@ func (c Config) validate() error {
 		return bad("SlotSize %d out of range 4 KiB..64 MiB", c.SlotSize)
 	case c.Channels > 0 && c.MaxChannels > 0 && c.Channels > c.MaxChannels:
 		return bad("Channels %d exceeds MaxChannels %d", c.Channels, c.MaxChannels)
+	case c.InitTimeout < 0:
+		return bad("negative InitTimeout %v", c.InitTimeout)
+	case c.NSocks < 0 || c.NSocks > 64:
+		return bad("NSocks %d out of range 0..64", c.NSocks)
 	}
 	return nil
 }
@@ -276,11 +378,13 @@ func (c Config) withDefaults() Config {
 		// A forced channel count above the default raises the bound with it.
 		c.MaxChannels = max(DefaultMaxChannels, c.Channels)
 	}
-	if c.Slots == 0 {
-		c.Slots = mem.DefaultSlots
+	if c.InitTimeout == 0 {
+		c.InitTimeout = DefaultInitTimeout
 	}
-	if c.SlotSize == 0 {
-		c.SlotSize = mem.DefaultSlotSize
+	if c.Spin == 0 {
+		c.Spin = DefaultSpin
 	}
+	// Slots, SlotSize and NSocks stay 0 here: each transport has its own
+	// defaults, and the communicator reports the values in effect.
 	return c
 }

@@ -31,8 +31,7 @@ func AllReduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op) er
 	if err != nil {
 		return err
 	}
-	_, err = c.issue(ctx, k, false)
-	return err
+	return c.run(ctx, &k)
 }
 
 // StartAllReduce is the asynchronous form of AllReduce.
@@ -41,7 +40,7 @@ func StartAllReduce[T Number](ctx context.Context, c *Comm, send, recv []T, op O
 	if err != nil {
 		return nil, err
 	}
-	return c.issue(ctx, k, true)
+	return c.start(ctx, k)
 }
 
 // ReduceScatter reduces send across all ranks with op and leaves block
@@ -52,8 +51,7 @@ func ReduceScatter[T Number](ctx context.Context, c *Comm, send, recv []T, op Op
 	if err != nil {
 		return err
 	}
-	_, err = c.issue(ctx, k, false)
-	return err
+	return c.run(ctx, &k)
 }
 
 // StartReduceScatter is the asynchronous form of ReduceScatter.
@@ -62,7 +60,7 @@ func StartReduceScatter[T Number](ctx context.Context, c *Comm, send, recv []T, 
 	if err != nil {
 		return nil, err
 	}
-	return c.issue(ctx, k, true)
+	return c.start(ctx, k)
 }
 
 // AllGather gathers every rank's send into recv, rank r's at
@@ -72,8 +70,7 @@ func AllGather[T Number](ctx context.Context, c *Comm, send, recv []T) error {
 	if err != nil {
 		return err
 	}
-	_, err = c.issue(ctx, k, false)
-	return err
+	return c.run(ctx, &k)
 }
 
 // StartAllGather is the asynchronous form of AllGather.
@@ -82,7 +79,7 @@ func StartAllGather[T Number](ctx context.Context, c *Comm, send, recv []T) (*Re
 	if err != nil {
 		return nil, err
 	}
-	return c.issue(ctx, k, true)
+	return c.start(ctx, k)
 }
 
 // Broadcast copies root's send into recv on every rank (root included).
@@ -93,8 +90,7 @@ func Broadcast[T Number](ctx context.Context, c *Comm, send, recv []T, root int)
 	if err != nil {
 		return err
 	}
-	_, err = c.issue(ctx, k, false)
-	return err
+	return c.run(ctx, &k)
 }
 
 // StartBroadcast is the asynchronous form of Broadcast.
@@ -103,7 +99,7 @@ func StartBroadcast[T Number](ctx context.Context, c *Comm, send, recv []T, root
 	if err != nil {
 		return nil, err
 	}
-	return c.issue(ctx, k, true)
+	return c.start(ctx, k)
 }
 
 // Reduce reduces send across all ranks with op into recv on root. recv is
@@ -114,8 +110,7 @@ func Reduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op, root 
 	if err != nil {
 		return err
 	}
-	_, err = c.issue(ctx, k, false)
-	return err
+	return c.run(ctx, &k)
 }
 
 // StartReduce is the asynchronous form of Reduce.
@@ -124,7 +119,7 @@ func StartReduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op, 
 	if err != nil {
 		return nil, err
 	}
-	return c.issue(ctx, k, true)
+	return c.start(ctx, k)
 }
 
 // AllToAll sends block j of send to rank j, which stores it as block
@@ -135,8 +130,7 @@ func AllToAll[T Number](ctx context.Context, c *Comm, send, recv []T) error {
 	if err != nil {
 		return err
 	}
-	_, err = c.issue(ctx, k, false)
-	return err
+	return c.run(ctx, &k)
 }
 
 // StartAllToAll is the asynchronous form of AllToAll.
@@ -145,7 +139,7 @@ func StartAllToAll[T Number](ctx context.Context, c *Comm, send, recv []T) (*Req
 	if err != nil {
 		return nil, err
 	}
-	return c.issue(ctx, k, true)
+	return c.start(ctx, k)
 }
 
 // Send sends buf to peer, which must call Recv with a buffer of the same
@@ -161,8 +155,7 @@ func Send[T Number](ctx context.Context, c *Comm, buf []T, peer int) error {
 	if err != nil {
 		return err
 	}
-	_, err = c.issue(ctx, k, false)
-	return err
+	return c.run(ctx, &k)
 }
 
 // StartSend is the asynchronous form of Send.
@@ -171,7 +164,7 @@ func StartSend[T Number](ctx context.Context, c *Comm, buf []T, peer int) (*Requ
 	if err != nil {
 		return nil, err
 	}
-	return c.issue(ctx, k, true)
+	return c.start(ctx, k)
 }
 
 // Recv receives into buf what peer sends with Send.
@@ -180,8 +173,7 @@ func Recv[T Number](ctx context.Context, c *Comm, buf []T, peer int) error {
 	if err != nil {
 		return err
 	}
-	_, err = c.issue(ctx, k, false)
-	return err
+	return c.run(ctx, &k)
 }
 
 // StartRecv is the asynchronous form of Recv.
@@ -190,7 +182,7 @@ func StartRecv[T Number](ctx context.Context, c *Comm, buf []T, peer int) (*Requ
 	if err != nil {
 		return nil, err
 	}
-	return c.issue(ctx, k, true)
+	return c.start(ctx, k)
 }
 
 // Argument checks. Each returns the call for issue, or an *ArgError.
@@ -216,143 +208,143 @@ func (c *Comm) checkRoot(name string, root int) error {
 	return nil
 }
 
-func newCall[T Number](name string, coll algorithms.Collective, count int, send, recv []T) *call {
+func newCall[T Number](name string, coll algorithms.Collective, count int, send, recv []T) call {
 	t := TypeOf[T]()
-	return &call{name: name, op: engine.Op{
+	return call{name: name, op: engine.Op{
 		Coll: coll, Type: t.kernel(), Count: count,
 		In: memory.HostBuffer(asBytes(send)), Out: memory.HostBuffer(asBytes(recv)),
 	}}
 }
 
-func allReduceCall[T Number](c *Comm, send, recv []T, op Op) (*call, error) {
+func allReduceCall[T Number](c *Comm, send, recv []T, op Op) (call, error) {
 	const name = "allreduce"
 	if err := checkComm(c, name); err != nil {
-		return nil, err
+		return call{}, err
 	}
 	if err := c.checkOp(name, op); err != nil {
-		return nil, err
+		return call{}, err
 	}
 	if len(send) != len(recv) {
-		return nil, c.argError(name, "len(send) = %d but len(recv) = %d; they must be equal", len(send), len(recv))
+		return call{}, c.argError(name, "len(send) = %d but len(recv) = %d; they must be equal", len(send), len(recv))
 	}
 	k := newCall(name, algorithms.CollAllReduce, len(send), send, recv)
 	if k.op.In.Overlaps(k.op.Out) && !k.op.In.Same(k.op.Out) {
-		return nil, c.argError(name, "send and recv overlap without being the same slice")
+		return call{}, c.argError(name, "send and recv overlap without being the same slice")
 	}
 	k.op.Red = kernels.Op(op)
 	return k, nil
 }
 
-func reduceScatterCall[T Number](c *Comm, send, recv []T, op Op) (*call, error) {
+func reduceScatterCall[T Number](c *Comm, send, recv []T, op Op) (call, error) {
 	const name = "reducescatter"
 	if err := checkComm(c, name); err != nil {
-		return nil, err
+		return call{}, err
 	}
 	if err := c.checkOp(name, op); err != nil {
-		return nil, err
+		return call{}, err
 	}
 	if len(send) != c.size*len(recv) {
-		return nil, c.argError(name, "len(send) = %d, want Size()*len(recv) = %d*%d = %d", len(send), c.size, len(recv), c.size*len(recv))
+		return call{}, c.argError(name, "len(send) = %d, want Size()*len(recv) = %d*%d = %d", len(send), c.size, len(recv), c.size*len(recv))
 	}
 	k := newCall(name, algorithms.CollReduceScatter, len(recv), send, recv)
 	if k.op.In.Overlaps(k.op.Out) {
 		if off, ok := k.op.In.Offset(k.op.Out); !ok || off != c.rank*k.op.Out.Len() {
-			return nil, c.argError(name, "recv overlaps send but is not send[rank*len(recv):(rank+1)*len(recv)]")
+			return call{}, c.argError(name, "recv overlaps send but is not send[rank*len(recv):(rank+1)*len(recv)]")
 		}
 	}
 	k.op.Red = kernels.Op(op)
 	return k, nil
 }
 
-func allGatherCall[T Number](c *Comm, send, recv []T) (*call, error) {
+func allGatherCall[T Number](c *Comm, send, recv []T) (call, error) {
 	const name = "allgather"
 	if err := checkComm(c, name); err != nil {
-		return nil, err
+		return call{}, err
 	}
 	if len(recv) != c.size*len(send) {
-		return nil, c.argError(name, "len(recv) = %d, want Size()*len(send) = %d*%d = %d", len(recv), c.size, len(send), c.size*len(send))
+		return call{}, c.argError(name, "len(recv) = %d, want Size()*len(send) = %d*%d = %d", len(recv), c.size, len(send), c.size*len(send))
 	}
 	k := newCall(name, algorithms.CollAllGather, len(send), send, recv)
 	if k.op.In.Overlaps(k.op.Out) {
 		if off, ok := k.op.Out.Offset(k.op.In); !ok || off != c.rank*k.op.In.Len() {
-			return nil, c.argError(name, "send overlaps recv but is not recv[rank*len(send):(rank+1)*len(send)]")
+			return call{}, c.argError(name, "send overlaps recv but is not recv[rank*len(send):(rank+1)*len(send)]")
 		}
 	}
 	return k, nil
 }
 
-func broadcastCall[T Number](c *Comm, send, recv []T, root int) (*call, error) {
+func broadcastCall[T Number](c *Comm, send, recv []T, root int) (call, error) {
 	const name = "broadcast"
 	if err := checkComm(c, name); err != nil {
-		return nil, err
+		return call{}, err
 	}
 	if err := c.checkRoot(name, root); err != nil {
-		return nil, err
+		return call{}, err
 	}
 	if c.rank != root {
 		send = nil // not read
 	} else if len(send) != len(recv) {
-		return nil, c.argError(name, "on the root len(send) = %d but len(recv) = %d; they must be equal", len(send), len(recv))
+		return call{}, c.argError(name, "on the root len(send) = %d but len(recv) = %d; they must be equal", len(send), len(recv))
 	}
 	k := newCall(name, algorithms.CollBroadcast, len(recv), send, recv)
 	if k.op.In.Overlaps(k.op.Out) && !k.op.In.Same(k.op.Out) {
-		return nil, c.argError(name, "send and recv overlap without being the same slice")
+		return call{}, c.argError(name, "send and recv overlap without being the same slice")
 	}
 	k.op.Root = root
 	return k, nil
 }
 
-func reduceCall[T Number](c *Comm, send, recv []T, op Op, root int) (*call, error) {
+func reduceCall[T Number](c *Comm, send, recv []T, op Op, root int) (call, error) {
 	const name = "reduce"
 	if err := checkComm(c, name); err != nil {
-		return nil, err
+		return call{}, err
 	}
 	if err := c.checkOp(name, op); err != nil {
-		return nil, err
+		return call{}, err
 	}
 	if err := c.checkRoot(name, root); err != nil {
-		return nil, err
+		return call{}, err
 	}
 	if c.rank != root {
 		recv = nil // not written
 	} else if len(send) != len(recv) {
-		return nil, c.argError(name, "on the root len(send) = %d but len(recv) = %d; they must be equal", len(send), len(recv))
+		return call{}, c.argError(name, "on the root len(send) = %d but len(recv) = %d; they must be equal", len(send), len(recv))
 	}
 	k := newCall(name, algorithms.CollReduce, len(send), send, recv)
 	if k.op.In.Overlaps(k.op.Out) && !k.op.In.Same(k.op.Out) {
-		return nil, c.argError(name, "send and recv overlap without being the same slice")
+		return call{}, c.argError(name, "send and recv overlap without being the same slice")
 	}
 	k.op.Red = kernels.Op(op)
 	k.op.Root = root
 	return k, nil
 }
 
-func allToAllCall[T Number](c *Comm, send, recv []T) (*call, error) {
+func allToAllCall[T Number](c *Comm, send, recv []T) (call, error) {
 	const name = "alltoall"
 	if err := checkComm(c, name); err != nil {
-		return nil, err
+		return call{}, err
 	}
 	if len(send) != len(recv) || len(send)%c.size != 0 {
-		return nil, c.argError(name, "len(send) = %d and len(recv) = %d; both must equal Size()*block = %d*block", len(send), len(recv), c.size)
+		return call{}, c.argError(name, "len(send) = %d and len(recv) = %d; both must equal Size()*block = %d*block", len(send), len(recv), c.size)
 	}
 	k := newCall(name, algorithms.CollAllToAll, len(send)/c.size, send, recv)
 	if k.op.In.Overlaps(k.op.Out) {
-		return nil, c.argError(name, "send and recv overlap; all-to-all has no in-place form")
+		return call{}, c.argError(name, "send and recv overlap; all-to-all has no in-place form")
 	}
 	return k, nil
 }
 
-func p2pCall[T Number](c *Comm, name string, coll algorithms.Collective, buf []T, peer int) (*call, error) {
+func p2pCall[T Number](c *Comm, name string, coll algorithms.Collective, buf []T, peer int) (call, error) {
 	if err := checkComm(c, name); err != nil {
-		return nil, err
+		return call{}, err
 	}
 	switch {
 	case peer == c.rank:
-		return nil, c.argError(name, "peer %d is this rank itself", peer)
+		return call{}, c.argError(name, "peer %d is this rank itself", peer)
 	case peer < 0 || peer >= c.size:
-		return nil, c.argError(name, "peer %d out of range [0,%d)", peer, c.size)
+		return call{}, c.argError(name, "peer %d out of range [0,%d)", peer, c.size)
 	}
-	var k *call
+	var k call
 	if coll == algorithms.CollSend {
 		k = newCall(name, coll, len(buf), buf, nil)
 	} else {

@@ -112,3 +112,38 @@ func (e *PeerAbortedError) Error() string {
 }
 
 func (e *PeerAbortedError) Unwrap() error { return e.Cause }
+
+// ErrSizeMismatch: an incoming slice does not have the size the receiver
+// expected (see DirectReceiver). The ranks disagree about the operation.
+var ErrSizeMismatch = errors.New("incoming slice has an unexpected size")
+
+// DirectReceiver is implemented by connections that can land a slice
+// straight in the caller's memory, saving the copy out of a slot when no
+// reduction is needed (NCCL's directRecv).
+type DirectReceiver interface {
+	// WaitInto blocks until the next incoming slice arrives. When it holds
+	// exactly dst.Len() bytes, they are written into dst and WaitInto
+	// returns the slice's tag. Otherwise it returns the tag and the slice's
+	// size with ErrSizeMismatch, dst untouched; the connection is then
+	// unusable. It replaces a Wait/Release pair.
+	WaitInto(ctx context.Context, dst memory.Buffer) (Tag, int, error)
+}
+
+// DirectSender is implemented by connections that can send straight from
+// the caller's memory, saving the copy into a slot (NCCL's directSend).
+type DirectSender interface {
+	// PostFrom queues src as the next outgoing slice, to be sent from src
+	// itself: src must stay valid and unchanged until Flush returns. It
+	// replaces a Reserve/Post pair and does not wait for a free slot.
+	PostFrom(src memory.Buffer, tag Tag) error
+}
+
+// Flusher is implemented by connections whose posted slices may still be
+// on their way out when Post returns.
+type Flusher interface {
+	// Flush blocks until every slice posted on the connection has left
+	// this rank (handed to the network), the connection fails, or ctx
+	// ends. The engine flushes every connection an operation used before
+	// the operation returns, so that the caller may reuse its buffers.
+	Flush(ctx context.Context) error
+}

@@ -52,7 +52,12 @@ type Plan struct {
 	Pieces     int
 	SliceElems int // elements per slice (at most a slot)
 	Sched      *algorithms.Schedule
-	Seq        uint64 // the operation's tag sequence number
+	Peers      []int // the schedule's peers, in first-use order
+	// Unwritten[k] says that no step after step k writes the blocks step k
+	// sends, so the transport may send them straight from the user's
+	// buffer (see chanRun.lockstep).
+	Unwritten []bool
+	Seq       uint64 // the operation's tag sequence number
 	// Sig fingerprints what every rank must agree on: collective, type,
 	// operator, count, root and plan. It travels in every slice's tag.
 	Sig uint32
@@ -179,7 +184,36 @@ func (e *Engine) plan(op *Op) (Plan, error) {
 	// Smaller slices mean fewer elements in flight per connection: keep
 	// every message within half the slots (algorithms.MinPieces).
 	pieces = max(pieces, algorithms.Pieces(s, pl, op.Count, es, e.caps.Slots, sliceElems))
-	return Plan{Plan: pl, Sched: s, Pieces: pieces, SliceElems: sliceElems, Sig: signature(op, pl, pieces, sliceElems)}, nil
+	return Plan{Plan: pl, Sched: s, Peers: s.Peers(), Unwritten: unwrittenAfter(s), Pieces: pieces, SliceElems: sliceElems,
+		Sig: signature(op, pl, pieces, sliceElems)}, nil
+}
+
+// unwrittenAfter returns, for each step, whether the blocks it sends (its
+// Src for send and copySend, its Dst for the forwarding kinds) are free of
+// writes by every later step. Blocks name the same elements in Input and
+// Output whenever the two alias (every in-place form), so a later write to
+// Output is a write to those blocks either way.
+func unwrittenAfter(s *algorithms.Schedule) []bool {
+	out := make([]bool, len(s.Steps))
+	for k, st := range s.Steps {
+		var sent algorithms.Ref
+		switch st.Kind {
+		case algorithms.Send, algorithms.CopySend:
+			sent = st.Src
+		case algorithms.RecvCopySend, algorithms.RecvReduceCopySend:
+			sent = st.Dst
+		default:
+			continue
+		}
+		out[k] = true
+		for _, later := range s.Steps[k+1:] {
+			if later.Dst.Buf != algorithms.NoBuf && later.Dst.Block < sent.Block+sent.N && sent.Block < later.Dst.Block+later.Dst.N {
+				out[k] = false
+				break
+			}
+		}
+	}
+	return out
 }
 
 // signature hashes (FNV-1a) what the ranks of an operation must agree on.
@@ -281,10 +315,9 @@ func (e *Engine) Run(ctx context.Context, op *Op) (Plan, error) {
 	for len(e.runs) < pl.Channels {
 		e.runs = append(e.runs, &chanRun{conns: make([]transport.Conn, e.nranks), sent: make([]uint32, e.nranks), recvd: make([]uint32, e.nranks)})
 	}
-	peers := pl.Sched.Peers()
 	for c := 0; c < pl.Channels; c++ {
 		x := e.runs[c]
-		for _, p := range peers {
+		for _, p := range pl.Peers {
 			conn, err := e.connect(ctx, p, chBase+c)
 			if err != nil {
 				return pl, &StepError{Channel: c, Step: -1, Peer: p, Err: err}

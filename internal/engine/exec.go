@@ -2,10 +2,14 @@ package engine
 
 import (
 	"context"
+	"errors"
+	"runtime"
+	"time"
 	"unsafe"
 
 	"github.com/goccl/goccl/algorithms"
 	"github.com/goccl/goccl/internal/kernels"
+	"github.com/goccl/goccl/memory"
 	"github.com/goccl/goccl/transport"
 )
 
@@ -14,6 +18,7 @@ import (
 type chanRun struct {
 	// Set by setup, read by run.
 	sched          *algorithms.Schedule
+	unwritten      []bool
 	layout         algorithms.Layout
 	lo, hi, pieces int // this channel's pieces [lo, hi) of pieces
 	esize          int
@@ -23,16 +28,35 @@ type chanRun struct {
 	post           func(dst, src []byte)
 	seq            uint64
 	sig            uint32
+	aliased        bool // Input and Output overlap (an in-place operation)
 	ch             int
 
 	conns        []transport.Conn // by peer
 	sent, recvd  []uint32         // messages so far this operation, by peer
 	spans        [3][]algorithms.Span
-	piece, stepI int // position, for errors
+	piece, stepI int       // position, for errors
+	lastYield    time.Time // see yield
+}
+
+// yieldEvery is how often a channel's goroutine yields (see yield).
+const yieldEvery = time.Millisecond
+
+// yield gives the goroutine back to the scheduler once a millisecond. A
+// rank whose peers keep up never blocks (the transports poll), and a
+// goroutine that runs 10 ms without a scheduling point makes the
+// runtime's sysmon preempt it and retake its P from system calls, after
+// which sysmon polls every 20 µs and wakes threads on cores the peers need
+// (docs/performance.md measured 9% of the CPU in sysmon's wake-ups).
+func (x *chanRun) yield() {
+	if now := time.Now(); now.Sub(x.lastYield) > yieldEvery {
+		x.lastYield = now
+		runtime.Gosched()
+	}
 }
 
 func (x *chanRun) setup(e *Engine, op *Op, pl *Plan, c int) {
 	x.sched = pl.Sched
+	x.unwritten = pl.Unwritten
 	x.layout = algorithms.NewLayout(op.Coll, e.nranks, e.rank, op.Root, op.Count)
 	x.pieces = pl.Pieces
 	x.lo, x.hi = c*pl.Pieces/pl.Channels, (c+1)*pl.Pieces/pl.Channels
@@ -54,6 +78,7 @@ func (x *chanRun) setup(e *Engine, op *Op, pl *Plan, c int) {
 	}
 	x.seq = pl.Seq
 	x.sig = pl.Sig
+	x.aliased = op.In.Overlaps(op.Out)
 	x.ch = c
 	clear(x.sent)
 	clear(x.recvd)
@@ -64,6 +89,7 @@ func (x *chanRun) run(ctx context.Context) error {
 		x.piece = p
 		for i := range x.sched.Steps {
 			x.stepI = i
+			x.yield()
 			st := &x.sched.Steps[i]
 			var err error
 			if st.Kind.Exchange() {
@@ -73,6 +99,17 @@ func (x *chanRun) run(ctx context.Context) error {
 			}
 			if err != nil {
 				return err
+			}
+		}
+	}
+	// Everything posted must have left before the caller may reuse its
+	// buffers (slices sent straight from them) or this rank goes quiet
+	// (slices still queued in the transport).
+	x.stepI = -1
+	for peer, c := range x.conns {
+		if f, ok := c.(transport.Flusher); ok && c != nil {
+			if err := f.Flush(ctx); err != nil {
+				return &StepError{Channel: x.ch, Piece: x.hi - 1, Step: len(x.sched.Steps), Kind: algorithms.Send, Peer: peer, Err: err}
 			}
 		}
 	}
@@ -117,6 +154,19 @@ func (x *chanRun) recvSlice(ctx context.Context, st *algorithms.Step, c transpor
 	return b.Bytes(), nil
 }
 
+// recvInto lands the next slice from peer in dst and checks it.
+func (x *chanRun) recvInto(ctx context.Context, st *algorithms.Step, dr transport.DirectReceiver, peer int, slice uint32, dst []byte) error {
+	tag, n, err := dr.WaitInto(ctx, memory.HostBuffer(dst))
+	want := transport.Tag{Op: x.seq, Sig: x.sig, Msg: x.recvd[peer], Slice: slice}
+	if errors.Is(err, transport.ErrSizeMismatch) || (err == nil && tag != want) {
+		return x.fail(st, peer, &MismatchError{Peer: peer, Got: tag, Want: want, GotBytes: n, WantBytes: len(dst)})
+	}
+	if err != nil {
+		return x.fail(st, peer, err)
+	}
+	return nil
+}
+
 // lockstep runs a step whose local operand, destination, incoming and
 // outgoing streams all walk the same blocks, slice by slice: receive a
 // slice, reserve the outgoing slot, compute into it, post, release.
@@ -138,6 +188,20 @@ func (x *chanRun) lockstep(ctx context.Context, st *algorithms.Step) error {
 	if st.Final {
 		red = x.final
 	}
+	// Direct paths, where the transport offers them: land incoming data
+	// straight in the destination when it is only copied there (recv,
+	// recvCopySend), and send straight from the user's buffers what no
+	// later step overwrites before the transport has sent it: the input of
+	// an operation that does not run in place, or blocks no later step
+	// writes (Plan.Unwritten). The engine flushes before it returns.
+	var dr transport.DirectReceiver
+	if rc != nil && (st.Kind == algorithms.Recv || st.Kind == algorithms.RecvCopySend) {
+		dr, _ = rc.(transport.DirectReceiver)
+	}
+	var ds transport.DirectSender
+	if sc != nil && (x.unwritten[x.stepI] || (st.Src.Buf == algorithms.Input && !x.aliased && (st.Kind == algorithms.Send || st.Kind == algorithms.CopySend))) {
+		ds, _ = sc.(transport.DirectSender)
+	}
 	for sl := uint32(0); ; sl++ {
 		var srcOff, dstOff, n int
 		var ok bool
@@ -158,16 +222,52 @@ func (x *chanRun) lockstep(ctx context.Context, st *algorithms.Step) error {
 		if hasDst {
 			dst = dstBuf[dstOff*es : dstOff*es+nb]
 		}
-		if rc != nil {
+		switch {
+		case dr != nil:
+			if err := x.recvInto(ctx, st, dr, rpeer, sl, dst); err != nil {
+				return err
+			}
+			in = dst
+		case rc != nil:
 			var err error
 			if in, err = x.recvSlice(ctx, st, rc, rpeer, sl, nb); err != nil {
 				return err
 			}
 		}
+		if ds != nil {
+			// The step's value lives in the user's memory: compute it there
+			// and send it from there.
+			from := dst
+			switch st.Kind {
+			case algorithms.Send:
+				from = src
+			case algorithms.CopySend:
+				from = src
+				if !sameStart(dst, src) {
+					copy(dst, src)
+				}
+			case algorithms.RecvCopySend:
+				if dr == nil {
+					copy(dst, in)
+				}
+			case algorithms.RecvReduceCopySend:
+				red(dst, in, src)
+			}
+			if rc != nil && dr == nil {
+				if err := rc.Release(); err != nil {
+					return x.fail(st, rpeer, err)
+				}
+			}
+			tag := transport.Tag{Op: x.seq, Sig: x.sig, Msg: x.sent[speer], Slice: sl}
+			if err := ds.PostFrom(memory.HostBuffer(from), tag); err != nil {
+				return x.fail(st, speer, err)
+			}
+			continue
+		}
 		if sc != nil {
 			b, err := sc.Reserve(ctx, nb)
 			if err != nil {
-				if rc != nil {
+				if rc != nil && dr == nil {
 					rc.Release()
 				}
 				return x.fail(st, speer, err)
@@ -180,7 +280,9 @@ func (x *chanRun) lockstep(ctx context.Context, st *algorithms.Step) error {
 		case algorithms.Send:
 			copy(out, src)
 		case algorithms.Recv:
-			copy(dst, in)
+			if dr == nil {
+				copy(dst, in)
+			}
 		case algorithms.CopySend:
 			copy(out, src)
 			if !sameStart(dst, src) {
@@ -194,18 +296,20 @@ func (x *chanRun) lockstep(ctx context.Context, st *algorithms.Step) error {
 			red(dst, in, src)
 			copy(out, dst)
 		case algorithms.RecvCopySend:
-			copy(dst, in)
+			if dr == nil {
+				copy(dst, in)
+			}
 			copy(out, in)
 		}
 		if sc != nil {
 			if err := sc.Post(nb, transport.Tag{Op: x.seq, Sig: x.sig, Msg: x.sent[speer], Slice: sl}); err != nil {
-				if rc != nil {
+				if rc != nil && dr == nil {
 					rc.Release()
 				}
 				return x.fail(st, speer, err)
 			}
 		}
-		if rc != nil {
+		if rc != nil && dr == nil {
 			if err := rc.Release(); err != nil {
 				return x.fail(st, rpeer, err)
 			}

@@ -1,0 +1,316 @@
+package collective
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/goccl/goccl/algorithms"
+	"github.com/goccl/goccl/internal/bootstrap"
+	"github.com/goccl/goccl/internal/launch"
+	"github.com/goccl/goccl/internal/netif"
+	"github.com/goccl/goccl/internal/wire"
+	"github.com/goccl/goccl/transport/tcp"
+)
+
+// Version is the library version. Ranks of one job must run the same
+// version; Init refuses a mismatch with an error naming both.
+const Version = "0.1.0"
+
+// UniqueID names one job's rendezvous: the root's address and the job's
+// 128-bit secret. One rank makes it (NewUniqueID) and hands it to the
+// others out of band, as with ncclGetUniqueId; anyone who has it can join
+// the job, so treat it like a password.
+type UniqueID struct {
+	addr   string
+	secret [16]byte
+}
+
+const idPrefix = "goccl1:"
+
+// String encodes the ID for handing to the other ranks:
+// "goccl1:<32 hex digits of secret>:<host:port>".
+func (id UniqueID) String() string {
+	return idPrefix + hex.EncodeToString(id.secret[:]) + ":" + id.addr
+}
+
+// Addr returns the root's address.
+func (id UniqueID) Addr() string { return id.addr }
+
+// ParseUniqueID decodes what String produced.
+func ParseUniqueID(s string) (UniqueID, error) {
+	bad := func(why string) (UniqueID, error) {
+		return UniqueID{}, fmt.Errorf("%w: unique id %q: %s (want %s<32 hex digits>:<host:port>)", ErrInvalidArgument, s, why, idPrefix)
+	}
+	rest, ok := strings.CutPrefix(strings.TrimSpace(s), idPrefix)
+	if !ok {
+		return bad("missing prefix")
+	}
+	sec, addr, ok := strings.Cut(rest, ":")
+	if !ok || len(sec) != 32 {
+		return bad("no 32-digit secret")
+	}
+	var id UniqueID
+	if _, err := hex.Decode(id.secret[:], []byte(sec)); err != nil {
+		return bad("secret is not hex")
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || host == "" {
+		return bad("bad address")
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+		return bad("bad port")
+	}
+	id.addr = addr
+	return id, nil
+}
+
+// NewUniqueID makes a job's ID and starts its root in this process, on the
+// interface GOCCL_SOCKET_IFNAME (or Config.SocketIfname) selects. The root
+// (a goroutine and a listening socket) serves until every rank has joined,
+// until it fails, or for InitTimeout, whichever comes first.
+func NewUniqueID(opts ...Option) (UniqueID, error) {
+	cfg, _, err := resolve(opts)
+	if err != nil {
+		return UniqueID{}, err
+	}
+	ifs, err := netif.System()
+	if err != nil {
+		return UniqueID{}, err
+	}
+	addrs, err := netif.Select(ifs, cfg.SocketIfname)
+	if err != nil {
+		return UniqueID{}, err
+	}
+	var id UniqueID
+	if _, err := rand.Read(id.secret[:]); err != nil {
+		return UniqueID{}, err
+	}
+	r, err := bootstrap.StartRoot(net.JoinHostPort(addrs[0].Host(), "0"), bootstrap.RootOptions{
+		Secret: id.secret[:], Version: Version, Timeout: cfg.InitTimeout})
+	if err != nil {
+		return UniqueID{}, err
+	}
+	_, port, _ := net.SplitHostPort(r.Addr().String())
+	id.addr = net.JoinHostPort(addrs[0].Host(), port)
+	return id, nil
+}
+
+// tcpLink is the tuner's model of TCP connections: a hop is a kernel
+// round trip on each side (RESULTS.md measures 2.8 µs one way while
+// polling, 40 µs while blocking); a stream moves about 1.5–2.5 GB/s on
+// loopback. See docs/performance.md.
+var tcpLink = algorithms.LinkModel{
+	Latency:      10e-6,
+	Bandwidth:    1.5e9,
+	ReduceRate:   6e9,
+	MaxChannels:  DefaultMaxChannels,
+	ChannelBytes: 4 << 20,
+	ChunkBytes:   512 << 10,
+}
+
+// Init joins rank of nranks to the job named by id and returns its
+// communicator, connected over TCP. It blocks until every rank has joined
+// (all ranks call Init), ctx ends, or Config.InitTimeout passes when ctx
+// has no deadline; a rank that never arrives fails every other rank's Init
+// with an error naming it.
+func Init(ctx context.Context, id UniqueID, nranks, rank int, opts ...Option) (*Comm, error) {
+	switch {
+	case ctx == nil:
+		return nil, fmt.Errorf("%w: Init: nil context", ErrInvalidArgument)
+	case nranks < 1 || rank < 0 || rank >= nranks:
+		return nil, fmt.Errorf("%w: Init: rank %d of %d ranks (want 0 ≤ rank < nranks)", ErrInvalidArgument, rank, nranks)
+	case id.addr == "":
+		return nil, fmt.Errorf("%w: Init: empty unique id (make one with NewUniqueID or ParseUniqueID)", ErrInvalidArgument)
+	}
+	cfg, lookup, err := resolve(opts)
+	if err != nil {
+		return nil, err
+	}
+	return initTCP(ctx, id, nranks, rank, cfg, lookup)
+}
+
+func initTCP(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, lookup func(string) (string, bool)) (*Comm, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, cfg.InitTimeout)
+		defer cancel()
+	}
+	fail := func(err error) (*Comm, error) {
+		return nil, fmt.Errorf("goccl: rank %d of %d: init: %w", rank, nranks, err)
+	}
+	ifs, err := netif.System()
+	if err != nil {
+		return fail(err)
+	}
+	addrs, err := netif.Select(ifs, cfg.SocketIfname)
+	if err != nil {
+		return fail(err)
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(addrs[0].Host(), "0"))
+	if err != nil {
+		return fail(err)
+	}
+	hostID := cfg.HostID
+	if hostID == "" {
+		if hostID, err = netif.HostID(lookup); err != nil {
+			ln.Close()
+			return fail(err)
+		}
+	}
+	info := wire.PeerInfo{Rank: uint32(rank), NRanks: uint32(nranks), PID: uint32(os.Getpid()),
+		HostID: hostID, DataAddr: ln.Addr().String(), Version: Version, Topology: hostSummary{CPUs: runtime.NumCPU()}.encode()}
+	table, err := bootstrap.Join(ctx, id.addr, id.secret[:], info)
+	if err != nil {
+		ln.Close()
+		return fail(err)
+	}
+	peers := make([]string, nranks)
+	for i, p := range table.Peers {
+		peers[i] = p.DataAddr
+	}
+	hosts := summarize(table.Peers)
+	local := hosts[hostID]
+	ep, err := tcp.New(tcp.Options{Rank: rank, NRanks: nranks, Peers: peers, Secret: id.secret[:], Listener: ln,
+		NSocks: cfg.NSocks, Slots: cfg.Slots, SlotSize: cfg.SlotSize, SpinFor: cfg.Spin,
+		// A rank that polls must not starve the ranks it shares a core with.
+		Yield: local.ranks > local.cpus})
+	if err != nil {
+		ln.Close()
+		return fail(err)
+	}
+	link := tcpLink
+	link.MaxChannels = min(cfg.MaxChannels, channelsPerRank(hosts))
+	c, err := newComm(rank, nranks, cfg, ep, link)
+	if err != nil {
+		ep.Close(err)
+		return fail(err)
+	}
+	c.peers = table.Peers
+	c.transport = "tcp"
+	return c, nil
+}
+
+// InitFromEnv joins the job a launcher started this process in. It reads,
+// in this order: goccl's own variables (GOCCL_ID, or GOCCL_ROOT with
+// GOCCL_RANK, GOCCL_WORLD_SIZE and GOCCL_SECRET, as goccl-run sets them);
+// torchrun's (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT);
+// Open MPI's (OMPI_COMM_WORLD_*); MPICH/Hydra/Intel MPI's (PMI_RANK,
+// PMI_SIZE); Slurm's (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID). Without
+// GOCCL_ID, rank 0 hosts the root at GOCCL_ROOT (or MASTER_ADDR:MASTER_PORT).
+//
+// Without GOCCL_SECRET (and without GOCCL_ID), the key is derived from the
+// root address and the world size: connections are still checked for
+// protocol version and job, but not authenticated, and anyone who can
+// reach the root's port can join. Set GOCCL_SECRET to the same 32 hex
+// digits on every rank (openssl rand -hex 16) to authenticate; goccl-run
+// does. See docs/launchers.md.
+func InitFromEnv(ctx context.Context, opts ...Option) (*Comm, error) {
+	if ctx == nil {
+		return nil, fmt.Errorf("%w: InitFromEnv: nil context", ErrInvalidArgument)
+	}
+	cfg, lookup, err := resolve(opts)
+	if err != nil {
+		return nil, err
+	}
+	env, err := launch.FromEnv(lookup)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidArgument, err)
+	}
+	var id UniqueID
+	if env.ID != "" {
+		if id, err = ParseUniqueID(env.ID); err != nil {
+			return nil, fmt.Errorf("GOCCL_ID: %w", err)
+		}
+	} else {
+		id.addr = env.Root
+		if env.Secret != "" {
+			hex.Decode(id.secret[:], []byte(env.Secret)) // launch.FromEnv checked it
+		} else {
+			unauthenticatedWarning.Do(func() {
+				slog.Warn("goccl: GOCCL_SECRET is not set: connections are not authenticated (see docs/launchers.md)")
+			})
+			sum := sha256.Sum256([]byte(fmt.Sprintf("goccl unauthenticated job %s %d", env.Root, env.Size)))
+			copy(id.secret[:], sum[:])
+		}
+		if env.Rank == 0 {
+			_, port, _ := net.SplitHostPort(env.Root)
+			r, err := bootstrap.StartRoot(net.JoinHostPort("", port), bootstrap.RootOptions{
+				Secret: id.secret[:], Version: Version, Timeout: cfg.InitTimeout})
+			if err != nil {
+				return nil, fmt.Errorf("goccl: rank 0 hosts the root at %s: %w", env.Root, err)
+			}
+			c, err := initTCP(ctx, id, env.Size, env.Rank, cfg, lookup)
+			if err != nil {
+				r.Close()
+				if rerr := r.Err(); rerr != nil && !errors.Is(err, rerr) {
+					return nil, fmt.Errorf("%w (root: %v)", err, rerr)
+				}
+			}
+			return c, err
+		}
+	}
+	return initTCP(ctx, id, env.Size, env.Rank, cfg, lookup)
+}
+
+var unauthenticatedWarning sync.Once
+
+// hostSummary is what a rank tells the others about its host, in
+// PeerInfo.Topology: for now its CPU count (the topology issue will grow
+// this into the full system document).
+type hostSummary struct {
+	CPUs int
+}
+
+func (h hostSummary) encode() []byte {
+	return []byte{1, byte(h.CPUs >> 8), byte(h.CPUs)}
+}
+
+func decodeHostSummary(b []byte) (hostSummary, bool) {
+	if len(b) < 3 || b[0] != 1 {
+		return hostSummary{}, false
+	}
+	return hostSummary{CPUs: int(b[1])<<8 | int(b[2])}, true
+}
+
+type hostLoad struct{ ranks, cpus int }
+
+// summarize counts ranks and CPUs per host.
+func summarize(peers []wire.PeerInfo) map[string]hostLoad {
+	out := map[string]hostLoad{}
+	for _, p := range peers {
+		h := out[p.HostID]
+		h.ranks++
+		if s, ok := decodeHostSummary(p.Topology); ok && (h.cpus == 0 || s.CPUs < h.cpus) {
+			h.cpus = s.CPUs
+		}
+		out[p.HostID] = h
+	}
+	for id, h := range out {
+		h.cpus = max(h.cpus, 1)
+		out[id] = h
+	}
+	return out
+}
+
+// channelsPerRank is how many channels every rank can drive at once: each
+// channel is a goroutine that polls while it waits, so a host should not
+// have more channels in flight than CPUs. Every rank computes it from the
+// same table, so all choose the same plans.
+func channelsPerRank(hosts map[string]hostLoad) int {
+	c := MaxChannels
+	for _, h := range hosts {
+		c = min(c, max(1, h.cpus/h.ranks))
+	}
+	return c
+}

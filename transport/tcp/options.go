@@ -1,0 +1,38 @@
+package tcp
+
+import (
+	"log/slog"
+	"net"
+	"time"
+)
+
+// Defaults.
+const (
+	DefaultNSocks   = 4
+	DefaultSlots    = 8
+	DefaultSlotSize = 512 << 10
+	DefaultSpinFor  = time.Millisecond
+	// setupTimeout bounds how long a socket may take to authenticate and
+	// identify itself.
+	setupTimeout = 10 * time.Second
+)
+
+// Options configures an endpoint.
+type Options struct {
+	Rank, NRanks int
+	// Peers holds every rank's data address (host:port), by rank.
+	Peers  []string
+	Secret []byte
+	// Listener is this rank's data listener, already listening on the
+	// address published as Peers[Rank]. The endpoint owns it from New on.
+	Listener net.Listener
+	NSocks   int           // sockets per connection; 0 means DefaultNSocks
+	Slots    int           // staging slots per connection; 0 means DefaultSlots
+	SlotSize int           // bytes per slot; 0 means DefaultSlotSize
+	SpinFor  time.Duration // polling before parking; 0 means DefaultSpinFor, <0 never polls
+	// Yield makes polling give the CPU away now and then: set it when the
+	// host has more ranks than cores.
+	Yield  bool
+	Logger *slog.Logger
+}
+

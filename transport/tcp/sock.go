@@ -1,0 +1,369 @@
+//go:build unix
+
+package tcp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/goccl/goccl/internal/wire"
+)
+
+// sock is one TCP socket of a connection.
+//
+// Once set up, a socket leaves Go's netpoller: the connection's file
+// descriptor is duplicated and the net.Conn closed, which removes it from
+// the runtime's epoll set. Otherwise every slice that arrives would wake
+// whichever runtime thread sits in epoll_wait for the process's other
+// network waiters (our listener, the program's own servers), only for it
+// to find nobody waiting: on a 2-vCPU machine that thread preempts the
+// rank being waited for (docs/performance.md). Waiting is done here
+// instead: polling while spinning, poll(2) with a short timeout when
+// parked.
+//
+// The send side has no goroutine of its own. Slices wait in the socket's
+// queue and are written, without blocking, by whichever call the
+// channel's goroutine makes next (Post, Reserve, Wait, Flush): like an
+// MPI progress engine, the rank moves its outgoing data while it waits for
+// incoming data, and never hands a slice to another thread.
+type sock struct {
+	c  *conn
+	fd int
+
+	users  atomic.Int32 // calls using fd; release waits for none before closing it
+	closed atomic.Bool  // set once; fd is then shut down
+
+	// Receive side, driven by the channel's goroutine.
+	rbuf []byte
+	r, w int // unread bytes are rbuf[r:w]
+
+	// Send side, driven by the channel's goroutine.
+	queue  []job
+	err    error // sticky write error
+	listed bool  // in the outbox's pending list
+}
+
+// job is a slice waiting to be written: its header, its payload (a
+// staging slot or the caller's memory) and how much of each is out.
+type job struct {
+	hdr        [wire.SliceHeaderLen]byte
+	data       []byte
+	hoff, doff int
+	slot       int // staging slot to free when written, -1 for caller memory
+}
+
+// pollSlice bounds one parked poll(2), so that a parked call notices its
+// context ending within this long.
+const pollSlice = 5 * time.Millisecond
+
+// newSock takes over nc's socket.
+func newSock(c *conn, nc net.Conn) (*sock, error) {
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return nil, fmt.Errorf("tcp: %T has no file descriptor", nc)
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	fd := -1
+	var derr error
+	if err := raw.Control(func(f uintptr) { fd, derr = unix.Dup(int(f)) }); err != nil {
+		return nil, err
+	}
+	if derr != nil {
+		return nil, derr
+	}
+	// The duplicate shares the open file description; closing the original
+	// deregisters it from the netpoller.
+	nc.Close()
+	unix.CloseOnExec(fd)
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	return &sock{c: c, fd: fd}, nil
+}
+
+// shutdown wakes every call blocked on the socket (reads see end of file,
+// writes fail) without closing the descriptor, which may still be in use.
+// Any goroutine may call it.
+func (s *sock) shutdown() {
+	if s.closed.CompareAndSwap(false, true) {
+		unix.Shutdown(s.fd, unix.SHUT_RDWR)
+	}
+}
+
+// release closes the descriptor once no call uses it.
+func (s *sock) release() {
+	s.shutdown()
+	for s.users.Load() != 0 {
+		time.Sleep(100 * time.Microsecond)
+	}
+	unix.Close(s.fd)
+}
+
+// enter and exit bracket every use of the descriptor.
+func (s *sock) enter() error {
+	s.users.Add(1)
+	if s.closed.Load() {
+		s.users.Add(-1)
+		return net.ErrClosed
+	}
+	return nil
+}
+
+func (s *sock) exit() { s.users.Add(-1) }
+
+// push queues a slice and writes what the kernel takes at once.
+func (s *sock) push(j job) error {
+	if s.err != nil {
+		return s.err
+	}
+	s.queue = append(s.queue, j)
+	s.pump()
+	if len(s.queue) > 0 && !s.listed {
+		s.c.ob.pending = append(s.c.ob.pending, s)
+		s.listed = true
+	}
+	return s.err
+}
+
+// pump writes queued slices, without blocking, until the kernel takes no
+// more; finished staging slots go back to the connection.
+func (s *sock) pump() {
+	if s.err != nil || len(s.queue) == 0 {
+		return
+	}
+	if err := s.enter(); err != nil {
+		s.err = err
+		return
+	}
+	defer s.exit()
+	var iov [2][]byte
+	for len(s.queue) > 0 {
+		j := &s.queue[0]
+		bufs := iov[:0]
+		if j.hoff < len(j.hdr) {
+			bufs = append(bufs, j.hdr[j.hoff:])
+		}
+		if j.doff < len(j.data) {
+			bufs = append(bufs, j.data[j.doff:])
+		}
+		n, err := unix.Writev(s.fd, bufs)
+		if n > 0 {
+			h := min(n, len(j.hdr)-j.hoff)
+			j.hoff += h
+			j.doff += n - h
+		}
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			return
+		case err != nil:
+			s.err = err
+			return
+		}
+		if j.hoff == len(j.hdr) && j.doff == len(j.data) {
+			if j.slot >= 0 {
+				s.c.free = append(s.c.free, j.slot)
+			}
+			*j = job{}
+			s.queue = s.queue[1:]
+		}
+	}
+	s.queue = s.queue[:0:0] // drop the backing array's references to written slices
+}
+
+// readBufSize is the size of a socket's read buffer: small slices (and
+// every header) come in with one read, large payloads bypass it.
+const readBufSize = 64 << 10
+
+// next returns the next n bytes from the socket: a view of the read
+// buffer when they fit (valid until the next call), else dst filled.
+func (s *sock) next(ctx context.Context, n int, dst []byte) ([]byte, error) {
+	if n <= readBufSize && dst == nil {
+		if err := s.fill(ctx, n); err != nil {
+			return nil, err
+		}
+		b := s.rbuf[s.r : s.r+n]
+		s.r += n
+		return b, nil
+	}
+	got := copy(dst[:n], s.rbuf[s.r:s.w])
+	s.r += got
+	for got < n {
+		m, err := s.readSome(ctx, dst[got:n])
+		got += m
+		if err != nil {
+			return nil, err
+		}
+	}
+	return dst[:n], nil
+}
+
+// fill makes at least n bytes available in the read buffer, reading as
+// much as the socket has (so a header and a small payload usually arrive
+// in one system call).
+func (s *sock) fill(ctx context.Context, n int) error {
+	if s.w-s.r >= n {
+		return nil
+	}
+	if s.rbuf == nil {
+		s.rbuf = make([]byte, readBufSize)
+	}
+	if s.r > 0 { // compact; views handed out earlier are released by now
+		s.w = copy(s.rbuf, s.rbuf[s.r:s.w])
+		s.r = 0
+	}
+	for s.w < n {
+		m, err := s.readSome(ctx, s.rbuf[s.w:])
+		s.w += m
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// readSome reads at least one byte into b. While it waits it keeps the
+// channel's outgoing slices moving; it polls for the endpoint's SpinFor
+// (giving the CPU away now and then when ranks outnumber cores), then
+// parks in poll(2) until data comes, the connection fails or ctx ends.
+func (s *sock) readSome(ctx context.Context, b []byte) (int, error) {
+	if err := s.enter(); err != nil {
+		return 0, err
+	}
+	defer s.exit()
+	read := func() (int, bool, error) {
+		m, err := unix.Read(s.fd, b)
+		switch {
+		case m > 0:
+			return m, true, nil
+		case err == unix.EINTR || err == unix.EAGAIN:
+			return 0, false, nil
+		case err != nil:
+			return 0, true, err
+		}
+		return 0, true, io.EOF // the peer closed
+	}
+	ready := func() (bool, error) {
+		if s.closed.Load() {
+			return false, net.ErrClosed
+		}
+		if err := s.c.ob.firstErr(); err != nil {
+			return false, err
+		}
+		return false, nil
+	}
+	return s.c.ob.wait(ctx, s.fd, unix.POLLIN, s.c.e.o, func() (int, bool, error) {
+		if m, done, err := read(); done {
+			return m, true, err
+		}
+		_, err := ready()
+		return 0, err != nil, err
+	})
+}
+
+// outbox holds the sockets of one channel that have slices waiting to be
+// written. Only the channel's goroutine touches it.
+type outbox struct {
+	pending []*sock
+}
+
+// progress writes what it can of every pending socket's queue.
+func (ob *outbox) progress() {
+	kept := ob.pending[:0]
+	for _, s := range ob.pending {
+		s.pump()
+		if len(s.queue) > 0 && s.err == nil {
+			kept = append(kept, s)
+		} else {
+			s.listed = false
+		}
+	}
+	for i := len(kept); i < len(ob.pending); i++ {
+		ob.pending[i] = nil
+	}
+	ob.pending = kept
+}
+
+// firstErr returns a write error of a pending socket: a dead peer must
+// fail a rank that waits on another peer too, or it would wait forever
+// for data that depends on what it cannot send.
+func (ob *outbox) firstErr() error {
+	for _, s := range ob.pending {
+		if s.err != nil {
+			return s.err
+		}
+	}
+	return nil
+}
+
+// wait calls try until it reports done, moving the channel's outgoing
+// slices in between: first polling without sleeping for o.SpinFor, then
+// parked in poll(2) on fd (for events) and on the pending sockets (for
+// writability), a pollSlice at a time so that ctx is honoured.
+func (ob *outbox) wait(ctx context.Context, fd int, events int16, o Options, try func() (int, bool, error)) (int, error) {
+	if m, done, err := try(); done {
+		return m, err
+	}
+	fds := make([]unix.PollFd, 1, 1+len(ob.pending))
+	fds[0] = unix.PollFd{Fd: int32(fd), Events: events}
+	if o.SpinFor > 0 {
+		// Poll with a zero timeout rather than retrying the call: tcp_poll
+		// reads the socket's state without its lock, where each failed
+		// read would take the lock the sender's softirq needs to deliver
+		// the very data we wait for.
+		var deadline time.Time
+		for i := 0; ; i++ {
+			ob.progress()
+			if n, _ := unix.Poll(fds[:1], 0); n > 0 {
+				if m, done, err := try(); done {
+					return m, err
+				}
+			}
+			if i&15 == 15 {
+				now := time.Now()
+				if deadline.IsZero() {
+					deadline = now.Add(o.SpinFor)
+				} else if now.After(deadline) {
+					break
+				}
+				if o.Yield {
+					yieldCPU()
+				}
+			}
+		}
+	}
+	for {
+		ob.progress()
+		if m, done, err := try(); done {
+			return m, err
+		}
+		if ctx.Err() != nil {
+			return 0, context.Cause(ctx)
+		}
+		fds = fds[:1]
+		for _, s := range ob.pending {
+			fds = append(fds, unix.PollFd{Fd: int32(s.fd), Events: unix.POLLOUT})
+		}
+		if _, err := unix.Poll(fds, int(pollSlice/time.Millisecond)); err != nil && err != unix.EINTR {
+			return 0, err
+		}
+	}
+}
+
+// errClosedOrEOF reports errors that mean the socket is gone.
+func errClosedOrEOF(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || errors.Is(err, unix.ECONNRESET) || errors.Is(err, unix.EPIPE)
+}

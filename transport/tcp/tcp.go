@@ -1,0 +1,666 @@
+//go:build unix
+
+// Package tcp is goccl's transport between processes and hosts: a
+// connection to a peer is several TCP sockets, slices striped across them
+// in turn, each slice preceded by a header carrying the engine's tag.
+//
+// Every socket is authenticated with the job's secret before any other
+// byte on it is trusted (package handshake), then identified by a setup
+// frame naming its ranks, channel and index. The lower rank of a pair
+// dials; the higher accepts.
+//
+// Sending: Reserve hands out one of Slots staging buffers (or PostFrom
+// sends straight from the caller's memory); Post queues the slice on its
+// socket and writes what the kernel takes at once. The rest is written, a
+// non-blocking write at a time, by whatever the channel's goroutine calls
+// next: Reserve, Wait, Flush. There is no writer thread to hand slices to
+// (see sock). Receiving is done by the caller of Wait itself, straight
+// from the socket into a read buffer, a landing buffer, or (WaitInto) the
+// caller's memory: it polls for SpinFor before it parks in poll(2),
+// because waking a parked thread costs tens of microseconds on these
+// machines (../shared/baselines/RESULTS.md) and a collective's hops are
+// often shorter than that.
+//
+// Flow control is TCP's: a sender is at most Slots staged slices plus the
+// kernel's socket buffers ahead of its receiver. That is at least the
+// capacity the engine's schedules need (algorithms.MinPieces).
+//
+// Goroutines: one accept loop per endpoint and one short-lived goroutine
+// per incoming socket while it authenticates. Close stops and waits for
+// them.
+package tcp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/goccl/goccl/internal/handshake"
+	"github.com/goccl/goccl/internal/wire"
+	"github.com/goccl/goccl/memory"
+	"github.com/goccl/goccl/transport"
+	"golang.org/x/sys/unix"
+)
+
+// Endpoint is one rank's TCP transport.
+type Endpoint struct {
+	o   Options
+	log *slog.Logger
+	wg  sync.WaitGroup // accept loop, setup goroutines, writers
+
+	mu       sync.Mutex // guards the fields below
+	conns    map[connKey]*conn
+	pending  map[connKey]*pendingConn
+	outboxes map[int]*outbox // by channel
+	closed   bool
+	cause    error
+	done     chan struct{} // closed by Close
+}
+
+type connKey struct{ peer, ch int }
+
+// pendingConn collects the sockets of a connection the peer dials.
+type pendingConn struct {
+	socks []net.Conn
+	n     int
+	ready chan struct{} // closed when all sockets arrived
+}
+
+var _ transport.Endpoint = (*Endpoint)(nil)
+
+// New returns an endpoint and starts accepting the peers' sockets.
+func New(o Options) (*Endpoint, error) {
+	switch {
+	case o.NRanks < 1 || o.Rank < 0 || o.Rank >= o.NRanks || len(o.Peers) != o.NRanks:
+		return nil, fmt.Errorf("tcp: rank %d of %d with %d peer addresses", o.Rank, o.NRanks, len(o.Peers))
+	case o.Listener == nil:
+		return nil, errors.New("tcp: no listener")
+	}
+	if o.NSocks == 0 {
+		o.NSocks = DefaultNSocks
+	}
+	if o.Slots == 0 {
+		o.Slots = DefaultSlots
+	}
+	if o.SlotSize == 0 {
+		o.SlotSize = DefaultSlotSize
+	}
+	if o.SpinFor == 0 {
+		o.SpinFor = DefaultSpinFor
+	}
+	if o.NSocks < 1 || o.NSocks > 64 || o.Slots < 2 || o.SlotSize < 64 {
+		return nil, fmt.Errorf("tcp: need 1..64 sockets, ≥ 2 slots of ≥ 64 bytes: %d sockets, %d slots of %d", o.NSocks, o.Slots, o.SlotSize)
+	}
+	e := &Endpoint{o: o, log: o.Logger, conns: map[connKey]*conn{}, pending: map[connKey]*pendingConn{},
+		outboxes: map[int]*outbox{}, done: make(chan struct{})}
+	if e.log == nil {
+		e.log = slog.Default()
+	}
+	e.wg.Add(1)
+	go e.accept()
+	return e, nil
+}
+
+// Caps implements transport.Endpoint.
+func (e *Endpoint) Caps() transport.Caps {
+	return transport.Caps{Slots: e.o.Slots, SlotSize: e.o.SlotSize, Memory: memory.Host}
+}
+
+func (e *Endpoint) accept() {
+	defer e.wg.Done()
+	for {
+		c, err := e.o.Listener.Accept()
+		if err != nil {
+			return // closed by Close
+		}
+		e.mu.Lock()
+		if e.closed {
+			e.mu.Unlock()
+			c.Close()
+			return
+		}
+		e.wg.Add(1)
+		e.mu.Unlock()
+		go e.setupIncoming(c)
+	}
+}
+
+// setupIncoming authenticates an incoming socket and files it with its
+// connection. Strangers are logged and dropped.
+func (e *Endpoint) setupIncoming(c net.Conn) {
+	defer e.wg.Done()
+	drop := func(err error) {
+		e.log.Warn("goccl: tcp transport dropped a connection", "rank", e.o.Rank, "from", c.RemoteAddr().String(), "err", err)
+		c.Close()
+	}
+	c.SetDeadline(time.Now().Add(setupTimeout))
+	if _, err := handshake.Server(c, e.o.Secret, wire.PurposeData); err != nil {
+		drop(err)
+		return
+	}
+	typ, payload, err := handshake.ReadFrame(c, 64)
+	if err != nil || typ != wire.FrameConnSetup {
+		drop(fmt.Errorf("expected a connection setup (got %v, %v)", typ, err))
+		return
+	}
+	s, _, err := wire.ParseConnSetup(payload)
+	if err == nil {
+		err = e.checkSetup(s)
+	}
+	reject := func(err error) {
+		r := wire.Reject{Reason: err.Error()}
+		handshake.WriteFrame(c, wire.FrameReject, r.Append(nil))
+		drop(err)
+	}
+	if err != nil {
+		reject(err)
+		return
+	}
+	k := connKey{int(s.From), int(s.Channel)}
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		c.Close()
+		return
+	}
+	if e.conns[k] != nil {
+		e.mu.Unlock()
+		reject(fmt.Errorf("connection from rank %d on channel %d already established", s.From, s.Channel))
+		return
+	}
+	p := e.pendingLocked(k)
+	if p.socks[s.Socket] != nil {
+		e.mu.Unlock()
+		reject(fmt.Errorf("socket %d of rank %d's channel %d arrived twice", s.Socket, s.From, s.Channel))
+		return
+	}
+	p.socks[s.Socket] = c
+	p.n++
+	complete := p.n == len(p.socks)
+	e.mu.Unlock()
+	c.SetDeadline(time.Time{})
+	// Acknowledge, so the dialer knows the socket was accepted.
+	if err := handshake.WriteFrame(c, wire.FrameConnSetup, payload); err != nil {
+		e.log.Warn("goccl: tcp transport could not acknowledge a socket", "rank", e.o.Rank, "peer", s.From, "err", err)
+	}
+	if complete {
+		close(p.ready)
+	}
+}
+
+func (e *Endpoint) checkSetup(s wire.ConnSetup) error {
+	switch {
+	case int(s.To) != e.o.Rank:
+		return fmt.Errorf("socket meant for rank %d reached rank %d", s.To, e.o.Rank)
+	case int(s.From) >= e.o.NRanks || int(s.From) >= e.o.Rank:
+		return fmt.Errorf("rank %d may not dial rank %d (the lower rank of a pair dials)", s.From, e.o.Rank)
+	case int(s.NSocks) != e.o.NSocks || s.Socket >= s.NSocks:
+		return fmt.Errorf("socket %d of %d from rank %d, this rank uses %d sockets per connection (set GOCCL_NSOCKS alike on every rank)", s.Socket, s.NSocks, s.From, e.o.NSocks)
+	}
+	return nil
+}
+
+func (e *Endpoint) pendingLocked(k connKey) *pendingConn {
+	p := e.pending[k]
+	if p == nil {
+		p = &pendingConn{socks: make([]net.Conn, e.o.NSocks), ready: make(chan struct{})}
+		e.pending[k] = p
+	}
+	return p
+}
+
+// Connect implements transport.Endpoint.
+func (e *Endpoint) Connect(ctx context.Context, peer, ch int) (transport.Conn, error) {
+	if peer < 0 || peer >= e.o.NRanks || peer == e.o.Rank {
+		return nil, &transport.PeerError{Peer: peer, Op: "connect", Err: fmt.Errorf("no such peer for rank %d of %d", e.o.Rank, e.o.NRanks)}
+	}
+	k := connKey{peer, ch}
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil, transport.ErrClosed
+	}
+	if c := e.conns[k]; c != nil {
+		e.mu.Unlock()
+		return c, nil
+	}
+	e.mu.Unlock()
+	var socks []net.Conn
+	var err error
+	if e.o.Rank < peer {
+		socks, err = e.dial(ctx, peer, ch)
+	} else {
+		socks, err = e.awaitIncoming(ctx, k)
+	}
+	if err != nil {
+		return nil, &transport.PeerError{Peer: peer, Op: "connect", Err: err}
+	}
+	e.mu.Lock()
+	ob := e.outboxes[ch]
+	if ob == nil {
+		ob = &outbox{}
+		e.outboxes[ch] = ob
+	}
+	e.mu.Unlock()
+	c, err := newConn(e, peer, ob, socks)
+	if err != nil {
+		return nil, &transport.PeerError{Peer: peer, Op: "connect", Err: err}
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		c.release()
+		return nil, transport.ErrClosed
+	}
+	if old := e.conns[k]; old != nil { // a concurrent Connect won
+		c.release()
+		return old, nil
+	}
+	e.conns[k] = c
+	return c, nil
+}
+
+func (e *Endpoint) awaitIncoming(ctx context.Context, k connKey) ([]net.Conn, error) {
+	e.mu.Lock()
+	p := e.pendingLocked(k)
+	e.mu.Unlock()
+	select {
+	case <-p.ready:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("waiting for rank %d to connect (channel %d): %w", k.peer, k.ch, context.Cause(ctx))
+	case <-e.done:
+		return nil, transport.ErrClosed
+	}
+	e.mu.Lock()
+	delete(e.pending, k)
+	e.mu.Unlock()
+	return p.socks, nil
+}
+
+// dial opens, authenticates and identifies the connection's sockets.
+func (e *Endpoint) dial(ctx context.Context, peer, ch int) ([]net.Conn, error) {
+	socks := make([]net.Conn, 0, e.o.NSocks)
+	fail := func(err error) ([]net.Conn, error) {
+		for _, s := range socks {
+			s.Close()
+		}
+		return nil, err
+	}
+	for i := 0; i < e.o.NSocks; i++ {
+		c, err := e.dialOne(ctx, peer, ch, i)
+		if err != nil {
+			return fail(err)
+		}
+		socks = append(socks, c)
+	}
+	return socks, nil
+}
+
+func (e *Endpoint) dialOne(ctx context.Context, peer, ch, i int) (net.Conn, error) {
+	addr := e.o.Peers[peer]
+	backoff := 5 * time.Millisecond
+	for {
+		d := net.Dialer{Timeout: setupTimeout}
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err == nil {
+			if err = e.setupOutgoing(c, peer, ch, i); err == nil {
+				return c, nil
+			}
+			c.Close()
+			if errors.Is(err, handshake.ErrAuth) || ctx.Err() != nil {
+				return nil, fmt.Errorf("connecting to rank %d at %s: %w", peer, addr, err)
+			}
+			// A refusal (a rank that is not set up yet, a wrong socket
+			// count) does not improve by retrying.
+			var ref *refusedError
+			if errors.As(err, &ref) {
+				return nil, fmt.Errorf("connecting to rank %d at %s: %w", peer, addr, err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("connecting to rank %d at %s: %v: %w", peer, addr, err, context.Cause(ctx))
+		case <-e.done:
+			return nil, transport.ErrClosed
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 500*time.Millisecond)
+	}
+}
+
+type refusedError struct{ reason string }
+
+func (r *refusedError) Error() string { return "refused: " + r.reason }
+
+func (e *Endpoint) setupOutgoing(c net.Conn, peer, ch, i int) error {
+	c.SetDeadline(time.Now().Add(setupTimeout))
+	defer c.SetDeadline(time.Time{})
+	if err := handshake.Client(c, e.o.Secret, wire.PurposeData); err != nil {
+		return err
+	}
+	s := wire.ConnSetup{From: uint32(e.o.Rank), To: uint32(peer), Channel: uint32(ch), Socket: uint16(i), NSocks: uint16(e.o.NSocks)}
+	if err := handshake.WriteFrame(c, wire.FrameConnSetup, s.Append(nil)); err != nil {
+		return err
+	}
+	typ, payload, err := handshake.ReadFrame(c, wire.MaxString+64)
+	if err != nil {
+		return err
+	}
+	if typ == wire.FrameReject {
+		r, _, _ := wire.ParseReject(payload)
+		return &refusedError{reason: r.Reason}
+	}
+	if typ != wire.FrameConnSetup {
+		return fmt.Errorf("expected a setup acknowledgement, got a %v frame", typ)
+	}
+	return nil
+}
+
+// Close implements transport.Endpoint.
+func (e *Endpoint) Close(cause error) error {
+	e.mu.Lock()
+	if e.closed {
+		if cause != nil && e.cause == nil {
+			e.cause = cause
+		}
+		e.mu.Unlock()
+		e.wg.Wait()
+		return nil
+	}
+	e.closed = true
+	e.cause = cause
+	close(e.done)
+	e.o.Listener.Close()
+	conns := make([]*conn, 0, len(e.conns))
+	for _, c := range e.conns {
+		conns = append(conns, c)
+	}
+	for _, p := range e.pending {
+		for _, s := range p.socks {
+			if s != nil {
+				s.Close()
+			}
+		}
+	}
+	e.mu.Unlock()
+	// Operations flush their connections before they return, so a
+	// graceful close has nothing left to send.
+	for _, c := range conns {
+		c.shutdown()
+	}
+	e.wg.Wait() // accept loop and setup goroutines
+	for _, c := range conns {
+		c.release()
+	}
+	return nil
+}
+
+// conn is a connection to one peer on one channel. Everything but
+// shutdown and release is called by the channel's goroutine only.
+type conn struct {
+	e     *Endpoint
+	peer  int
+	socks []*sock
+	ob    *outbox // the channel's sockets with slices to write
+
+	// Send side.
+	bufs    [][]byte // staging slots
+	free    []int    // free staging slots
+	cur     int      // reserved slot, -1 if none
+	sendSeq uint64
+
+	// Receive side.
+	land    []byte // landing buffer for payloads larger than a socket's read buffer
+	recvSeq uint64
+	holding bool
+}
+
+var (
+	_ transport.Conn           = (*conn)(nil)
+	_ transport.DirectReceiver = (*conn)(nil)
+	_ transport.DirectSender   = (*conn)(nil)
+	_ transport.Flusher        = (*conn)(nil)
+)
+
+func newConn(e *Endpoint, peer int, ob *outbox, raw []net.Conn) (*conn, error) {
+	c := &conn{e: e, peer: peer, ob: ob, cur: -1, bufs: make([][]byte, e.o.Slots)}
+	for i := e.o.Slots - 1; i >= 0; i-- {
+		c.free = append(c.free, i)
+	}
+	for i, r := range raw {
+		s, err := newSock(c, r)
+		if err != nil {
+			for _, r := range raw[i:] {
+				r.Close()
+			}
+			c.release()
+			return nil, err
+		}
+		c.socks = append(c.socks, s)
+	}
+	return c, nil
+}
+
+// shutdown wakes and fails every call on the connection's sockets. Any
+// goroutine may call it.
+func (c *conn) shutdown() {
+	for _, s := range c.socks {
+		s.shutdown()
+	}
+}
+
+// release closes the sockets once no call uses them.
+func (c *conn) release() {
+	for _, s := range c.socks {
+		s.release()
+	}
+}
+
+func (c *conn) Peer() int { return c.peer }
+
+func (c *conn) peerErr(op string, err error) error {
+	if errClosedOrEOF(err) {
+		err = fmt.Errorf("connection lost (did rank %d's process exit or abort?): %w", c.peer, err)
+	}
+	c.e.mu.Lock()
+	cause := c.e.cause
+	closed := c.e.closed
+	c.e.mu.Unlock()
+	if closed {
+		if cause != nil {
+			return fmt.Errorf("%w: %w", transport.ErrClosed, cause)
+		}
+		return transport.ErrClosed
+	}
+	return &transport.PeerError{Peer: c.peer, Op: op, Err: err}
+}
+
+// sendErr returns the first write error of the connection's sockets.
+func (c *conn) sendErr() error {
+	for _, s := range c.socks {
+		if s.err != nil {
+			return s.err
+		}
+		if s.closed.Load() {
+			return net.ErrClosed
+		}
+	}
+	return nil
+}
+
+// pending reports whether any of the connection's sockets has slices
+// queued.
+func (c *conn) pending() bool {
+	for _, s := range c.socks {
+		if len(s.queue) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *conn) Reserve(ctx context.Context, n int) (memory.Buffer, error) {
+	if n < 0 || n > c.e.o.SlotSize {
+		return memory.Buffer{}, fmt.Errorf("tcp: reserve %d bytes of a %d-byte slot", n, c.e.o.SlotSize)
+	}
+	if len(c.free) == 0 {
+		// Every slot is on its way out: move the channel's data until one
+		// comes back.
+		s := c.socks[(c.sendSeq+uint64(len(c.socks))-1)%uint64(len(c.socks))] // the busiest: the last one posted to
+		_, err := c.ob.wait(ctx, s.fd, unix.POLLOUT, c.e.o, func() (int, bool, error) {
+			if len(c.free) > 0 {
+				return 0, true, nil
+			}
+			err := c.sendErr()
+			return 0, err != nil, err
+		})
+		if err != nil {
+			return memory.Buffer{}, c.sendFail(ctx, err)
+		}
+	}
+	i := c.free[len(c.free)-1]
+	c.free = c.free[:len(c.free)-1]
+	if cap(c.bufs[i]) < n {
+		size := 4096
+		for size < n {
+			size *= 2
+		}
+		c.bufs[i] = make([]byte, min(size, c.e.o.SlotSize))
+	}
+	c.cur = i
+	return memory.HostBuffer(c.bufs[i][:n]), nil
+}
+
+func (c *conn) sendFail(ctx context.Context, err error) error {
+	if ctx.Err() != nil && errors.Is(err, context.Cause(ctx)) {
+		return &transport.PeerError{Peer: c.peer, Op: "send", Err: err}
+	}
+	return c.peerErr("send", err)
+}
+
+// push queues a slice on the next socket in turn.
+func (c *conn) push(tag transport.Tag, data []byte, slot int) error {
+	j := job{data: data, slot: slot}
+	h := wire.SliceHeader{Op: tag.Op, Sig: tag.Sig, Msg: tag.Msg, Slice: tag.Slice, Size: uint32(len(data))}
+	h.Put(j.hdr[:])
+	s := c.socks[c.sendSeq%uint64(len(c.socks))]
+	c.sendSeq++
+	if err := s.push(j); err != nil {
+		return c.peerErr("send", err)
+	}
+	return nil
+}
+
+func (c *conn) Post(n int, tag transport.Tag) error {
+	i := c.cur
+	if i < 0 || n > len(c.bufs[i]) {
+		return fmt.Errorf("tcp: post of %d bytes without a matching reserve", n)
+	}
+	c.cur = -1
+	return c.push(tag, c.bufs[i][:n], i)
+}
+
+// PostFrom implements transport.DirectSender.
+func (c *conn) PostFrom(src memory.Buffer, tag transport.Tag) error {
+	if src.Len() > c.e.o.SlotSize {
+		return fmt.Errorf("tcp: post of %d bytes, slots hold %d", src.Len(), c.e.o.SlotSize)
+	}
+	return c.push(tag, src.Bytes(), -1)
+}
+
+// Flush implements transport.Flusher.
+func (c *conn) Flush(ctx context.Context) error {
+	for _, s := range c.socks {
+		if len(s.queue) == 0 {
+			continue
+		}
+		_, err := c.ob.wait(ctx, s.fd, unix.POLLOUT, c.e.o, func() (int, bool, error) {
+			if err := c.sendErr(); err != nil {
+				return 0, true, err
+			}
+			return 0, len(s.queue) == 0, nil
+		})
+		if err != nil {
+			return c.sendFail(ctx, err)
+		}
+	}
+	return nil
+}
+
+// header reads the next slice's header.
+func (c *conn) header(ctx context.Context) (*sock, wire.SliceHeader, error) {
+	s := c.socks[c.recvSeq%uint64(len(c.socks))]
+	hb, err := s.next(ctx, wire.SliceHeaderLen, nil)
+	if err != nil {
+		return s, wire.SliceHeader{}, c.recvErr(ctx, err)
+	}
+	h, _, _ := wire.ParseSliceHeader(hb)
+	if int(h.Size) > c.e.o.SlotSize {
+		err := fmt.Errorf("protocol error: rank %d sent a %d-byte slice, the limit is %d (different GOCCL slot settings?)", c.peer, h.Size, c.e.o.SlotSize)
+		return s, h, &transport.PeerError{Peer: c.peer, Op: "recv", Err: err}
+	}
+	return s, h, nil
+}
+
+func tagOf(h wire.SliceHeader) transport.Tag {
+	return transport.Tag{Op: h.Op, Sig: h.Sig, Msg: h.Msg, Slice: h.Slice}
+}
+
+func (c *conn) Wait(ctx context.Context) (memory.Buffer, transport.Tag, error) {
+	s, h, err := c.header(ctx)
+	if err != nil {
+		return memory.Buffer{}, transport.Tag{}, err
+	}
+	var dst []byte
+	if int(h.Size) > readBufSize {
+		if cap(c.land) < int(h.Size) {
+			c.land = make([]byte, c.e.o.SlotSize)
+		}
+		dst = c.land
+	}
+	b, err := s.next(ctx, int(h.Size), dst)
+	if err != nil {
+		return memory.Buffer{}, transport.Tag{}, c.recvErr(ctx, err)
+	}
+	c.recvSeq++
+	c.holding = true
+	return memory.HostBuffer(b), tagOf(h), nil
+}
+
+// WaitInto implements transport.DirectReceiver: the payload goes from the
+// socket straight into dst.
+func (c *conn) WaitInto(ctx context.Context, dst memory.Buffer) (transport.Tag, int, error) {
+	s, h, err := c.header(ctx)
+	if err != nil {
+		return transport.Tag{}, 0, err
+	}
+	if int(h.Size) != dst.Len() {
+		return tagOf(h), int(h.Size), &transport.PeerError{Peer: c.peer, Op: "recv", Err: transport.ErrSizeMismatch}
+	}
+	if h.Size > 0 {
+		if _, err := s.next(ctx, int(h.Size), dst.Bytes()); err != nil {
+			return transport.Tag{}, 0, c.recvErr(ctx, err)
+		}
+	}
+	c.recvSeq++
+	return tagOf(h), int(h.Size), nil
+}
+
+func (c *conn) recvErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil && errors.Is(err, context.Cause(ctx)) {
+		return &transport.PeerError{Peer: c.peer, Op: "recv", Err: err}
+	}
+	return c.peerErr("recv", err)
+}
+
+func (c *conn) Release() error {
+	if !c.holding {
+		return errors.New("tcp: release without a matching wait")
+	}
+	c.holding = false
+	return nil
+}

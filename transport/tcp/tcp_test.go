@@ -1,0 +1,262 @@
+//go:build unix
+
+package tcp
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/goccl/goccl/algorithms"
+	"github.com/goccl/goccl/internal/engine"
+	"github.com/goccl/goccl/internal/handshake"
+	"github.com/goccl/goccl/internal/kernels"
+	"github.com/goccl/goccl/internal/wire"
+	"github.com/goccl/goccl/memory"
+	"github.com/goccl/goccl/transport"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var secret = []byte("0123456789abcdef")
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// endpoints makes n endpoints on loopback that know each other.
+func endpoints(t *testing.T, n int, mod func(r int, o *Options)) []*Endpoint {
+	t.Helper()
+	lns := make([]net.Listener, n)
+	addrs := make([]string, n)
+	for r := range lns {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		lns[r], addrs[r] = ln, ln.Addr().String()
+	}
+	eps := make([]*Endpoint, n)
+	for r := range eps {
+		o := Options{Rank: r, NRanks: n, Peers: addrs, Secret: secret, Listener: lns[r], Slots: 4, SlotSize: 64 << 10, Logger: quiet()}
+		if mod != nil {
+			mod(r, &o)
+		}
+		ep, err := New(o)
+		require.NoError(t, err)
+		eps[r] = ep
+	}
+	t.Cleanup(func() {
+		for _, ep := range eps {
+			ep.Close(nil)
+		}
+	})
+	return eps
+}
+
+func connectPair(t *testing.T, a, b *Endpoint, ch int) (transport.Conn, transport.Conn) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var cb transport.Conn
+	var errB error
+	done := make(chan struct{})
+	go func() {
+		cb, errB = b.Connect(ctx, a.o.Rank, ch)
+		close(done)
+	}()
+	ca, err := a.Connect(ctx, b.o.Rank, ch)
+	require.NoError(t, err)
+	<-done
+	require.NoError(t, errB)
+	return ca, cb
+}
+
+func TestSlicesArriveInOrderAcrossSockets(t *testing.T) {
+	eps := endpoints(t, 2, func(_ int, o *Options) { o.NSocks = 3 })
+	a, b := connectPair(t, eps[0], eps[1], 0)
+	const n = 200
+	ctx := context.Background()
+	errc := make(chan error, 1)
+	go func() {
+		for i := 0; i < n; i++ {
+			size := (i * 997) % (64 << 10)
+			buf, err := a.Reserve(ctx, size)
+			if err != nil {
+				errc <- err
+				return
+			}
+			for j := range buf.Bytes() {
+				buf.Bytes()[j] = byte(i + j)
+			}
+			if err := a.Post(size, transport.Tag{Op: 1, Sig: 7, Msg: uint32(i), Slice: uint32(i % 5)}); err != nil {
+				errc <- err
+				return
+			}
+		}
+		errc <- nil
+	}()
+	for i := 0; i < n; i++ {
+		buf, tag, err := b.Wait(ctx)
+		require.NoError(t, err)
+		require.Equal(t, transport.Tag{Op: 1, Sig: 7, Msg: uint32(i), Slice: uint32(i % 5)}, tag)
+		size := (i * 997) % (64 << 10)
+		require.Equal(t, size, buf.Len())
+		want := make([]byte, size)
+		for j := range want {
+			want[j] = byte(i + j)
+		}
+		require.True(t, bytes.Equal(want, buf.Bytes()), "slice %d corrupted", i)
+		require.NoError(t, b.Release())
+	}
+	require.NoError(t, <-errc)
+}
+
+// engines runs the engine over TCP endpoints.
+func engines(t *testing.T, eps []*Endpoint, algo algorithms.Algorithm) []*engine.Engine {
+	t.Helper()
+	link := algorithms.LinkModel{Latency: 10e-6, Bandwidth: 2e9, ReduceRate: 6e9, MaxChannels: 2, ChannelBytes: 1 << 20, ChunkBytes: 256 << 10}
+	es := make([]*engine.Engine, len(eps))
+	for r, ep := range eps {
+		e, err := engine.New(r, len(eps), ep, engine.Config{Algo: algo, MaxChannels: 2, Link: link})
+		require.NoError(t, err)
+		es[r] = e
+	}
+	return es
+}
+
+func TestAllReduceOverTCP(t *testing.T) {
+	for _, a := range []algorithms.Algorithm{algorithms.Ring, algorithms.Tree, algorithms.RecDoubling, algorithms.Rabenseifner} {
+		for _, inPlace := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%v/inplace=%v", a, inPlace), func(t *testing.T) { allReduceOverTCP(t, a, inPlace) })
+		}
+	}
+}
+
+func allReduceOverTCP(t *testing.T, a algorithms.Algorithm, inPlace bool) {
+	const n, count = 3, 300_007
+	eps := endpoints(t, n, nil)
+	es := engines(t, eps, a)
+	outs := make([][]float64, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r, e := range es {
+		wg.Go(func() {
+			in := make([]float64, count)
+			for i := range in {
+				in[i] = float64(r*1000 + i%977)
+			}
+			outs[r] = make([]float64, count)
+			if inPlace {
+				outs[r] = in
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			_, errs[r] = e.Run(ctx, &engine.Op{Coll: algorithms.CollAllReduce, Type: kernels.Float64, Red: kernels.Sum, Count: count,
+				In: memory.HostBuffer(f64bytes(in)), Out: memory.HostBuffer(f64bytes(outs[r]))})
+		})
+	}
+	wg.Wait()
+	for r := range es {
+		require.NoError(t, errs[r], "rank %d", r)
+		for i, v := range outs[r] {
+			want := float64(3*(i%977) + 3000)
+			if v != want {
+				t.Fatalf("rank %d element %d = %v, want %v", r, i, v, want)
+			}
+		}
+	}
+}
+
+func TestPeerDeathIsNamed(t *testing.T) {
+	eps := endpoints(t, 2, nil)
+	a, _ := connectPair(t, eps[0], eps[1], 0)
+	got := make(chan error, 1)
+	go func() {
+		_, _, err := a.Wait(context.Background())
+		got <- err
+	}()
+	eps[1].Close(errors.New("crashed"))
+	err := <-got
+	var pe *transport.PeerError
+	require.ErrorAs(t, err, &pe)
+	require.Equal(t, 1, pe.Peer)
+	require.ErrorContains(t, err, "rank 1")
+	_, err = a.Reserve(context.Background(), 10)
+	if err == nil {
+		err = a.Post(10, transport.Tag{})
+		for i := 0; err == nil && i < 100; i++ { // the kernel notices the reset after a write or two
+			if _, err = a.Reserve(context.Background(), 10); err == nil {
+				err = a.Post(10, transport.Tag{})
+			}
+		}
+	}
+	require.Error(t, err)
+}
+
+func TestWaitHonoursContext(t *testing.T) {
+	eps := endpoints(t, 2, nil)
+	a, _ := connectPair(t, eps[0], eps[1], 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_, _, err := a.Wait(ctx)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	var pe *transport.PeerError
+	require.ErrorAs(t, err, &pe)
+	require.Equal(t, 1, pe.Peer)
+}
+
+func TestStrangersAtTheDataPort(t *testing.T) {
+	eps := endpoints(t, 2, nil)
+	addr := eps[1].o.Peers[1]
+	for _, f := range []func(net.Conn){
+		func(c net.Conn) { handshake.Client(c, []byte("wrong"), wire.PurposeData) },
+		func(c net.Conn) { c.Write([]byte("garbage garbage garbage")) },
+		func(c net.Conn) { c.Write([]byte(wire.Magic[:2])) },
+		func(c net.Conn) {
+			// Right secret, but a rank that may not dial (rank 1 dials 0's
+			// listener only), and a bad socket count.
+			handshake.Client(c, secret, wire.PurposeData)
+			s := wire.ConnSetup{From: 1, To: 1, NSocks: 9}
+			handshake.WriteFrame(c, wire.FrameConnSetup, s.Append(nil))
+			handshake.ReadFrame(c, 1024)
+		},
+	} {
+		c, err := net.Dial("tcp", addr)
+		require.NoError(t, err)
+		c.SetDeadline(time.Now().Add(time.Second))
+		f(c)
+		c.Close()
+	}
+	a, b := connectPair(t, eps[0], eps[1], 0)
+	buf, err := a.Reserve(context.Background(), 3)
+	require.NoError(t, err)
+	copy(buf.Bytes(), "abc")
+	require.NoError(t, a.Post(3, transport.Tag{Op: 9}))
+	got, tag, err := b.Wait(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, "abc", string(got.Bytes()))
+	require.Equal(t, uint64(9), tag.Op)
+}
+
+func TestMismatchedSocketCountsAreRefused(t *testing.T) {
+	eps := endpoints(t, 2, func(r int, o *Options) { o.NSocks = 1 + r })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := eps[0].Connect(ctx, 1, 0)
+	require.ErrorContains(t, err, "this rank uses 2 sockets per connection")
+}
+
+func f64bytes(v []float64) []byte {
+	if len(v) == 0 {
+		return nil
+	}
+	return unsafeBytes(v)
+}
