@@ -35,4 +35,3 @@ type Options struct {
 	Yield  bool
 	Logger *slog.Logger
 }
-
