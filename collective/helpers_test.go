@@ -3,6 +3,7 @@ package collective_test
 import (
 	"math"
 	"math/rand/v2"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -17,6 +18,10 @@ import (
 const testTimeout = 2 * time.Minute
 
 func TestMain(m *testing.M) {
+	// The multi-process tests re-execute this binary as their ranks.
+	if scenario := os.Getenv(childEnv); scenario != "" {
+		os.Exit(childMain(scenario))
+	}
 	goleak.VerifyTestMain(m)
 }
 

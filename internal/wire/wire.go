@@ -422,6 +422,12 @@ type SliceHeader struct {
 // SliceHeaderLen is the encoded size of a SliceHeader.
 const SliceHeaderLen = 24
 
+// AbortOp marks a SliceHeader that is an abort notice rather than data:
+// its payload (Size bytes, at most MaxString) is the reason the sender is
+// giving up, sent before it closes the connection so that the peer can
+// name the cause rather than just the lost connection.
+const AbortOp = ^uint64(0)
+
 func (h *SliceHeader) Len() int { return SliceHeaderLen }
 
 func (h *SliceHeader) Append(b []byte) []byte {

@@ -93,6 +93,25 @@ func newSock(c *conn, nc net.Conn) (*sock, error) {
 	return &sock{c: c, fd: fd}, nil
 }
 
+// notifyAbort writes an abort notice carrying reason, if the socket is at
+// a slice boundary and the kernel takes it at once; best effort, since the
+// connection is being torn down anyway. Only the goroutine that owns the
+// send side, or one that has stopped it (Close), may call it.
+func (s *sock) notifyAbort(reason string) {
+	if len(s.queue) > 0 && (s.queue[0].hoff > 0 || s.queue[0].doff > 0) {
+		return // mid-slice: a notice would garble the stream
+	}
+	if len(reason) > wire.MaxString {
+		reason = reason[:wire.MaxString]
+	}
+	h := wire.SliceHeader{Op: wire.AbortOp, Size: uint32(len(reason))}
+	b := append(h.Append(nil), reason...)
+	if s.enter() == nil {
+		unix.Write(s.fd, b)
+		s.exit()
+	}
+}
+
 // shutdown wakes every call blocked on the socket (reads see end of file,
 // writes fail) without closing the descriptor, which may still be in use.
 // Any goroutine may call it.

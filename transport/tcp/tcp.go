@@ -388,8 +388,15 @@ func (e *Endpoint) Close(cause error) error {
 	}
 	e.mu.Unlock()
 	// Operations flush their connections before they return, so a
-	// graceful close has nothing left to send.
+	// graceful close has nothing left to send. An abort tells the peers
+	// why first: a rank that fails because another died then passes the
+	// name of the dead rank on, instead of only its own lost connection.
 	for _, c := range conns {
+		if cause != nil {
+			for _, s := range c.socks {
+				s.notifyAbort(cause.Error())
+			}
+		}
 		c.shutdown()
 	}
 	e.wg.Wait() // accept loop and setup goroutines
@@ -599,6 +606,13 @@ func (c *conn) header(ctx context.Context) (*sock, wire.SliceHeader, error) {
 		return s, wire.SliceHeader{}, c.recvErr(ctx, err)
 	}
 	h, _, _ := wire.ParseSliceHeader(hb)
+	if h.Op == wire.AbortOp && int(h.Size) <= wire.MaxString {
+		reason := "no reason given"
+		if b, err := s.next(ctx, int(h.Size), nil); err == nil && len(b) > 0 {
+			reason = string(b)
+		}
+		return s, h, &transport.PeerError{Peer: c.peer, Op: "recv", Err: &transport.PeerAbortedError{Peer: c.peer, Cause: errors.New(reason)}}
+	}
 	if int(h.Size) > c.e.o.SlotSize {
 		err := fmt.Errorf("protocol error: rank %d sent a %d-byte slice, the limit is %d (different GOCCL slot settings?)", c.peer, h.Size, c.e.o.SlotSize)
 		return s, h, &transport.PeerError{Peer: c.peer, Op: "recv", Err: err}

@@ -1,0 +1,530 @@
+//go:build unix
+
+package collective_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goccl/goccl/algorithms"
+	"github.com/goccl/goccl/collective"
+	"github.com/goccl/goccl/internal/handshake"
+	"github.com/goccl/goccl/internal/wire"
+)
+
+// The multi-process tests start this test binary again as each rank, with
+// childEnv naming what the rank does (see childMain) and the launcher's
+// variables telling it where it stands.
+const childEnv = "GOCCL_TEST_CHILD"
+
+// procTimeout bounds a multi-process test; ranks that hang fail it.
+const procTimeout = 90 * time.Second
+
+type procResult struct {
+	rank   int
+	code   int
+	output string
+	took   time.Duration
+}
+
+// spawn starts one process per env (each a rank's extra environment) and
+// waits for all of them. Processes are independent: one's death does not
+// stop the others, so tests can watch how the survivors react.
+func spawn(t *testing.T, scenario string, envs [][]string, wrap func(rank int) []string) []procResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), procTimeout)
+	defer cancel()
+	res := make([]procResult, len(envs))
+	var wg sync.WaitGroup
+	for r, env := range envs {
+		args := []string{os.Args[0], "-test.run=^$"}
+		if wrap != nil {
+			args = append(wrap(r), args...)
+		}
+		cmd := exec.CommandContext(ctx, args[0], args[1:]...)
+		cmd.Env = append(cleanEnv(), append([]string{childEnv + "=" + scenario, "GORACE=atexit_sleep_ms=0"}, env...)...)
+		if testing.Short() {
+			cmd.Env = append(cmd.Env, "GOCCL_TEST_SHORT=1")
+		}
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		start := time.Now()
+		require.NoError(t, cmd.Start())
+		wg.Go(func() {
+			err := cmd.Wait()
+			code := 0
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				code = ee.ExitCode()
+			} else if err != nil {
+				code = -1
+			}
+			res[r] = procResult{rank: r, code: code, output: out.String(), took: time.Since(start)}
+		})
+	}
+	wg.Wait()
+	if ctx.Err() != nil {
+		t.Fatalf("ranks still running after %v: %+v", procTimeout, res)
+	}
+	return res
+}
+
+// cleanEnv is this process's environment without any launcher's variables.
+func cleanEnv() []string {
+	var out []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, "GOCCL_") || strings.HasPrefix(k, "OMPI_") || strings.HasPrefix(k, "PMI_") ||
+			strings.HasPrefix(k, "SLURM_") || k == "RANK" || k == "WORLD_SIZE" || k == "LOCAL_RANK" ||
+			k == "MASTER_ADDR" || k == "MASTER_PORT" {
+			continue
+		}
+		out = append(out, kv)
+	}
+	return out
+}
+
+func freePort(t *testing.T) int {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+func secret() string {
+	var b [16]byte
+	for i := range b {
+		b[i] = byte(rand.Uint32())
+	}
+	return fmt.Sprintf("%x", b)
+}
+
+// gocclEnvs is goccl-run's environment for n ranks on loopback.
+func gocclEnvs(t *testing.T, n int, extra ...string) [][]string {
+	port, sec := freePort(t), secret()
+	envs := make([][]string, n)
+	for r := range envs {
+		envs[r] = append([]string{
+			"GOCCL_RANK=" + strconv.Itoa(r), "GOCCL_WORLD_SIZE=" + strconv.Itoa(n),
+			"GOCCL_ROOT=127.0.0.1:" + strconv.Itoa(port), "GOCCL_SECRET=" + sec, "GOCCL_INIT_TIMEOUT=60s",
+		}, extra...)
+	}
+	return envs
+}
+
+func requireAllOK(t *testing.T, res []procResult) {
+	t.Helper()
+	for _, r := range res {
+		if r.code != 0 {
+			t.Fatalf("rank %d exited %d:\n%s", r.rank, r.code, r.output)
+		}
+	}
+}
+
+func TestMultiProcessEveryCollective(t *testing.T) {
+	for _, n := range []int{2, 3, 4} {
+		t.Run(fmt.Sprintf("nranks=%d", n), func(t *testing.T) {
+			requireAllOK(t, spawn(t, "collectives", gocclEnvs(t, n), nil))
+		})
+	}
+}
+
+func TestMultiProcessLaunchers(t *testing.T) {
+	const n = 2
+	port := strconv.Itoa(freePort(t))
+	sets := map[string]func(r int) []string{
+		"torchrun": func(r int) []string {
+			return []string{"RANK=" + strconv.Itoa(r), "WORLD_SIZE=2", "LOCAL_RANK=" + strconv.Itoa(r), "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port}
+		},
+		"openmpi": func(r int) []string {
+			return []string{"OMPI_COMM_WORLD_RANK=" + strconv.Itoa(r), "OMPI_COMM_WORLD_SIZE=2", "OMPI_COMM_WORLD_LOCAL_RANK=" + strconv.Itoa(r), "GOCCL_ROOT=127.0.0.1:" + port}
+		},
+		"mpich": func(r int) []string {
+			return []string{"PMI_RANK=" + strconv.Itoa(r), "PMI_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port}
+		},
+		"slurm": func(r int) []string {
+			return []string{"SLURM_PROCID=" + strconv.Itoa(r), "SLURM_NTASKS=2", "SLURM_LOCALID=" + strconv.Itoa(r), "GOCCL_ROOT=127.0.0.1:" + port, "GOCCL_SECRET=0123456789abcdef0123456789abcdef"}
+		},
+		"goccl": func(r int) []string {
+			return []string{"GOCCL_RANK=" + strconv.Itoa(r), "GOCCL_WORLD_SIZE=2", "GOCCL_ROOT=127.0.0.1:" + port, "GOCCL_SECRET=0123456789abcdef0123456789abcdef"}
+		},
+	}
+	for name, set := range sets {
+		t.Run(name, func(t *testing.T) {
+			envs := make([][]string, n)
+			for r := range envs {
+				envs[r] = append(set(r), "GOCCL_INIT_TIMEOUT=60s")
+			}
+			res := spawn(t, "smoke", envs, nil)
+			requireAllOK(t, res)
+			for _, r := range res {
+				require.Contains(t, r.output, "ok", "rank %d", r.rank)
+			}
+		})
+	}
+}
+
+func TestMultiProcessUniqueID(t *testing.T) {
+	// A parent-made ID (NewUniqueID's root lives here) handed to two
+	// processes through GOCCL_ID.
+	id, err := collective.NewUniqueID(collective.WithEnv(nil), collective.WithInitTimeout(60*time.Second))
+	require.NoError(t, err)
+	envs := [][]string{
+		{"GOCCL_ID=" + id.String(), "GOCCL_RANK=0", "GOCCL_WORLD_SIZE=2"},
+		{"GOCCL_ID=" + id.String(), "GOCCL_RANK=1", "GOCCL_WORLD_SIZE=2"},
+	}
+	requireAllOK(t, spawn(t, "smoke", envs, nil))
+}
+
+func TestMultiProcessKilledRank(t *testing.T) {
+	const n, victim = 4, 2
+	start := time.Now()
+	res := spawn(t, "kill", gocclEnvs(t, n, "GOCCL_TEST_VICTIM="+strconv.Itoa(victim), "GOCCL_TIMEOUT=10m"), nil)
+	took := time.Since(start)
+	for _, r := range res {
+		if r.rank == victim {
+			require.NotEqual(t, 0, r.code, "the victim dies")
+			continue
+		}
+		require.Equal(t, 0, r.code, "rank %d must report the dead rank and exit cleanly:\n%s", r.rank, r.output)
+		t.Logf("rank %d: %s", r.rank, strings.TrimSpace(r.output))
+	}
+	require.Less(t, took, 60*time.Second, "well before the 10-minute operation timeout")
+}
+
+func TestMultiProcessMissingRank(t *testing.T) {
+	envs := gocclEnvs(t, 3)
+	for r := range envs {
+		envs[r] = append(envs[r], "GOCCL_INIT_TIMEOUT=3s")
+	}
+	res := spawn(t, "missing", envs[:2], nil) // rank 2 never starts
+	requireAllOK(t, res)
+	for _, r := range res {
+		require.Contains(t, r.output, "ranks 2 of 3 never registered", "rank %d", r.rank)
+	}
+}
+
+// TestMultiProcessStrangers throws wrong secrets, garbage, truncated and
+// replayed handshakes at the root while the ranks start, and (from rank 0,
+// see childMain) at every rank's data port while collectives run; the job
+// must still finish with exact results.
+func TestMultiProcessStrangers(t *testing.T) {
+	envs := gocclEnvs(t, 3)
+	root := strings.TrimPrefix(envs[0][2], "GOCCL_ROOT=")
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := 0; i < 3; i++ {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				attack(root, i)
+				time.Sleep(time.Millisecond)
+			}
+		})
+	}
+	res := spawn(t, "strangers", envs, nil)
+	close(stop)
+	wg.Wait()
+	requireAllOK(t, res)
+}
+
+// attack connects to addr and misbehaves in one of a few ways.
+func attack(addr string, how int) {
+	c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+	if err != nil {
+		return
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(200 * time.Millisecond))
+	switch how % 4 {
+	case 0: // wrong secret
+		handshake.Client(c, []byte("not the secret"), wire.PurposeBootstrap)
+	case 1: // garbage
+		c.Write([]byte("\x16\x03\x01 GET / HTTP/1.1\r\n\r\n garbage"))
+	case 2: // a truncated hello
+		c.Write([]byte(wire.Magic[:3]))
+	case 3: // a replayed handshake with a made-up proof
+		h := wire.Hello{Version: wire.ProtocolVersion, Purpose: wire.PurposeData}
+		c.Write(h.Append(nil))
+		handshake.ReadFrame(c, 1024)
+		r := wire.Response{Proof: [wire.ProofLen]byte{1, 2, 3}}
+		handshake.WriteFrame(c, wire.FrameResponse, r.Append(nil))
+		s := wire.ConnSetup{From: 0, To: 1, NSocks: 4}
+		handshake.WriteFrame(c, wire.FrameConnSetup, s.Append(nil))
+	}
+}
+
+// childMain is a rank's main in the multi-process tests.
+func childMain(scenario string) int {
+	ctx := context.Background()
+	fail := func(format string, args ...any) int {
+		fmt.Fprintf(os.Stderr, "FAIL: "+format+"\n", args...)
+		return 1
+	}
+	c, err := collective.InitFromEnv(ctx)
+	if scenario == "missing" {
+		if err == nil {
+			c.Close()
+			return fail("init succeeded with a rank missing")
+		}
+		fmt.Println(err)
+		return 0
+	}
+	if err != nil {
+		return fail("init: %v", err)
+	}
+	defer c.Close()
+	switch scenario {
+	case "smoke":
+		v := []int64{int64(c.Rank() + 1)}
+		if err := collective.AllReduce(ctx, c, v, v, collective.Sum); err != nil {
+			return fail("%v", err)
+		}
+		if want := int64(c.Size() * (c.Size() + 1) / 2); v[0] != want {
+			return fail("sum %d, want %d", v[0], want)
+		}
+		fmt.Println("ok")
+	case "collectives":
+		if c.Rank() == 0 {
+			for _, ri := range c.Ranks() {
+				fmt.Printf("rank %d pid %d host %s addr %s transport %s\n", ri.Rank, ri.PID, ri.Host, ri.Addr, ri.Transport)
+			}
+		}
+		if err := childCollectives(ctx, c); err != nil {
+			return fail("%v", err)
+		}
+	case "strangers":
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		if c.Rank() == 0 {
+			for _, ri := range c.Ranks() {
+				for i := 0; i < 4; i++ {
+					wg.Go(func() {
+						for {
+							select {
+							case <-stop:
+								return
+							default:
+							}
+							attack(ri.Addr, i)
+							time.Sleep(time.Millisecond)
+						}
+					})
+				}
+			}
+		}
+		err := childCollectives(ctx, c)
+		close(stop)
+		wg.Wait()
+		if err != nil {
+			return fail("%v", err)
+		}
+	case "kill":
+		victim, _ := strconv.Atoi(os.Getenv("GOCCL_TEST_VICTIM"))
+		buf := make([]float32, 2<<20)
+		for i := 0; ; i++ {
+			if c.Rank() == victim && i == 3 {
+				// Die in the middle of the next all-reduce, as a crash would.
+				go func() {
+					time.Sleep(2 * time.Millisecond)
+					syscall.Kill(os.Getpid(), syscall.SIGKILL)
+				}()
+			}
+			start := time.Now()
+			err := collective.AllReduce(ctx, c, buf, buf, collective.Sum)
+			if err == nil {
+				if i > 1000 {
+					return fail("the victim never died")
+				}
+				continue
+			}
+			fmt.Printf("after %v: %v\n", time.Since(start), err)
+			var oe *collective.OpError
+			if !errors.As(err, &oe) || !strings.Contains(err.Error(), fmt.Sprintf("rank %d", victim)) {
+				return fail("error does not name rank %d: %v", victim, err)
+			}
+			return 0
+		}
+	default:
+		return fail("unknown scenario %q", scenario)
+	}
+	return 0
+}
+
+// childCollectives runs every collective with every type at least once on
+// a real communicator and checks the results; inputs are seeded by rank,
+// so every rank can compute every other rank's input.
+func childCollectives(ctx context.Context, c *collective.Comm) error {
+	n, r := c.Size(), c.Rank()
+	counts := []int{1, 37, 70_001}
+	if os.Getenv("GOCCL_TEST_SHORT") != "" {
+		counts = []int{1, 4_099}
+	}
+	for ti, dt := range allTypes {
+		op := allOps[ti%len(allOps)]
+		for _, k := range counts {
+			for ci, coll := range []algorithms.Collective{algorithms.CollAllReduce, algorithms.CollReduceScatter,
+				algorithms.CollAllGather, algorithms.CollBroadcast, algorithms.CollReduce, algorithms.CollAllToAll} {
+				s := caseSpec{coll: coll, op: op, count: k, root: (ti + ci) % n, inPlace: (ti+ci)%2 == 0 && coll != algorithms.CollAllToAll, seed: uint64(1000*ti + k + ci)}
+				if err := childCheck(ctx, c, dt, s); err != nil {
+					return fmt.Errorf("%v %v %v count %d: %w", coll, dt, op, k, err)
+				}
+			}
+		}
+	}
+	// Send/recv around the ring: even ranks send first.
+	next, prev := (r+1)%n, (r+n-1)%n
+	out := make([]uint32, 100_003)
+	for i := range out {
+		out[i] = uint32(r*7 + i)
+	}
+	in := make([]uint32, len(out))
+	var err error
+	if r%2 == 0 {
+		if err = collective.Send(ctx, c, out, next); err == nil {
+			err = collective.Recv(ctx, c, in, prev)
+		}
+	} else {
+		if err = collective.Recv(ctx, c, in, prev); err == nil {
+			err = collective.Send(ctx, c, out, next)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	for i, v := range in {
+		if v != uint32(prev*7+i) {
+			return fmt.Errorf("recv element %d = %d, want %d", i, v, prev*7+i)
+		}
+	}
+	return c.Barrier(ctx)
+}
+
+// childCheck runs one checked operation on this rank.
+func childCheck(ctx context.Context, c *collective.Comm, dt collective.DataType, s caseSpec) error {
+	switch dt {
+	case collective.Int8:
+		return childCheckT[int8](ctx, c, s)
+	case collective.Uint8:
+		return childCheckT[uint8](ctx, c, s)
+	case collective.Int32:
+		return childCheckT[int32](ctx, c, s)
+	case collective.Uint32:
+		return childCheckT[uint32](ctx, c, s)
+	case collective.Int64:
+		return childCheckT[int64](ctx, c, s)
+	case collective.Uint64:
+		return childCheckT[uint64](ctx, c, s)
+	case collective.Float16Type:
+		return childCheckT[collective.Float16](ctx, c, s)
+	case collective.Float32:
+		return childCheckT[float32](ctx, c, s)
+	case collective.Float64:
+		return childCheckT[float64](ctx, c, s)
+	case collective.BFloat16Type:
+		return childCheckT[collective.BFloat16](ctx, c, s)
+	}
+	return fmt.Errorf("type %v", dt)
+}
+
+func childCheckT[T collective.Number](ctx context.Context, c *collective.Comm, s caseSpec) error {
+	n, r, k := c.Size(), c.Rank(), s.count
+	inLen := k
+	if s.coll == algorithms.CollReduceScatter || s.coll == algorithms.CollAllToAll {
+		inLen = n * k
+	}
+	inputs := make([][]T, n)
+	for q := range inputs {
+		inputs[q] = gen[T](rand.New(rand.NewPCG(s.seed, uint64(q))), s.op, inLen)
+	}
+	send := append([]T(nil), inputs[r]...)
+	var recv []T
+	var err error
+	switch s.coll {
+	case algorithms.CollAllReduce:
+		recv = make([]T, k)
+		if s.inPlace {
+			recv = send
+		}
+		err = collective.AllReduce(ctx, c, send, recv, s.op)
+	case algorithms.CollReduceScatter:
+		recv = make([]T, k)
+		if s.inPlace {
+			recv = send[r*k : (r+1)*k]
+		}
+		err = collective.ReduceScatter(ctx, c, send, recv, s.op)
+	case algorithms.CollAllGather:
+		recv = make([]T, n*k)
+		if s.inPlace {
+			copy(recv[r*k:], send)
+			send = recv[r*k : (r+1)*k]
+		}
+		err = collective.AllGather(ctx, c, send, recv)
+	case algorithms.CollBroadcast:
+		recv = make([]T, k)
+		if s.inPlace && r == s.root {
+			recv = send
+		}
+		err = collective.Broadcast(ctx, c, send, recv, s.root)
+	case algorithms.CollReduce:
+		recv = make([]T, k)
+		if s.inPlace && r == s.root {
+			recv = send
+		}
+		err = collective.Reduce(ctx, c, send, recv, s.op, s.root)
+	case algorithms.CollAllToAll:
+		recv = make([]T, n*k)
+		err = collective.AllToAll(ctx, c, send, recv)
+	}
+	if err != nil {
+		return err
+	}
+	var want []T
+	switch s.coll {
+	case algorithms.CollAllReduce, algorithms.CollReduce:
+		if s.coll == algorithms.CollReduce && r != s.root {
+			return nil
+		}
+		want = make([]T, k)
+		for i := range want {
+			want[i] = reduceRef(inputs, i, s.op)
+		}
+	case algorithms.CollReduceScatter:
+		want = make([]T, k)
+		for i := range want {
+			want[i] = reduceRef(inputs, r*k+i, s.op)
+		}
+	case algorithms.CollAllGather:
+		for _, in := range inputs {
+			want = append(want, in...)
+		}
+	case algorithms.CollBroadcast:
+		want = inputs[s.root]
+	case algorithms.CollAllToAll:
+		for j := 0; j < n; j++ {
+			want = append(want, inputs[j][r*k:(r+1)*k]...)
+		}
+	}
+	if i := firstDiff(recv, want); i >= 0 {
+		return fmt.Errorf("rank %d element %d = %v, want %v", r, i, recv[i], want[i])
+	}
+	return nil
+}

@@ -1,0 +1,87 @@
+//go:build linux
+
+package collective_test
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// hosts builds k network namespaces, each a "host" with one veth into a
+// bridge that lives in a namespace of its own, so that no traffic leaves
+// the namespaces this test made. It returns the namespaces and the
+// address of each host, and deletes everything when the test ends.
+func hosts(t *testing.T, k int) (ns []string, addrs []string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("skipping: network namespaces need root (CI runs as root)")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("skipping: the ip command (iproute2) is not installed")
+	}
+	tag := fmt.Sprintf("gc%d", os.Getpid()%100000)
+	run := func(args ...string) {
+		t.Helper()
+		out, err := exec.Command("ip", args...).CombinedOutput()
+		require.NoError(t, err, "ip %s: %s", strings.Join(args, " "), out)
+	}
+	hub := tag + "-hub"
+	t.Cleanup(func() {
+		exec.Command("ip", "netns", "del", hub).Run()
+		for _, n := range ns {
+			exec.Command("ip", "netns", "del", n).Run()
+		}
+	})
+	run("netns", "add", hub)
+	run("-n", hub, "link", "add", "br0", "type", "bridge")
+	run("-n", hub, "link", "set", "br0", "up")
+	for i := 1; i <= k; i++ {
+		n := fmt.Sprintf("%s-h%d", tag, i)
+		ns = append(ns, n)
+		run("netns", "add", n)
+		a, b := fmt.Sprintf("p%d", i), "eth0"
+		run("link", "add", a, "netns", hub, "type", "veth", "peer", "name", b, "netns", n)
+		run("-n", hub, "link", "set", a, "master", "br0", "up")
+		addr := fmt.Sprintf("10.77.0.%d", i)
+		run("-n", n, "addr", "add", addr+"/24", "dev", b)
+		run("-n", n, "link", "set", b, "up")
+		run("-n", n, "link", "set", "lo", "up")
+		addrs = append(addrs, addr)
+	}
+	return ns, addrs
+}
+
+// TestMultiHostNamespaces runs every collective with ranks on three
+// "hosts" (network namespaces with their own GOCCL_HOSTID) joined by veth
+// and a bridge: real TCP between separate network stacks.
+func TestMultiHostNamespaces(t *testing.T) {
+	for _, perHost := range []int{1, 2} {
+		t.Run(fmt.Sprintf("hosts=3/ranks-per-host=%d", perHost), func(t *testing.T) {
+			ns, addrs := hosts(t, 3)
+			n := 3 * perHost
+			envs := gocclEnvs(t, n)
+			for r := range envs {
+				h := r / perHost
+				for i, kv := range envs[r] {
+					if strings.HasPrefix(kv, "GOCCL_ROOT=") {
+						envs[r][i] = "GOCCL_ROOT=" + addrs[0] + ":29500"
+					}
+				}
+				envs[r] = append(envs[r], "GOCCL_HOSTID="+ns[h])
+			}
+			res := spawn(t, "collectives", envs, func(r int) []string {
+				return []string{"ip", "netns", "exec", ns[r/perHost]}
+			})
+			requireAllOK(t, res)
+			for _, h := range ns {
+				require.Contains(t, res[0].output, h, "rank 0 sees every host")
+			}
+			require.Contains(t, res[0].output, "10.77.0.", "the ranks talk over the veths")
+		})
+	}
+}
