@@ -109,14 +109,16 @@ func NewUniqueID(opts ...Option) (UniqueID, error) {
 // tcpLink is the tuner's model of TCP connections: a hop is a kernel
 // round trip on each side (RESULTS.md measures 2.8 µs one way while
 // polling, 40 µs while blocking); a stream moves about 1.5–2.5 GB/s on
-// loopback. See docs/performance.md.
+// loopback. Chunks are 2 MiB, NCCL's ring chunk over the network (4 steps
+// of 512 KiB): a piece's blocks are what is in flight between two ranks,
+// and 512 KiB left a 10 Gbit/s veth a quarter idle (docs/performance.md).
 var tcpLink = algorithms.LinkModel{
 	Latency:      10e-6,
 	Bandwidth:    1.5e9,
 	ReduceRate:   6e9,
 	MaxChannels:  DefaultMaxChannels,
 	ChannelBytes: 4 << 20,
-	ChunkBytes:   512 << 10,
+	ChunkBytes:   2 << 20,
 }
 
 // Init joins rank of nranks to the job named by id and returns its
@@ -180,11 +182,8 @@ func initTCP(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, loo
 		peers[i] = p.DataAddr
 	}
 	hosts := summarize(table.Peers)
-	local := hosts[hostID]
 	ep, err := tcp.New(tcp.Options{Rank: rank, NRanks: nranks, Peers: peers, Secret: id.secret[:], Listener: ln,
-		NSocks: cfg.NSocks, Slots: cfg.Slots, SlotSize: cfg.SlotSize, SpinFor: cfg.Spin,
-		// A rank that polls must not starve the ranks it shares a core with.
-		Yield: local.ranks > local.cpus})
+		NSocks: cfg.NSocks, Slots: cfg.Slots, SlotSize: cfg.SlotSize, SpinFor: cfg.Spin})
 	if err != nil {
 		ln.Close()
 		return fail(err)

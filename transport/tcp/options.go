@@ -30,8 +30,5 @@ type Options struct {
 	Slots    int           // staging slots per connection; 0 means DefaultSlots
 	SlotSize int           // bytes per slot; 0 means DefaultSlotSize
 	SpinFor  time.Duration // polling before parking; 0 means DefaultSpinFor, <0 never polls
-	// Yield makes polling give the CPU away now and then: set it when the
-	// host has more ranks than cores.
-	Yield  bool
-	Logger *slog.Logger
+	Logger   *slog.Logger
 }
