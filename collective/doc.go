@@ -11,6 +11,12 @@
 //	// on each rank's goroutine:
 //	err := collective.AllReduce(ctx, comms[r], grads, grads, collective.Sum)
 //
+// Ranks in separate processes or hosts join with Init (given a UniqueID
+// one rank made with NewUniqueID) or InitFromEnv (under goccl-run,
+// torchrun, mpirun, srun or a Kubernetes Job); they talk over TCP, and
+// every connection proves knowledge of the job's 128-bit secret before any
+// other byte is trusted.
+//
 // # Obligations of callers
 //
 //  1. Every rank issues the same collectives in the same order, each with
@@ -54,8 +60,10 @@
 //
 // Config, set with Options, has a zero value meaning defaults. The
 // environment variables GOCCL_ALGO, GOCCL_NCHANNELS, GOCCL_MAX_NCHANNELS,
-// GOCCL_CHUNK_SIZE and GOCCL_TIMEOUT are read once, when a communicator is
-// made; options override them; an invalid value is an error.
+// GOCCL_CHUNK_SIZE, GOCCL_TIMEOUT, GOCCL_INIT_TIMEOUT, GOCCL_NSOCKS,
+// GOCCL_SOCKET_IFNAME, GOCCL_HOSTID and GOCCL_SPIN are read once, when a
+// communicator is made; options override them; an invalid value is an
+// error. The launchers' variables are read by InitFromEnv only.
 //
 // # Arithmetic
 //
