@@ -112,6 +112,64 @@ func (s *sock) notifyAbort(reason string) {
 	}
 }
 
+// scanAbort looks, without blocking, through what the peer has sent on
+// this socket for an abort notice: when a send fails because the peer
+// hung up, the notice it left on the way out says why. It skips data
+// slices (the receive side is at a slice boundary whenever the send side
+// is in use, both being driven by the channel's goroutine) and gives up
+// after 64 MiB.
+func (s *sock) scanAbort() (string, bool) {
+	if s.enter() != nil {
+		return "", false
+	}
+	defer s.exit()
+	if s.rbuf == nil {
+		s.rbuf = make([]byte, readBufSize)
+	}
+	more := func() bool { // read what is there into rbuf
+		if s.r > 0 {
+			s.w = copy(s.rbuf, s.rbuf[s.r:s.w])
+			s.r = 0
+		}
+		if s.w == len(s.rbuf) {
+			return false
+		}
+		n, _ := unix.Read(s.fd, s.rbuf[s.w:])
+		if n <= 0 {
+			return false
+		}
+		s.w += n
+		return true
+	}
+	for budget := 64 << 20; budget > 0; {
+		for s.w-s.r < wire.SliceHeaderLen {
+			if !more() {
+				return "", false
+			}
+		}
+		h, _, _ := wire.ParseSliceHeader(s.rbuf[s.r:])
+		if h.Op == wire.AbortOp && int(h.Size) <= wire.MaxString {
+			for s.w-s.r < wire.SliceHeaderLen+int(h.Size) {
+				if !more() {
+					return "", false
+				}
+			}
+			return string(s.rbuf[s.r+wire.SliceHeaderLen : s.r+wire.SliceHeaderLen+int(h.Size)]), true
+		}
+		skip := wire.SliceHeaderLen + int(h.Size)
+		budget -= skip
+		for skip > 0 {
+			if s.w == s.r && !more() {
+				return "", false
+			}
+			n := min(skip, s.w-s.r)
+			s.r += n
+			skip -= n
+		}
+	}
+	return "", false
+}
+
 // shutdown wakes every call blocked on the socket (reads see end of file,
 // writes fail) without closing the descriptor, which may still be in use.
 // Any goroutine may call it.

@@ -471,6 +471,13 @@ func (c *conn) Peer() int { return c.peer }
 
 func (c *conn) peerErr(op string, err error) error {
 	if errClosedOrEOF(err) {
+		// A peer that aborted left a notice before hanging up; a send that
+		// failed has not read it yet.
+		for _, s := range c.socks {
+			if reason, ok := s.scanAbort(); ok {
+				return &transport.PeerError{Peer: c.peer, Op: op, Err: &transport.PeerAbortedError{Peer: c.peer, Cause: errors.New(reason)}}
+			}
+		}
 		err = fmt.Errorf("connection lost (did rank %d's process exit or abort?): %w", c.peer, err)
 	}
 	c.e.mu.Lock()
