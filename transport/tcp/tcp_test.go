@@ -260,3 +260,28 @@ func f64bytes(v []float64) []byte {
 	}
 	return unsafeBytes(v)
 }
+
+func TestIPv6Loopback(t *testing.T) {
+	ln0, err := net.Listen("tcp", "[::1]:0")
+	if err != nil {
+		t.Skipf("skipping: no IPv6 loopback here (%v)", err)
+	}
+	ln1, err := net.Listen("tcp", "[::1]:0")
+	require.NoError(t, err)
+	addrs := []string{ln0.Addr().String(), ln1.Addr().String()}
+	var eps []*Endpoint
+	for r, ln := range []net.Listener{ln0, ln1} {
+		ep, err := New(Options{Rank: r, NRanks: 2, Peers: addrs, Secret: secret, Listener: ln, Logger: quiet()})
+		require.NoError(t, err)
+		eps = append(eps, ep)
+		t.Cleanup(func() { ep.Close(nil) })
+	}
+	a, b := connectPair(t, eps[0], eps[1], 0)
+	buf, err := a.Reserve(context.Background(), 5)
+	require.NoError(t, err)
+	copy(buf.Bytes(), "hello")
+	require.NoError(t, a.Post(5, transport.Tag{Op: 1}))
+	got, _, err := b.Wait(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, "hello", string(got.Bytes()))
+}
