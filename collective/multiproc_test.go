@@ -256,7 +256,9 @@ func attack(addr string, how int) {
 	c.SetDeadline(time.Now().Add(200 * time.Millisecond))
 	switch how % 4 {
 	case 0: // wrong secret
-		handshake.Client(c, []byte("not the secret"), wire.PurposeBootstrap)
+		handshake.Client(c, []byte("not the secret"), wire.PurposeBootstrap, func() (wire.FrameType, []byte) {
+			return wire.FramePeerInfo, nil
+		})
 	case 1: // garbage
 		c.Write([]byte("\x16\x03\x01 GET / HTTP/1.1\r\n\r\n garbage"))
 	case 2: // a truncated hello

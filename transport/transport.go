@@ -58,10 +58,11 @@ func (t Tag) String() string {
 // and drained by the receiver in order. At most Slots slices are in flight
 // per direction, so a sender runs at most that far ahead of its receiver.
 //
-// The two directions are independent and may be driven by different
-// goroutines, but each direction is driven by one goroutine at a time:
-// Reserve is followed by Post before the next Reserve, and Wait by Release
-// before the next Wait.
+// A connection is driven by one goroutine at a time (the engine's channel
+// goroutine): a transport may move one direction's data while the caller
+// waits on the other, and may share that work among the connections of a
+// channel. Reserve is followed by Post before the next Reserve, and Wait by
+// Release before the next Wait. Any goroutine may close the endpoint.
 type Conn interface {
 	// Peer returns the rank at the other end.
 	Peer() int

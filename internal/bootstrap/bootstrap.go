@@ -24,6 +24,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/goccl/goccl/internal/handshake"
@@ -41,6 +42,9 @@ const (
 	// reportMargin is how much before the first waiting rank's deadline the
 	// root reports missing ranks.
 	reportMargin = 500 * time.Millisecond
+	// MaxHandshakes caps the connections a listener lets authenticate at
+	// once; more are closed on arrival.
+	MaxHandshakes = 128
 )
 
 // RootOptions configures a root.
@@ -58,6 +62,8 @@ type Root struct {
 	log  *slog.Logger
 	done chan struct{}
 	wg   sync.WaitGroup // accept loop and connection goroutines
+
+	handshakes atomic.Int32 // connections still authenticating
 
 	mu       sync.Mutex // guards the fields below
 	nranks   int
@@ -94,7 +100,7 @@ func StartRoot(addr string, opts RootOptions) (*Root, error) {
 	}
 	r.mu.Lock()
 	r.lifetime = time.AfterFunc(opts.Timeout, func() {
-		r.fail(fmt.Errorf("the root served for %v without every rank registering", opts.Timeout))
+		r.fail(fmt.Errorf("the root served for %v without every rank registering: %s", opts.Timeout, r.missing()))
 	})
 	r.mu.Unlock()
 	r.wg.Add(1)
@@ -125,10 +131,28 @@ func (r *Root) Close() error {
 
 func (r *Root) accept() {
 	defer r.wg.Done()
+	backoff := time.Millisecond
 	for {
 		c, err := r.ln.Accept()
-		if err != nil {
+		if errors.Is(err, net.ErrClosed) {
 			return // closed by finish
+		}
+		if err != nil {
+			// Out of file descriptors and the like: keep serving once the
+			// condition passes, rather than leaving a listener that
+			// accepts nothing.
+			r.log.Warn("goccl: bootstrap root cannot accept", "err", err)
+			time.Sleep(backoff)
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		backoff = time.Millisecond
+		if r.handshakes.Add(1) > MaxHandshakes {
+			// Too many connections that have not authenticated: drop this
+			// one at once, so that strangers cannot exhaust descriptors.
+			r.handshakes.Add(-1)
+			c.Close()
+			continue
 		}
 		r.mu.Lock()
 		if r.finished {
@@ -155,13 +179,10 @@ func (r *Root) drop(c net.Conn, why error) {
 func (r *Root) handle(c net.Conn) {
 	defer r.wg.Done()
 	c.SetDeadline(time.Now().Add(HandshakeTimeout))
-	if _, err := handshake.Server(c, r.opts.Secret, wire.PurposeBootstrap); err != nil {
-		r.drop(c, err)
-		return
-	}
-	typ, payload, err := handshake.ReadFrame(c, wire.MaxTopology+4*wire.MaxString+64)
+	_, typ, payload, err := handshake.Server(c, r.opts.Secret, wire.PurposeBootstrap, wire.MaxTopology+4*wire.MaxString+64)
+	r.handshakes.Add(-1)
 	if err != nil {
-		r.drop(c, fmt.Errorf("reading the registration: %w", err))
+		r.drop(c, err)
 		return
 	}
 	if typ != wire.FramePeerInfo {
@@ -253,9 +274,19 @@ func (r *Root) firstRank() int {
 
 func (r *Root) reportMissing() {
 	r.mu.Lock()
-	if r.finished {
-		r.mu.Unlock()
-		return
+	finished := r.finished
+	r.mu.Unlock()
+	if !finished {
+		r.fail(errors.New(r.missing()))
+	}
+}
+
+// missing describes the ranks that have not registered.
+func (r *Root) missing() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.nranks == 0 {
+		return "no rank registered"
 	}
 	var missing, here []string
 	for i, g := range r.regs {
@@ -265,10 +296,8 @@ func (r *Root) reportMissing() {
 			here = append(here, fmt.Sprint(i))
 		}
 	}
-	n := r.nranks
-	r.mu.Unlock()
-	r.fail(fmt.Errorf("ranks %s of %d never registered with the root (registered: %s)",
-		strings.Join(missing, ", "), n, strings.Join(here, ", ")))
+	return fmt.Sprintf("ranks %s of %d never registered with the root (registered: %s)",
+		strings.Join(missing, ", "), r.nranks, strings.Join(here, ", "))
 }
 
 // sendTableLocked sends the table to every rank and finishes.
@@ -324,23 +353,23 @@ func (r *Root) finishLocked(err error) {
 // up yet), and tells the root how long it will wait, so that the root can
 // name the ranks that never arrived before this rank gives up.
 func Join(ctx context.Context, addr string, secret []byte, info wire.PeerInfo) (wire.Table, error) {
-	if dl, ok := ctx.Deadline(); ok {
-		info.WaitMillis = uint32(max(1, min(time.Until(dl).Milliseconds(), 1<<31)))
-	}
 	if err := info.Validate(); err != nil {
 		return wire.Table{}, err
 	}
-	c, err := dialRoot(ctx, addr, secret)
+	// The registration is built once the root has proved itself, so that
+	// the wait it announces is what is left now, not before the retries.
+	c, err := dialRoot(ctx, addr, secret, func() (wire.FrameType, []byte) {
+		if dl, ok := ctx.Deadline(); ok {
+			info.WaitMillis = uint32(max(1, min(time.Until(dl).Milliseconds(), 1<<31)))
+		}
+		return wire.FramePeerInfo, info.Append(nil)
+	})
 	if err != nil {
 		return wire.Table{}, err
 	}
 	defer c.Close()
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
 	defer stop()
-	c.SetDeadline(time.Now().Add(HandshakeTimeout))
-	if err := handshake.WriteFrame(c, wire.FramePeerInfo, info.Append(nil)); err != nil {
-		return wire.Table{}, fmt.Errorf("registering with the root at %s: %w", addr, err)
-	}
 	c.SetDeadline(time.Time{})
 	if ctx.Err() != nil {
 		return wire.Table{}, context.Cause(ctx)
@@ -381,23 +410,27 @@ func Join(ctx context.Context, addr string, secret []byte, info wire.PeerInfo) (
 	return t, nil
 }
 
-// dialRoot connects and authenticates, retrying with jittered exponential
-// backoff while the root is not reachable yet.
-func dialRoot(ctx context.Context, addr string, secret []byte) (net.Conn, error) {
+// dialRoot connects and authenticates (sending first as the
+// authenticated first frame), retrying with jittered exponential backoff
+// while the root is not reachable yet.
+func dialRoot(ctx context.Context, addr string, secret []byte, first func() (wire.FrameType, []byte)) (net.Conn, error) {
 	backoff := 10 * time.Millisecond
 	var last error
 	for attempt := 0; ; attempt++ {
 		d := net.Dialer{Timeout: 5 * time.Second}
 		c, err := d.DialContext(ctx, "tcp", addr)
 		if err == nil {
-			c.SetDeadline(time.Now().Add(HandshakeTimeout))
-			err = handshake.Client(c, secret, wire.PurposeBootstrap)
+			err = handshake.Bounded(ctx, c, HandshakeTimeout, func() error { return handshake.Client(c, secret, wire.PurposeBootstrap, first) })
 			if err == nil {
 				return c, nil
 			}
 			c.Close()
-			if errors.Is(err, handshake.ErrAuth) {
+			var rej *handshake.RejectedError
+			switch {
+			case errors.Is(err, handshake.ErrAuth):
 				return nil, fmt.Errorf("the root at %s does not know this job's secret (a different GOCCL_SECRET, or another job's root on that port): %w", addr, err)
+			case errors.As(err, &rej):
+				return nil, fmt.Errorf("the root at %s: %w", addr, err)
 			}
 		}
 		last = err

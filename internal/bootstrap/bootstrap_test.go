@@ -181,7 +181,12 @@ func TestStrangersDoNotDisturbTheJob(t *testing.T) {
 			}
 		})
 	}
-	attack(func(c net.Conn) { handshake.Client(c, []byte("wrong secret"), wire.PurposeBootstrap) })
+	attack(func(c net.Conn) {
+		handshake.Client(c, []byte("wrong secret"), wire.PurposeBootstrap, func() (wire.FrameType, []byte) {
+			p := info(0, 4)
+			return wire.FramePeerInfo, p.Append(nil)
+		})
+	})
 	attack(func(c net.Conn) { c.Write([]byte("\x00\x01garbage that is not goccl")) })
 	attack(func(c net.Conn) { c.Write([]byte(wire.Magic[:3])); time.Sleep(50 * time.Millisecond) })
 	attack(func(c net.Conn) {
@@ -190,10 +195,11 @@ func TestStrangersDoNotDisturbTheJob(t *testing.T) {
 		h := wire.Hello{Version: wire.ProtocolVersion, Purpose: wire.PurposeBootstrap}
 		c.Write(h.Append(nil))
 		handshake.ReadFrame(c, 1024)
-		resp := wire.Response{Proof: wire.Proof(secret, wire.RoleClient, &h, [wire.NonceLen]byte{})}
-		handshake.WriteFrame(c, wire.FrameResponse, resp.Append(nil))
 		p := info(0, 4)
-		handshake.WriteFrame(c, wire.FramePeerInfo, p.Append(nil))
+		frame := wire.AppendFrame(nil, wire.FramePeerInfo, p.Append(nil))
+		resp := wire.Response{Proof: wire.Proof(secret, wire.RoleClient, &h, [wire.NonceLen]byte{}, frame)}
+		handshake.WriteFrame(c, wire.FrameResponse, resp.Append(nil))
+		c.Write(frame)
 	})
 	time.Sleep(50 * time.Millisecond) // let the attackers get going; the test passes either way
 	tables, errs := joinAll(t, addr, []int{0, 1, 2, 3}, 4, 10*time.Second)
@@ -220,9 +226,10 @@ func TestRankLeavingEarlyFailsTheOthers(t *testing.T) {
 	// Rank 1 registers by hand and hangs up, as if its process died.
 	c, err := net.Dial("tcp", r.Addr().String())
 	require.NoError(t, err)
-	require.NoError(t, handshake.Client(c, secret, wire.PurposeBootstrap))
 	p := info(1, 3)
-	require.NoError(t, handshake.WriteFrame(c, wire.FramePeerInfo, p.Append(nil)))
+	require.NoError(t, handshake.Client(c, secret, wire.PurposeBootstrap, func() (wire.FrameType, []byte) {
+		return wire.FramePeerInfo, p.Append(nil)
+	}))
 	require.Eventually(t, func() bool {
 		r.mu.Lock()
 		defer r.mu.Unlock()
@@ -230,4 +237,47 @@ func TestRankLeavingEarlyFailsTheOthers(t *testing.T) {
 	}, 5*time.Second, 5*time.Millisecond)
 	c.Close()
 	require.ErrorContains(t, <-res, "rank 1 (pid 1001 on h) left before every rank had registered")
+}
+
+func TestLateRootStillNamesMissingRanks(t *testing.T) {
+	// The root comes up 1.5 s late; rank 1 waits 3 s in all, rank 0 never
+	// comes. The wait rank 1 announces is what is left when it registers,
+	// so the root still names rank 0 before rank 1 gives up.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	ln.Close()
+	res := make(chan error, 1)
+	go func() {
+		_, errs := joinAll(t, addr, []int{1}, 2, 3*time.Second)
+		res <- errs[0]
+	}()
+	time.Sleep(1500 * time.Millisecond) // the rank retries meanwhile
+	r, err := StartRoot(addr, RootOptions{Secret: secret, Version: "v1", Logger: quiet()})
+	require.NoError(t, err)
+	defer r.Close()
+	require.ErrorContains(t, <-res, "ranks 0 of 2 never registered")
+}
+
+func TestHandshakeHonoursTheContext(t *testing.T) {
+	// A listener that accepts and says nothing: the handshake ends with
+	// the context, not after HandshakeTimeout.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			<-done
+			c.Close()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err = Join(ctx, ln.Addr().String(), secret, info(0, 2))
+	require.Error(t, err)
+	require.Less(t, time.Since(start), 2*time.Second)
 }

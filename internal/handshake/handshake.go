@@ -4,7 +4,8 @@
 //	client → server  Hello       magic, protocol version, purpose, client nonce
 //	server → client  Challenge   server nonce, HMAC(secret, "S" ‖ hello ‖ server nonce)
 //	              or Reject      why (wrong protocol version, wrong purpose)
-//	client → server  Response    HMAC(secret, "C" ‖ hello ‖ server nonce)
+//	client → server  Response    HMAC(secret, "C" ‖ hello ‖ server nonce ‖ first frame)
+//	client → server  first frame who the client is and what it wants (PeerInfo, ConnSetup)
 //
 // The client checks the server's proof before it sends its own, so it
 // never talks to an impostor; the server checks the client's before it
@@ -18,10 +19,13 @@
 package handshake
 
 import (
+	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"time"
 
 	"github.com/goccl/goccl/internal/wire"
 )
@@ -29,8 +33,12 @@ import (
 // ErrAuth: the other end does not know the job's secret.
 var ErrAuth = errors.New("authentication failed: the peer does not know this job's secret")
 
-// Client runs the client side over rw.
-func Client(rw io.ReadWriter, secret []byte, purpose wire.Purpose) error {
+// Client runs the client side over rw. Once the server has proved that it
+// knows the secret, first builds the client's first frame (who it is, what
+// the connection is for); the client's proof covers that frame, which
+// follows the response, so the server can trust it and nobody can replay
+// it to another rank.
+func Client(rw io.ReadWriter, secret []byte, purpose wire.Purpose, first func() (wire.FrameType, []byte)) error {
 	h := wire.Hello{Version: wire.ProtocolVersion, Purpose: purpose}
 	if _, err := rand.Read(h.Nonce[:]); err != nil {
 		return err
@@ -48,7 +56,7 @@ func Client(rw io.ReadWriter, secret []byte, purpose wire.Purpose) error {
 		if err != nil {
 			return fmt.Errorf("malformed reject: %w", err)
 		}
-		return fmt.Errorf("refused by the peer: %s", r.Reason)
+		return &RejectedError{Reason: r.Reason}
 	case wire.FrameChallenge:
 	default:
 		return fmt.Errorf("expected a challenge, got a %v frame", typ)
@@ -57,18 +65,27 @@ func Client(rw io.ReadWriter, secret []byte, purpose wire.Purpose) error {
 	if err != nil {
 		return fmt.Errorf("malformed challenge: %w", err)
 	}
-	if !wire.CheckProof(secret, wire.RoleServer, &h, c.Nonce, c.Proof) {
+	if !wire.CheckProof(secret, wire.RoleServer, &h, c.Nonce, nil, c.Proof) {
 		return ErrAuth
 	}
-	resp := wire.Response{Proof: wire.Proof(secret, wire.RoleClient, &h, c.Nonce)}
-	_, err = rw.Write(wire.AppendFrame(nil, wire.FrameResponse, resp.Append(nil)))
+	ft, fp := first()
+	frame := wire.AppendFrame(nil, ft, fp)
+	resp := wire.Response{Proof: wire.Proof(secret, wire.RoleClient, &h, c.Nonce, frame)}
+	_, err = rw.Write(append(wire.AppendFrame(nil, wire.FrameResponse, resp.Append(nil)), frame...))
 	return err
 }
 
-// Server runs the server side over rw and returns the client's Hello. A
+// RejectedError is the reason a server gave for refusing the connection
+// (another protocol version, another purpose). Retrying will not help.
+type RejectedError struct{ Reason string }
+
+func (e *RejectedError) Error() string { return "refused by the peer: " + e.Reason }
+
+// Server runs the server side over rw and returns the client's Hello and
+// its authenticated first frame (of at most maxFirst payload bytes). A
 // client that asks for another purpose or speaks another protocol version
 // is told why before the error is returned.
-func Server(rw io.ReadWriter, secret []byte, want wire.Purpose) (wire.Hello, error) {
+func Server(rw io.ReadWriter, secret []byte, want wire.Purpose, maxFirst int) (wire.Hello, wire.FrameType, []byte, error) {
 	var buf [64]byte
 	b := buf[:0]
 	var h wire.Hello
@@ -77,21 +94,21 @@ func Server(rw io.ReadWriter, secret []byte, want wire.Purpose) (wire.Hello, err
 		if h, _, err = wire.ParseHello(b); err == nil {
 			break
 		} else if !errors.Is(err, wire.ErrShort) {
-			return h, err
+			return h, 0, nil, err
 		}
 		// Read only what the hello can still need, so that a stranger's
 		// garbage is rejected at its first wrong byte.
 		n, err := rw.Read(buf[len(b) : len(b)+1+helloRemaining(b)])
 		if err != nil {
-			return h, fmt.Errorf("reading the hello: %w", err)
+			return h, 0, nil, fmt.Errorf("reading the hello: %w", err)
 		}
 		b = buf[:len(b)+n]
 	}
-	reject := func(format string, args ...any) (wire.Hello, error) {
+	reject := func(format string, args ...any) (wire.Hello, wire.FrameType, []byte, error) {
 		msg := fmt.Sprintf(format, args...)
 		r := wire.Reject{Reason: msg}
 		rw.Write(wire.AppendFrame(nil, wire.FrameReject, r.Append(nil)))
-		return h, errors.New(msg)
+		return h, 0, nil, errors.New(msg)
 	}
 	if h.Version != wire.ProtocolVersion {
 		return reject("protocol version %d, this goccl speaks %d: run the same goccl version on every rank", h.Version, wire.ProtocolVersion)
@@ -101,27 +118,33 @@ func Server(rw io.ReadWriter, secret []byte, want wire.Purpose) (wire.Hello, err
 	}
 	c := wire.Challenge{}
 	if _, err := rand.Read(c.Nonce[:]); err != nil {
-		return h, err
+		return h, 0, nil, err
 	}
-	c.Proof = wire.Proof(secret, wire.RoleServer, &h, c.Nonce)
+	c.Proof = wire.Proof(secret, wire.RoleServer, &h, c.Nonce, nil)
 	if _, err := rw.Write(wire.AppendFrame(nil, wire.FrameChallenge, c.Append(nil))); err != nil {
-		return h, err
+		return h, 0, nil, err
 	}
 	typ, payload, err := ReadFrame(rw, 1024)
 	if err != nil {
-		return h, fmt.Errorf("reading the response: %w", err)
+		return h, 0, nil, fmt.Errorf("reading the response: %w", err)
 	}
 	if typ != wire.FrameResponse {
-		return h, fmt.Errorf("expected a response, got a %v frame", typ)
+		return h, 0, nil, fmt.Errorf("expected a response, got a %v frame", typ)
 	}
 	r, _, err := wire.ParseResponse(payload)
 	if err != nil {
-		return h, fmt.Errorf("malformed response: %w", err)
+		return h, 0, nil, fmt.Errorf("malformed response: %w", err)
 	}
-	if !wire.CheckProof(secret, wire.RoleClient, &h, c.Nonce, r.Proof) {
-		return h, ErrAuth
+	// The first frame is read before the proof can be checked (the proof
+	// covers it) but not trusted, nor even parsed, until it has been.
+	ft, fp, err := ReadFrame(rw, maxFirst)
+	if err != nil {
+		return h, 0, nil, fmt.Errorf("reading the first frame: %w", err)
 	}
-	return h, nil
+	if !wire.CheckProof(secret, wire.RoleClient, &h, c.Nonce, wire.AppendFrame(nil, ft, fp), r.Proof) {
+		return h, 0, nil, ErrAuth
+	}
+	return h, ft, fp, nil
 }
 
 // helloRemaining returns how many more bytes a hello that starts with b
@@ -154,5 +177,23 @@ func ReadFrame(r io.Reader, max int) (wire.FrameType, []byte, error) {
 // WriteFrame writes one frame.
 func WriteFrame(w io.Writer, t wire.FrameType, payload []byte) error {
 	_, err := w.Write(wire.AppendFrame(nil, t, payload))
+	return err
+}
+
+// Bounded runs f, a handshake over c, bounded by timeout and by ctx
+// (whichever ends first), and leaves c without a deadline.
+func Bounded(ctx context.Context, c net.Conn, timeout time.Duration, f func() error) error {
+	dl := time.Now().Add(timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
+		dl = d
+	}
+	c.SetDeadline(dl)
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
+	err := f()
+	stop()
+	c.SetDeadline(time.Time{})
+	if err != nil && ctx.Err() != nil {
+		return fmt.Errorf("%w (%v)", context.Cause(ctx), err)
+	}
 	return err
 }

@@ -20,61 +20,102 @@ func pipe(t *testing.T) (net.Conn, net.Conn) {
 	return a, b
 }
 
-func run(t *testing.T, clientSecret, serverSecret []byte, purpose, want wire.Purpose) (clientErr, serverErr error) {
+var setup = wire.ConnSetup{From: 1, To: 2, Channel: 3, Socket: 0, NSocks: 4}
+
+func first() (wire.FrameType, []byte) { return wire.FrameConnSetup, setup.Append(nil) }
+
+type serverResult struct {
+	typ     wire.FrameType
+	payload []byte
+	err     error
+}
+
+func run(t *testing.T, clientSecret, serverSecret []byte, purpose, want wire.Purpose) (error, serverResult) {
 	c, s := pipe(t)
-	done := make(chan error, 1)
+	done := make(chan serverResult, 1)
 	go func() {
-		_, err := Server(s, serverSecret, want)
+		_, typ, p, err := Server(s, serverSecret, want, 64)
 		s.Close()
-		done <- err
+		done <- serverResult{typ, p, err}
 	}()
-	clientErr = Client(c, clientSecret, purpose)
+	clientErr := Client(c, clientSecret, purpose, first)
 	c.Close()
 	return clientErr, <-done
 }
 
 func TestHandshake(t *testing.T) {
 	secret := []byte("0123456789abcdef")
-	cErr, sErr := run(t, secret, secret, wire.PurposeData, wire.PurposeData)
+	cErr, s := run(t, secret, secret, wire.PurposeData, wire.PurposeData)
 	require.NoError(t, cErr)
-	require.NoError(t, sErr)
+	require.NoError(t, s.err)
+	require.Equal(t, wire.FrameConnSetup, s.typ)
+	got, _, err := wire.ParseConnSetup(s.payload)
+	require.NoError(t, err)
+	require.Equal(t, setup, got, "the first frame arrives, authenticated")
 }
 
 func TestWrongSecretFailsOnBothSides(t *testing.T) {
-	cErr, sErr := run(t, []byte("client-secret..."), []byte("server-secret..."), wire.PurposeData, wire.PurposeData)
+	cErr, s := run(t, []byte("client-secret..."), []byte("server-secret..."), wire.PurposeData, wire.PurposeData)
 	require.ErrorIs(t, cErr, ErrAuth, "the client catches the impostor server first")
-	require.Error(t, sErr, "the server gets no response")
+	require.Error(t, s.err, "the server gets no response")
 }
 
-func TestClientWithWrongSecretIsRejected(t *testing.T) {
-	// A client that does not check the server (a stranger) but answers with
-	// a wrong proof.
+// stranger plays a client that does not check the server and answers with
+// the given proof and first frame.
+func stranger(t *testing.T, secret []byte, proof func(h *wire.Hello, sn [wire.NonceLen]byte) [wire.ProofLen]byte, frame []byte) error {
 	c, s := pipe(t)
 	done := make(chan error, 1)
 	go func() {
-		_, err := Server(s, []byte("right"), wire.PurposeBootstrap)
+		_, _, _, err := Server(s, secret, wire.PurposeData, 64)
 		done <- err
 	}()
-	h := wire.Hello{Version: wire.ProtocolVersion, Purpose: wire.PurposeBootstrap}
+	h := wire.Hello{Version: wire.ProtocolVersion, Purpose: wire.PurposeData}
 	_, err := c.Write(h.Append(nil))
 	require.NoError(t, err)
-	_, _, err = ReadFrame(c, 1024)
+	_, payload, err := ReadFrame(c, 1024)
 	require.NoError(t, err)
-	resp := wire.Response{Proof: [wire.ProofLen]byte{1, 2, 3}}
+	ch, _, err := wire.ParseChallenge(payload)
+	require.NoError(t, err)
+	resp := wire.Response{Proof: proof(&h, ch.Nonce)}
 	require.NoError(t, WriteFrame(c, wire.FrameResponse, resp.Append(nil)))
-	require.ErrorIs(t, <-done, ErrAuth)
+	c.Write(frame)
+	return <-done
+}
+
+func TestClientWithWrongSecretIsRejected(t *testing.T) {
+	frame := wire.AppendFrame(nil, wire.FrameConnSetup, setup.Append(nil))
+	err := stranger(t, []byte("right"), func(*wire.Hello, [wire.NonceLen]byte) [wire.ProofLen]byte {
+		return [wire.ProofLen]byte{1, 2, 3}
+	}, frame)
+	require.ErrorIs(t, err, ErrAuth)
+}
+
+func TestAlteredFirstFrameIsRejected(t *testing.T) {
+	// A proof made for one connection setup does not carry another: a
+	// relay cannot redirect an authenticated client to another rank.
+	secret := []byte("right")
+	signed := wire.AppendFrame(nil, wire.FrameConnSetup, setup.Append(nil))
+	other := setup
+	other.To = 5
+	sent := wire.AppendFrame(nil, wire.FrameConnSetup, other.Append(nil))
+	err := stranger(t, secret, func(h *wire.Hello, sn [wire.NonceLen]byte) [wire.ProofLen]byte {
+		return wire.Proof(secret, wire.RoleClient, h, sn, signed)
+	}, sent)
+	require.ErrorIs(t, err, ErrAuth)
 }
 
 func TestWrongPurposeAndVersionAreExplained(t *testing.T) {
 	secret := []byte("s")
-	cErr, sErr := run(t, secret, secret, wire.PurposeData, wire.PurposeBootstrap)
+	cErr, s := run(t, secret, secret, wire.PurposeData, wire.PurposeBootstrap)
 	require.ErrorContains(t, cErr, "a data connection reached a bootstrap listener")
-	require.Error(t, sErr)
+	var rej *RejectedError
+	require.ErrorAs(t, cErr, &rej)
+	require.Error(t, s.err)
 
-	c, s := pipe(t)
+	c, srv := pipe(t)
 	done := make(chan error, 1)
 	go func() {
-		_, err := Server(s, secret, wire.PurposeData)
+		_, _, _, err := Server(srv, secret, wire.PurposeData, 64)
 		done <- err
 	}()
 	h := wire.Hello{Version: 99, Purpose: wire.PurposeData}
@@ -92,7 +133,7 @@ func TestGarbageIsRejectedAtTheFirstWrongByte(t *testing.T) {
 	c, s := pipe(t)
 	done := make(chan error, 1)
 	go func() {
-		_, err := Server(s, []byte("s"), wire.PurposeData)
+		_, _, _, err := Server(s, []byte("s"), wire.PurposeData, 64)
 		done <- err
 	}()
 	// net.Pipe is unbuffered: if the server read more than the first few
@@ -109,7 +150,7 @@ func TestTruncatedHelloTimesOut(t *testing.T) {
 	s.SetDeadline(time.Now().Add(100 * time.Millisecond))
 	done := make(chan error, 1)
 	go func() {
-		_, err := Server(s, []byte("s"), wire.PurposeData)
+		_, _, _, err := Server(s, []byte("s"), wire.PurposeData, 64)
 		done <- err
 	}()
 	c.Write([]byte(wire.Magic[:4]))

@@ -154,23 +154,27 @@ const (
 	RoleClient byte = 'C'
 )
 
-// Proof returns HMAC-SHA256(secret, role ‖ hello ‖ server nonce): what
-// each end sends to show it knows the secret. Both nonces are fresh per
-// connection, so a recorded handshake cannot be replayed, and the role
-// byte keeps a server's proof from serving as a client's.
-func Proof(secret []byte, role byte, h *Hello, serverNonce [NonceLen]byte) [ProofLen]byte {
+// Proof returns HMAC-SHA256(secret, role ‖ hello ‖ server nonce ‖ bound):
+// what each end sends to show it knows the secret. Both nonces are fresh
+// per connection, so a recorded handshake cannot be replayed, and the role
+// byte keeps a server's proof from serving as a client's. bound is the
+// client's first frame (empty for the server's proof): covering it means
+// the frame that says who the client is and what the connection is for
+// (PeerInfo, ConnSetup) cannot be altered or relayed to another rank.
+func Proof(secret []byte, role byte, h *Hello, serverNonce [NonceLen]byte, bound []byte) [ProofLen]byte {
 	m := hmac.New(sha256.New, secret)
 	m.Write([]byte{role})
 	m.Write(h.Append(make([]byte, 0, helloLen)))
 	m.Write(serverNonce[:])
+	m.Write(bound)
 	var out [ProofLen]byte
 	copy(out[:], m.Sum(nil))
 	return out
 }
 
 // CheckProof reports whether got is the right proof, in constant time.
-func CheckProof(secret []byte, role byte, h *Hello, serverNonce [NonceLen]byte, got [ProofLen]byte) bool {
-	want := Proof(secret, role, h, serverNonce)
+func CheckProof(secret []byte, role byte, h *Hello, serverNonce [NonceLen]byte, bound []byte, got [ProofLen]byte) bool {
+	want := Proof(secret, role, h, serverNonce, bound)
 	return hmac.Equal(want[:], got[:])
 }
 

@@ -113,14 +113,16 @@ func TestProof(t *testing.T) {
 	secret := []byte("0123456789abcdef")
 	h := &Hello{Version: ProtocolVersion, Purpose: PurposeBootstrap, Nonce: [NonceLen]byte{1}}
 	sn := [NonceLen]byte{2}
-	p := Proof(secret, RoleServer, h, sn)
-	require.True(t, CheckProof(secret, RoleServer, h, sn, p))
-	require.False(t, CheckProof(secret, RoleClient, h, sn, p), "a server proof is no client proof")
-	require.False(t, CheckProof([]byte("wrong"), RoleServer, h, sn, p))
+	first := []byte("conn setup")
+	p := Proof(secret, RoleClient, h, sn, first)
+	require.True(t, CheckProof(secret, RoleClient, h, sn, first, p))
+	require.False(t, CheckProof(secret, RoleServer, h, sn, first, p), "a client proof is no server proof")
+	require.False(t, CheckProof([]byte("wrong"), RoleClient, h, sn, first, p))
+	require.False(t, CheckProof(secret, RoleClient, h, sn, []byte("conn setuq"), p), "bound to the first frame")
 	h2 := *h
 	h2.Nonce[0] = 9
-	require.False(t, CheckProof(secret, RoleServer, &h2, sn, p), "bound to the client nonce")
-	require.False(t, CheckProof(secret, RoleServer, h, [NonceLen]byte{3}, p), "bound to the server nonce")
+	require.False(t, CheckProof(secret, RoleClient, &h2, sn, first, p), "bound to the client nonce")
+	require.False(t, CheckProof(secret, RoleClient, h, [NonceLen]byte{3}, first, p), "bound to the server nonce")
 }
 
 // fuzzCodec checks one parser on arbitrary input: no panic, and anything

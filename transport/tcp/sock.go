@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -42,13 +43,16 @@ type sock struct {
 	closed atomic.Bool  // set once; fd is then shut down
 
 	// Receive side, driven by the channel's goroutine.
-	rbuf []byte
-	r, w int // unread bytes are rbuf[r:w]
+	rbuf   []byte
+	r, w   int  // unread bytes are rbuf[r:w]
+	broken bool // a read failed mid-slice: the stream is no longer framed
 
-	// Send side, driven by the channel's goroutine.
+	// Send side, driven by the channel's goroutine; wmu also lets Close
+	// write an abort notice between slices.
+	wmu    sync.Mutex // guards queue, err and writes to fd
 	queue  []job
 	err    error // sticky write error
-	listed bool  // in the outbox's pending list
+	listed bool  // in the outbox's pending list (channel goroutine only)
 }
 
 // job is a slice waiting to be written: its header, its payload (a
@@ -95,12 +99,14 @@ func newSock(c *conn, nc net.Conn) (*sock, error) {
 
 // notifyAbort writes an abort notice carrying reason, if the socket is at
 // a slice boundary and the kernel takes it at once; best effort, since the
-// connection is being torn down anyway. Only the goroutine that owns the
-// send side, or one that has stopped it (Close), may call it.
+// connection is being torn down anyway. Any goroutine may call it.
 func (s *sock) notifyAbort(reason string) {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
 	if len(s.queue) > 0 && (s.queue[0].hoff > 0 || s.queue[0].doff > 0) {
 		return // mid-slice: a notice would garble the stream
 	}
+	s.err = errAborted // nothing more goes out after the notice
 	if len(reason) > wire.MaxString {
 		reason = reason[:wire.MaxString]
 	}
@@ -112,6 +118,9 @@ func (s *sock) notifyAbort(reason string) {
 	}
 }
 
+// errAborted stops a socket's sends once an abort notice went out.
+var errAborted = errors.New("connection aborted")
+
 // scanAbort looks, without blocking, through what the peer has sent on
 // this socket for an abort notice: when a send fails because the peer
 // hung up, the notice it left on the way out says why. It skips data
@@ -119,7 +128,7 @@ func (s *sock) notifyAbort(reason string) {
 // is in use, both being driven by the channel's goroutine) and gives up
 // after 64 MiB.
 func (s *sock) scanAbort() (string, bool) {
-	if s.enter() != nil {
+	if s.broken || s.enter() != nil {
 		return "", false
 	}
 	defer s.exit()
@@ -202,21 +211,39 @@ func (s *sock) exit() { s.users.Add(-1) }
 
 // push queues a slice and writes what the kernel takes at once.
 func (s *sock) push(j job) error {
+	s.wmu.Lock()
 	if s.err != nil {
-		return s.err
+		err := s.err
+		s.wmu.Unlock()
+		return err
 	}
 	s.queue = append(s.queue, j)
-	s.pump()
-	if len(s.queue) > 0 && !s.listed {
+	s.pumpLocked()
+	more, err := len(s.queue) > 0, s.err
+	s.wmu.Unlock()
+	if more && !s.listed {
 		s.c.ob.pending = append(s.c.ob.pending, s)
 		s.listed = true
 	}
-	return s.err
+	return err
+}
+
+// pending reports how many slices wait and the sticky write error.
+func (s *sock) pending() (int, error) {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	return len(s.queue), s.err
 }
 
 // pump writes queued slices, without blocking, until the kernel takes no
 // more; finished staging slots go back to the connection.
 func (s *sock) pump() {
+	s.wmu.Lock()
+	s.pumpLocked()
+	s.wmu.Unlock()
+}
+
+func (s *sock) pumpLocked() {
 	if s.err != nil || len(s.queue) == 0 {
 		return
 	}
@@ -282,6 +309,7 @@ func (s *sock) next(ctx context.Context, n int, dst []byte) ([]byte, error) {
 		m, err := s.readSome(ctx, dst[got:n])
 		got += m
 		if err != nil {
+			s.broken = true
 			return nil, err
 		}
 	}
@@ -306,6 +334,9 @@ func (s *sock) fill(ctx context.Context, n int) error {
 		m, err := s.readSome(ctx, s.rbuf[s.w:])
 		s.w += m
 		if err != nil {
+			if s.w-s.r > 0 && n > wire.SliceHeaderLen {
+				s.broken = true // part of a payload is gone
+			}
 			return err
 		}
 	}
@@ -355,6 +386,7 @@ func (s *sock) readSome(ctx context.Context, b []byte) (int, error) {
 // written. Only the channel's goroutine touches it.
 type outbox struct {
 	pending []*sock
+	err     error // the first write error, naming its peer
 }
 
 // progress writes what it can of every pending socket's queue.
@@ -362,7 +394,11 @@ func (ob *outbox) progress() {
 	kept := ob.pending[:0]
 	for _, s := range ob.pending {
 		s.pump()
-		if len(s.queue) > 0 && s.err == nil {
+		n, err := s.pending()
+		if err != nil && ob.err == nil {
+			ob.err = s.c.peerErr("send", err)
+		}
+		if n > 0 && err == nil {
 			kept = append(kept, s)
 		} else {
 			s.listed = false
@@ -374,17 +410,10 @@ func (ob *outbox) progress() {
 	ob.pending = kept
 }
 
-// firstErr returns a write error of a pending socket: a dead peer must
+// firstErr returns a write error the channel has met: a dead peer must
 // fail a rank that waits on another peer too, or it would wait forever
 // for data that depends on what it cannot send.
-func (ob *outbox) firstErr() error {
-	for _, s := range ob.pending {
-		if s.err != nil {
-			return s.err
-		}
-	}
-	return nil
-}
+func (ob *outbox) firstErr() error { return ob.err }
 
 // wait calls try until it reports done, moving the channel's outgoing
 // slices in between: first polling without sleeping for o.SpinFor, then
@@ -394,8 +423,14 @@ func (ob *outbox) wait(ctx context.Context, fd int, events int16, o Options, try
 	if m, done, err := try(); done {
 		return m, err
 	}
-	fds := make([]unix.PollFd, 1, 1+len(ob.pending))
-	fds[0] = unix.PollFd{Fd: int32(fd), Events: events}
+	// fds[0] is the socket waited on, if any (fd < 0: only the pending
+	// sockets, as when waiting for a staging slot to come back).
+	primary := 0
+	fds := make([]unix.PollFd, 0, 1+len(ob.pending))
+	if fd >= 0 {
+		primary = 1
+		fds = append(fds, unix.PollFd{Fd: int32(fd), Events: events})
+	}
 	if o.SpinFor > 0 {
 		// Poll with a zero timeout rather than retrying the call: tcp_poll
 		// reads the socket's state without its lock, where each failed
@@ -404,7 +439,7 @@ func (ob *outbox) wait(ctx context.Context, fd int, events int16, o Options, try
 		var deadline time.Time
 		for i := 0; ; i++ {
 			ob.progress()
-			if n, _ := unix.Poll(fds[:1], 0); n > 0 {
+			if n, _ := unix.Poll(fds[:primary], 0); n > 0 || primary == 0 {
 				if m, done, err := try(); done {
 					return m, err
 				}
@@ -433,7 +468,7 @@ func (ob *outbox) wait(ctx context.Context, fd int, events int16, o Options, try
 		if ctx.Err() != nil {
 			return 0, context.Cause(ctx)
 		}
-		fds = fds[:1]
+		fds = fds[:primary]
 		for _, s := range ob.pending {
 			fds = append(fds, unix.PollFd{Fd: int32(s.fd), Events: unix.POLLOUT})
 		}

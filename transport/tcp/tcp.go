@@ -37,28 +37,32 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/goccl/goccl/internal/handshake"
 	"github.com/goccl/goccl/internal/wire"
 	"github.com/goccl/goccl/memory"
 	"github.com/goccl/goccl/transport"
-	"golang.org/x/sys/unix"
 )
 
 // Endpoint is one rank's TCP transport.
 type Endpoint struct {
 	o   Options
 	log *slog.Logger
-	wg  sync.WaitGroup // accept loop, setup goroutines, writers
+	wg  sync.WaitGroup // accept loop and setup goroutines
 
 	mu       sync.Mutex // guards the fields below
 	conns    map[connKey]*conn
 	pending  map[connKey]*pendingConn
-	outboxes map[int]*outbox // by channel
+	outboxes map[int]*outbox       // by channel
+	setup    map[net.Conn]struct{} // incoming sockets still authenticating
 	closed   bool
 	cause    error
 	done     chan struct{} // closed by Close
+
+	drops   atomic.Int64  // connections refused
+	closing chan struct{} // closed when Close has finished
 }
 
 type connKey struct{ peer, ch int }
@@ -96,7 +100,7 @@ func New(o Options) (*Endpoint, error) {
 		return nil, fmt.Errorf("tcp: need 1..64 sockets, ≥ 2 slots of ≥ 64 bytes: %d sockets, %d slots of %d", o.NSocks, o.Slots, o.SlotSize)
 	}
 	e := &Endpoint{o: o, log: o.Logger, conns: map[connKey]*conn{}, pending: map[connKey]*pendingConn{},
-		outboxes: map[int]*outbox{}, done: make(chan struct{})}
+		outboxes: map[int]*outbox{}, setup: map[net.Conn]struct{}{}, done: make(chan struct{}), closing: make(chan struct{})}
 	if e.log == nil {
 		e.log = slog.Default()
 	}
@@ -112,39 +116,79 @@ func (e *Endpoint) Caps() transport.Caps {
 
 func (e *Endpoint) accept() {
 	defer e.wg.Done()
+	backoff := time.Millisecond
 	for {
 		c, err := e.o.Listener.Accept()
-		if err != nil {
+		if errors.Is(err, net.ErrClosed) {
 			return // closed by Close
 		}
+		if err != nil {
+			// Out of file descriptors and the like: keep accepting once the
+			// condition passes.
+			e.logDrop(nil, fmt.Errorf("accept: %w", err))
+			time.Sleep(backoff)
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		backoff = time.Millisecond
 		e.mu.Lock()
 		if e.closed {
 			e.mu.Unlock()
 			c.Close()
 			return
 		}
+		if len(e.setup) >= maxHandshakes {
+			// Too many connections that have not authenticated yet: drop
+			// this one, so that strangers cannot exhaust descriptors.
+			e.mu.Unlock()
+			c.Close()
+			continue
+		}
+		e.setup[c] = struct{}{}
 		e.wg.Add(1)
 		e.mu.Unlock()
 		go e.setupIncoming(c)
 	}
 }
 
+// maxHandshakes caps the incoming sockets authenticating at once.
+const maxHandshakes = 128
+
+// logDrop logs a refused connection: the first few, then one in a hundred,
+// so that a stranger hammering the port cannot flood the log.
+func (e *Endpoint) logDrop(c net.Conn, err error) {
+	n := e.drops.Add(1)
+	if n > 5 && n%100 != 0 {
+		return
+	}
+	from := ""
+	if c != nil {
+		from = c.RemoteAddr().String()
+	}
+	e.log.Warn("goccl: tcp transport dropped a connection", "rank", e.o.Rank, "from", from, "err", err, "dropped so far", n)
+}
+
 // setupIncoming authenticates an incoming socket and files it with its
 // connection. Strangers are logged and dropped.
 func (e *Endpoint) setupIncoming(c net.Conn) {
 	defer e.wg.Done()
-	drop := func(err error) {
-		e.log.Warn("goccl: tcp transport dropped a connection", "rank", e.o.Rank, "from", c.RemoteAddr().String(), "err", err)
-		c.Close()
-	}
+	kept := false
+	defer func() {
+		e.mu.Lock()
+		delete(e.setup, c)
+		e.mu.Unlock()
+		if !kept {
+			c.Close()
+		}
+	}()
 	c.SetDeadline(time.Now().Add(setupTimeout))
-	if _, err := handshake.Server(c, e.o.Secret, wire.PurposeData); err != nil {
-		drop(err)
+	_, typ, payload, err := handshake.Server(c, e.o.Secret, wire.PurposeData, 64)
+	if err != nil {
+		e.logDrop(c, err)
 		return
 	}
-	typ, payload, err := handshake.ReadFrame(c, 64)
-	if err != nil || typ != wire.FrameConnSetup {
-		drop(fmt.Errorf("expected a connection setup (got %v, %v)", typ, err))
+	if typ != wire.FrameConnSetup {
+		e.logDrop(c, fmt.Errorf("expected a connection setup, got a %v frame", typ))
 		return
 	}
 	s, _, err := wire.ParseConnSetup(payload)
@@ -154,7 +198,7 @@ func (e *Endpoint) setupIncoming(c net.Conn) {
 	reject := func(err error) {
 		r := wire.Reject{Reason: err.Error()}
 		handshake.WriteFrame(c, wire.FrameReject, r.Append(nil))
-		drop(err)
+		e.logDrop(c, err)
 	}
 	if err != nil {
 		reject(err)
@@ -164,28 +208,31 @@ func (e *Endpoint) setupIncoming(c net.Conn) {
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
-		c.Close()
-		return
-	}
-	if e.conns[k] != nil {
-		e.mu.Unlock()
-		reject(fmt.Errorf("connection from rank %d on channel %d already established", s.From, s.Channel))
 		return
 	}
 	p := e.pendingLocked(k)
-	if p.socks[s.Socket] != nil {
+	select {
+	case <-p.ready:
 		e.mu.Unlock()
-		reject(fmt.Errorf("socket %d of rank %d's channel %d arrived twice", s.Socket, s.From, s.Channel))
+		reject(fmt.Errorf("connection from rank %d on channel %d already established", s.From, s.Channel))
 		return
+	default:
+	}
+	if old := p.socks[s.Socket]; old != nil {
+		// The dialer gave up on the first attempt (a slow acknowledgement)
+		// and tried again: the newer socket is the one it uses.
+		old.Close()
+		p.n--
 	}
 	p.socks[s.Socket] = c
 	p.n++
 	complete := p.n == len(p.socks)
+	kept = true
 	e.mu.Unlock()
 	c.SetDeadline(time.Time{})
 	// Acknowledge, so the dialer knows the socket was accepted.
 	if err := handshake.WriteFrame(c, wire.FrameConnSetup, payload); err != nil {
-		e.log.Warn("goccl: tcp transport could not acknowledge a socket", "rank", e.o.Rank, "peer", s.From, "err", err)
+		e.logDrop(c, fmt.Errorf("acknowledging a socket of rank %d: %w", s.From, err))
 	}
 	if complete {
 		close(p.ready)
@@ -307,17 +354,18 @@ func (e *Endpoint) dialOne(ctx context.Context, peer, ch, i int) (net.Conn, erro
 		d := net.Dialer{Timeout: setupTimeout}
 		c, err := d.DialContext(ctx, "tcp", addr)
 		if err == nil {
-			if err = e.setupOutgoing(c, peer, ch, i); err == nil {
+			if err = e.setupOutgoing(ctx, c, peer, ch, i); err == nil {
 				return c, nil
 			}
 			c.Close()
 			if errors.Is(err, handshake.ErrAuth) || ctx.Err() != nil {
 				return nil, fmt.Errorf("connecting to rank %d at %s: %w", peer, addr, err)
 			}
-			// A refusal (a rank that is not set up yet, a wrong socket
-			// count) does not improve by retrying.
+			// A refusal (a wrong socket count, another protocol version)
+			// does not improve by retrying.
 			var ref *refusedError
-			if errors.As(err, &ref) {
+			var rej *handshake.RejectedError
+			if errors.As(err, &ref) || errors.As(err, &rej) {
 				return nil, fmt.Errorf("connecting to rank %d at %s: %w", peer, addr, err)
 			}
 		}
@@ -336,31 +384,31 @@ type refusedError struct{ reason string }
 
 func (r *refusedError) Error() string { return "refused: " + r.reason }
 
-func (e *Endpoint) setupOutgoing(c net.Conn, peer, ch, i int) error {
-	c.SetDeadline(time.Now().Add(setupTimeout))
-	defer c.SetDeadline(time.Time{})
-	if err := handshake.Client(c, e.o.Secret, wire.PurposeData); err != nil {
-		return err
-	}
+func (e *Endpoint) setupOutgoing(ctx context.Context, c net.Conn, peer, ch, i int) error {
 	s := wire.ConnSetup{From: uint32(e.o.Rank), To: uint32(peer), Channel: uint32(ch), Socket: uint16(i), NSocks: uint16(e.o.NSocks)}
-	if err := handshake.WriteFrame(c, wire.FrameConnSetup, s.Append(nil)); err != nil {
-		return err
-	}
-	typ, payload, err := handshake.ReadFrame(c, wire.MaxString+64)
-	if err != nil {
-		return err
-	}
-	if typ == wire.FrameReject {
-		r, _, _ := wire.ParseReject(payload)
-		return &refusedError{reason: r.Reason}
-	}
-	if typ != wire.FrameConnSetup {
-		return fmt.Errorf("expected a setup acknowledgement, got a %v frame", typ)
-	}
-	return nil
+	return handshake.Bounded(ctx, c, setupTimeout, func() error {
+		if err := handshake.Client(c, e.o.Secret, wire.PurposeData, func() (wire.FrameType, []byte) {
+			return wire.FrameConnSetup, s.Append(nil)
+		}); err != nil {
+			return err
+		}
+		typ, payload, err := handshake.ReadFrame(c, wire.MaxString+64)
+		if err != nil {
+			return err
+		}
+		if typ == wire.FrameReject {
+			r, _, _ := wire.ParseReject(payload)
+			return &refusedError{reason: r.Reason}
+		}
+		if typ != wire.FrameConnSetup {
+			return fmt.Errorf("expected a setup acknowledgement, got a %v frame", typ)
+		}
+		return nil
+	})
 }
 
-// Close implements transport.Endpoint.
+// Close implements transport.Endpoint. A second Close (an abort after a
+// graceful close, say) waits for the first to finish.
 func (e *Endpoint) Close(cause error) error {
 	e.mu.Lock()
 	if e.closed {
@@ -368,13 +416,16 @@ func (e *Endpoint) Close(cause error) error {
 			e.cause = cause
 		}
 		e.mu.Unlock()
-		e.wg.Wait()
+		<-e.closing
 		return nil
 	}
 	e.closed = true
 	e.cause = cause
 	close(e.done)
 	e.o.Listener.Close()
+	for c := range e.setup {
+		c.Close() // a stranger mid-handshake must not hold Close up
+	}
 	conns := make([]*conn, 0, len(e.conns))
 	for _, c := range e.conns {
 		conns = append(conns, c)
@@ -403,6 +454,7 @@ func (e *Endpoint) Close(cause error) error {
 	for _, c := range conns {
 		c.release()
 	}
+	close(e.closing)
 	return nil
 }
 
@@ -470,6 +522,10 @@ func (c *conn) release() {
 func (c *conn) Peer() int { return c.peer }
 
 func (c *conn) peerErr(op string, err error) error {
+	var pe *transport.PeerError
+	if errors.As(err, &pe) {
+		return err // already names its peer (a write error seen while waiting)
+	}
 	if errClosedOrEOF(err) {
 		// A peer that aborted left a notice before hanging up; a send that
 		// failed has not read it yet.
@@ -496,8 +552,8 @@ func (c *conn) peerErr(op string, err error) error {
 // sendErr returns the first write error of the connection's sockets.
 func (c *conn) sendErr() error {
 	for _, s := range c.socks {
-		if s.err != nil {
-			return s.err
+		if _, err := s.pending(); err != nil {
+			return err
 		}
 		if s.closed.Load() {
 			return net.ErrClosed
@@ -506,26 +562,14 @@ func (c *conn) sendErr() error {
 	return nil
 }
 
-// pending reports whether any of the connection's sockets has slices
-// queued.
-func (c *conn) pending() bool {
-	for _, s := range c.socks {
-		if len(s.queue) > 0 {
-			return true
-		}
-	}
-	return false
-}
-
 func (c *conn) Reserve(ctx context.Context, n int) (memory.Buffer, error) {
 	if n < 0 || n > c.e.o.SlotSize {
 		return memory.Buffer{}, fmt.Errorf("tcp: reserve %d bytes of a %d-byte slot", n, c.e.o.SlotSize)
 	}
 	if len(c.free) == 0 {
 		// Every slot is on its way out: move the channel's data until one
-		// comes back.
-		s := c.socks[(c.sendSeq+uint64(len(c.socks))-1)%uint64(len(c.socks))] // the busiest: the last one posted to
-		_, err := c.ob.wait(ctx, s.fd, unix.POLLOUT, c.e.o, func() (int, bool, error) {
+		// comes back, parked on the pending sockets' writability.
+		_, err := c.ob.wait(ctx, -1, 0, c.e.o, func() (int, bool, error) {
 			if len(c.free) > 0 {
 				return 0, true, nil
 			}
@@ -588,19 +632,23 @@ func (c *conn) PostFrom(src memory.Buffer, tag transport.Tag) error {
 
 // Flush implements transport.Flusher.
 func (c *conn) Flush(ctx context.Context) error {
-	for _, s := range c.socks {
-		if len(s.queue) == 0 {
-			continue
-		}
-		_, err := c.ob.wait(ctx, s.fd, unix.POLLOUT, c.e.o, func() (int, bool, error) {
-			if err := c.sendErr(); err != nil {
+	done := func() (int, bool, error) {
+		for _, s := range c.socks {
+			n, err := s.pending()
+			if err != nil {
 				return 0, true, err
 			}
-			return 0, len(s.queue) == 0, nil
-		})
-		if err != nil {
-			return c.sendFail(ctx, err)
+			if n > 0 {
+				return 0, false, nil
+			}
 		}
+		return 0, true, nil
+	}
+	if _, ok, err := done(); ok && err == nil {
+		return nil
+	}
+	if _, err := c.ob.wait(ctx, -1, 0, c.e.o, done); err != nil {
+		return c.sendFail(ctx, err)
 	}
 	return nil
 }
