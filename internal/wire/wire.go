@@ -51,6 +51,7 @@ type Purpose uint8
 const (
 	PurposeBootstrap Purpose = 1 // a rank registering with the root
 	PurposeData      Purpose = 2 // a transport connection between ranks
+	PurposeShm       Purpose = 3 // a shared-memory segment handed between ranks
 )
 
 func (p Purpose) String() string {
@@ -59,6 +60,8 @@ func (p Purpose) String() string {
 		return "bootstrap"
 	case PurposeData:
 		return "data"
+	case PurposeShm:
+		return "shm"
 	}
 	return fmt.Sprintf("purpose(%d)", uint8(p))
 }

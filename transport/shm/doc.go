@@ -1,0 +1,39 @@
+// Package shm is goccl's transport between processes on one host: a
+// connection is a pair of slot rings in a shared memory segment, so a
+// sender writes (or reduces) straight into the slot its receiver reads,
+// and the receiver reduces straight out of it; no byte goes through the
+// kernel.
+//
+// # Segments
+//
+// For each pair of ranks and channel, the lower rank creates an anonymous
+// memfd segment (one ring per direction: head and tail counters on cache
+// lines of their own, slot metadata, slot data) and hands its file
+// descriptor to the higher rank over an authenticated Unix socket
+// (SCM_RIGHTS; abstract socket names are derived from the job's secret).
+// Both map it and close the descriptor at once. The segment has no name,
+// so nothing can outlive the job: the kernel frees it when the last
+// mapping goes, crashed processes included.
+//
+// # Waiting
+//
+// Waits poll the counters for SpinFor, yielding the CPU every few polls
+// (so that ranks that outnumber cores, as 4 ranks on 2 here, still
+// progress: MPICH's pure busy-waiting turns an 8-byte all-reduce into 4 ms
+// in that case, ../shared/baselines/RESULTS.md), then sleep on a futex in
+// the segment, a few milliseconds at a time so that contexts, aborts and
+// dead peers are noticed. A rank that sleeps sets a flag; the other side
+// wakes it only when the flag is set, so the common path makes no system
+// call at all.
+//
+// # Failures
+//
+// The Unix socket stays open as a control channel: a peer that dies closes
+// it (the kernel does), which the waiting side notices; a peer that aborts
+// writes its cause there and raises a flag in the segment first, so the
+// other side reports the cause. Close(nil) marks this rank gone; its
+// receivers drain what it posted, then get ErrPeerClosed.
+//
+// Goroutines: one accept loop per endpoint and one short-lived goroutine
+// per incoming connection while it authenticates. Close stops them.
+package shm

@@ -1,0 +1,43 @@
+package shm
+
+import (
+	"log/slog"
+	"net"
+	"time"
+)
+
+// Defaults.
+const (
+	// DefaultSlots is NCCL's NCCL_STEPS (src/include/device.h): a sender
+	// may run up to eight slices ahead of its receiver.
+	DefaultSlots = 8
+	// DefaultSlotSize keeps a connection's ring (8 slots each way) within
+	// a core's 2 MiB L2 cache, as transport/mem's default does: slices
+	// pass from core to core through the caches, not through DRAM.
+	DefaultSlotSize = 128 << 10
+	DefaultSpinFor  = time.Millisecond
+	// setupTimeout bounds how long a connection may take to authenticate
+	// and hand over its segment.
+	setupTimeout = 10 * time.Second
+	// sleepSlice is the longest a waiter sleeps on its futex before it
+	// checks for a dead peer, its context and aborts that come without a
+	// wake-up.
+	sleepSlice = 2 * time.Millisecond
+)
+
+// Options configures an endpoint.
+type Options struct {
+	Rank, NRanks int
+	// Peers holds, by rank, the address of each peer's shared-memory
+	// listener (see Listen); "" for peers this rank does not reach over
+	// shared memory.
+	Peers  []string
+	Secret []byte
+	// Listener is this rank's listener, made by Listen, whose address the
+	// peers know. The endpoint owns it from New on.
+	Listener *net.UnixListener
+	Slots    int           // slots per ring; 0 means DefaultSlots
+	SlotSize int           // bytes per slot, a multiple of 4096; 0 means DefaultSlotSize
+	SpinFor  time.Duration // polling before sleeping; 0 means DefaultSpinFor, <0 never polls
+	Logger   *slog.Logger
+}

@@ -1,0 +1,269 @@
+package shm
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Segment layout. All offsets are multiples of the page size; every field
+// that one side writes while the other polls has a 128-byte block to
+// itself (two cache lines: Intel's adjacent-line prefetcher fetches lines
+// in pairs).
+//
+//	0                header page: magic, version, geometry, and per side
+//	                 (0: the rank that created it, 1: the other) a gone
+//	                 flag, an aborted flag and the abort's reason
+//	pageSize         ring 0 (side 0 sends, side 1 receives)
+//	...              ring 1 (side 1 sends, side 0 receives)
+//
+// A ring is a control page, then Slots 64-byte slot descriptors rounded up
+// to pages, then Slots data slots of SlotSize bytes each (SlotSize is a
+// multiple of the page size):
+//
+//	ctrl+0    tail   slices posted (the sender's line; the futex the
+//	          receiver sleeps on)
+//	ctrl+4    swait  the sender sleeps (waiting for a free slot)
+//	ctrl+128  head   slices released (the receiver's line; the futex the
+//	          sender sleeps on)
+//	ctrl+132  rwait  the receiver sleeps (waiting for a slice)
+//
+// Counters are 32 bits and wrap; the ring compares them modulo 2³².
+const (
+	pageSize   = 4096
+	magic      = 0x6d6873_6c63636f67 // "gocclshm" little-endian, give or take
+	version    = 1
+	descSize   = 64
+	reasonSize = 1024
+
+	hdrMagic    = 0
+	hdrVersion  = 8
+	hdrSlots    = 12
+	hdrSlotSize = 16
+	hdrSide     = 128 // + side*sideStride
+	sideStride  = 128 + reasonSize
+	sideGone    = 0
+	sideAborted = 4
+	sideLen     = 8
+	sideReason  = 128
+
+	ctrlTail  = 0
+	ctrlSWait = 4
+	ctrlHead  = 128
+	ctrlRWait = 132
+)
+
+func roundPage(n int) int { return (n + pageSize - 1) &^ (pageSize - 1) }
+
+// geometry is the shape of a segment.
+type geometry struct {
+	slots, slotSize int
+}
+
+func (g geometry) ringSize() int {
+	return pageSize + roundPage(g.slots*descSize) + g.slots*g.slotSize
+}
+
+func (g geometry) size() int { return pageSize + 2*g.ringSize() }
+
+// segment is one mapping of a pair's segment.
+type segment struct {
+	mem  []byte
+	side int // which side this rank is
+
+	// refs counts calls and slots in use (see acquire); the closed bit is
+	// set once the segment is being torn down.
+	refs    atomic.Int64
+	unmapMu sync.Once
+}
+
+const closedBit = 1 << 62
+
+// mapSegment maps fd, checking its geometry when it came from the peer.
+func mapSegment(fd int, g geometry, side int) (*segment, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("shm: stat segment: %w", err)
+	}
+	if st.Size != int64(g.size()) {
+		return nil, fmt.Errorf("shm: segment is %d bytes, want %d (%d slots of %d bytes): do all ranks use the same slot settings?", st.Size, g.size(), g.slots, g.slotSize)
+	}
+	mem, err := unix.Mmap(fd, 0, g.size(), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("shm: map segment: %w", err)
+	}
+	s := &segment{mem: mem, side: side}
+	if side == 0 {
+		binary.LittleEndian.PutUint64(mem[hdrMagic:], magic)
+		binary.LittleEndian.PutUint32(mem[hdrVersion:], version)
+		binary.LittleEndian.PutUint32(mem[hdrSlots:], uint32(g.slots))
+		binary.LittleEndian.PutUint64(mem[hdrSlotSize:], uint64(g.slotSize))
+		return s, nil
+	}
+	switch {
+	case binary.LittleEndian.Uint64(mem[hdrMagic:]) != magic:
+		err = errors.New("shm: not a goccl segment")
+	case binary.LittleEndian.Uint32(mem[hdrVersion:]) != version:
+		err = fmt.Errorf("shm: segment version %d, want %d", binary.LittleEndian.Uint32(mem[hdrVersion:]), version)
+	case int(binary.LittleEndian.Uint32(mem[hdrSlots:])) != g.slots || int(binary.LittleEndian.Uint64(mem[hdrSlotSize:])) != g.slotSize:
+		err = fmt.Errorf("shm: peer's segment has %d slots of %d bytes, this rank uses %d of %d (set the slot settings alike on every rank)",
+			binary.LittleEndian.Uint32(mem[hdrSlots:]), binary.LittleEndian.Uint64(mem[hdrSlotSize:]), g.slots, g.slotSize)
+	}
+	if err != nil {
+		unix.Munmap(mem)
+		return nil, err
+	}
+	return s, nil
+}
+
+// createSegment makes a new segment and returns its descriptor (to hand to
+// the peer) and this side's mapping.
+func createSegment(g geometry) (int, *segment, error) {
+	fd, err := unix.MemfdCreate("goccl", unix.MFD_CLOEXEC)
+	if err != nil {
+		return -1, nil, fmt.Errorf("shm: memfd_create: %w", err)
+	}
+	if err := unix.Ftruncate(fd, int64(g.size())); err != nil {
+		unix.Close(fd)
+		return -1, nil, fmt.Errorf("shm: size segment: %w", err)
+	}
+	s, err := mapSegment(fd, g, 0)
+	if err != nil {
+		unix.Close(fd)
+		return -1, nil, err
+	}
+	return fd, s, nil
+}
+
+func (s *segment) u32(off int) *atomic.Uint32 {
+	return (*atomic.Uint32)(unsafe.Pointer(&s.mem[off]))
+}
+
+func sideOff(side int) int { return hdrSide + side*sideStride }
+
+// gone and aborted are side's flags.
+func (s *segment) gone(side int) *atomic.Uint32 { return s.u32(sideOff(side) + sideGone) }
+
+func (s *segment) aborted(side int) *atomic.Uint32 {
+	return s.u32(sideOff(side) + sideAborted)
+}
+
+// setAborted records this side's abort and its reason.
+func (s *segment) setAborted(reason string) {
+	off := sideOff(s.side)
+	if len(reason) > reasonSize {
+		reason = reason[:reasonSize]
+	}
+	n := copy(s.mem[off+sideReason:off+sideReason+reasonSize], reason)
+	s.u32(off + sideLen).Store(uint32(n))
+	s.aborted(s.side).Store(1)
+}
+
+// abortReason returns side's reason, if it aborted.
+func (s *segment) abortReason(side int) (string, bool) {
+	if s.aborted(side).Load() == 0 {
+		return "", false
+	}
+	off := sideOff(side)
+	n := min(int(s.u32(off+sideLen).Load()), reasonSize)
+	if n == 0 {
+		return "no reason given", true
+	}
+	return string(s.mem[off+sideReason : off+sideReason+n]), true
+}
+
+// acquire marks the segment's memory in use by a call or a held slot; it
+// fails once the segment is being torn down. Every successful acquire is
+// paired with a release.
+func (s *segment) acquire() bool {
+	if s.refs.Add(1)&closedBit != 0 {
+		s.release()
+		return false
+	}
+	return true
+}
+
+func (s *segment) release() {
+	if s.refs.Add(-1) == closedBit {
+		s.unmap()
+	}
+}
+
+// detach tears the mapping down. While calls still use it (another
+// goroutine closing the endpoint under a running operation), it is
+// replaced by private zero pages, which they may scribble on harmlessly,
+// and unmapped when the last one leaves; either way this process lets go
+// of the shared memory at once.
+func (s *segment) detach() {
+	old := s.refs.Or(closedBit)
+	if old&closedBit != 0 {
+		return
+	}
+	if old == 0 {
+		s.unmap()
+		return
+	}
+	p := unsafe.Pointer(unsafe.SliceData(s.mem))
+	_, _, errno := unix.Syscall6(unix.SYS_MMAP, uintptr(p), uintptr(len(s.mem)), unix.PROT_READ|unix.PROT_WRITE,
+		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_FIXED, ^uintptr(0), 0)
+	_ = errno // on failure the shared mapping stays until the last user leaves
+	if s.refs.Load() == closedBit {
+		s.unmap()
+	}
+}
+
+func (s *segment) unmap() {
+	s.unmapMu.Do(func() { unix.Munmap(s.mem) })
+}
+
+// ring is one direction of a segment, seen from one side.
+type ring struct {
+	tail, swait, head, rwait *atomic.Uint32
+	desc                     []byte
+	data                     []byte
+	slots                    uint32
+	slotSize                 int
+}
+
+func (s *segment) ring(dir int, g geometry) ring {
+	base := pageSize + dir*g.ringSize()
+	descs := base + pageSize
+	data := descs + roundPage(g.slots*descSize)
+	return ring{
+		tail:     s.u32(base + ctrlTail),
+		swait:    s.u32(base + ctrlSWait),
+		head:     s.u32(base + ctrlHead),
+		rwait:    s.u32(base + ctrlRWait),
+		desc:     s.mem[descs : descs+g.slots*descSize],
+		data:     s.mem[data : data+g.slots*g.slotSize],
+		slots:    uint32(g.slots),
+		slotSize: g.slotSize,
+	}
+}
+
+func (r *ring) slot(i uint32) []byte {
+	off := int(i%r.slots) * r.slotSize
+	return r.data[off : off+r.slotSize : off+r.slotSize]
+}
+
+// Slot descriptors: the slice's tag and size, written by the sender before
+// it publishes the slot (tail), read by the receiver after it sees it.
+func (r *ring) putDesc(i uint32, op uint64, sig, msg, slice, size uint32) {
+	d := r.desc[int(i%r.slots)*descSize:]
+	binary.LittleEndian.PutUint64(d[0:], op)
+	binary.LittleEndian.PutUint32(d[8:], sig)
+	binary.LittleEndian.PutUint32(d[12:], msg)
+	binary.LittleEndian.PutUint32(d[16:], slice)
+	binary.LittleEndian.PutUint32(d[20:], size)
+}
+
+func (r *ring) getDesc(i uint32) (op uint64, sig, msg, slice, size uint32) {
+	d := r.desc[int(i%r.slots)*descSize:]
+	return binary.LittleEndian.Uint64(d[0:]), binary.LittleEndian.Uint32(d[8:]), binary.LittleEndian.Uint32(d[12:]),
+		binary.LittleEndian.Uint32(d[16:]), binary.LittleEndian.Uint32(d[20:])
+}

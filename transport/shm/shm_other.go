@@ -1,0 +1,34 @@
+//go:build !linux
+
+package shm
+
+import (
+	"context"
+	"errors"
+	"net"
+
+	"github.com/goccl/goccl/transport"
+)
+
+// ErrUnsupported: this platform has no shared-memory transport.
+var ErrUnsupported = errors.New("shm: the shared-memory transport needs Linux (memfd, futex)")
+
+// Supported reports whether this platform has the transport.
+const Supported = false
+
+// Listen fails with ErrUnsupported.
+func Listen() (*net.UnixListener, error) { return nil, ErrUnsupported }
+
+// Endpoint is the shared-memory transport, absent on this platform.
+type Endpoint struct{}
+
+// New fails with ErrUnsupported.
+func New(o Options) (*Endpoint, error) { return nil, ErrUnsupported }
+
+func (e *Endpoint) Connect(ctx context.Context, peer, ch int) (transport.Conn, error) {
+	return nil, ErrUnsupported
+}
+
+func (e *Endpoint) Caps() transport.Caps { return transport.Caps{} }
+
+func (e *Endpoint) Close(cause error) error { return nil }
