@@ -26,7 +26,8 @@ type Comm struct {
 	eng        *engine.Engine
 	ep         transport.Endpoint
 	peers      []wire.PeerInfo // from the bootstrap; nil in a local group
-	transport  string          // "mem" or "tcp"
+	transport  string          // "mem" in a local group
+	routes     []string        // by rank, between processes: "self", "shm" or "tcp"
 
 	// ctx is cancelled, with the cause, when the communicator is aborted or
 	// closed; it is the parent of every operation's context.
@@ -65,7 +66,7 @@ type RankInfo struct {
 	PID       int
 	Host      string // host identity (hostname/boot id, or GOCCL_HOSTID)
 	Addr      string // data address, "" in a local group
-	Transport string // how this rank reaches it: "self", "mem", "tcp"
+	Transport string // how this rank reaches it: "self", "mem", "shm", "tcp"
 }
 
 // Ranks describes every rank of the communicator, as this rank sees it.
@@ -73,6 +74,9 @@ func (c *Comm) Ranks() []RankInfo {
 	out := make([]RankInfo, c.size)
 	for r := range out {
 		ri := RankInfo{Rank: r, Transport: c.transport}
+		if c.routes != nil {
+			ri.Transport = c.routes[r]
+		}
 		if r == c.rank {
 			ri.Transport = "self"
 		}

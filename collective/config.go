@@ -66,6 +66,12 @@ type Config struct {
 	// decides which ranks share a host; set it per network namespace to
 	// make namespaces count as hosts.
 	HostID string
+	// Transport chooses how processes reach each other: TransportAuto
+	// (or ""): shared memory between ranks on one host, TCP otherwise;
+	// TransportTCP: TCP everywhere; TransportShm: shared memory everywhere,
+	// and Init fails if some pair cannot use it. Ranks may differ: a pair
+	// uses shared memory only if neither side forces TCP.
+	Transport string
 	// Spin is how long a rank waiting for data polls before it sleeps
 	// (parking and waking a thread costs tens of microseconds); 0 means
 	// DefaultSpin, a negative value never polls.
@@ -143,6 +149,12 @@ func WithSpin(d time.Duration) Option {
 	return func(s *settings) { s.cfg.Spin = d; s.mark("Spin") }
 }
 
+// WithTransport chooses the transport between processes: "auto", "tcp"
+// or "shm" (see Config.Transport).
+func WithTransport(t string) Option {
+	return func(s *settings) { s.cfg.Transport = t; s.mark("Transport") }
+}
+
 // WithHostID overrides the host identity.
 func WithHostID(id string) Option {
 	return func(s *settings) { s.cfg.HostID = id; s.mark("HostID") }
@@ -154,7 +166,7 @@ func WithConfig(c Config) Option {
 	return func(s *settings) {
 		s.cfg = c
 		for _, f := range []string{"Algorithm", "Channels", "MaxChannels", "ChunkSize", "Timeout", "Slots", "SlotSize",
-			"InitTimeout", "NSocks", "SocketIfname", "HostID", "Spin"} {
+			"InitTimeout", "NSocks", "SocketIfname", "HostID", "Spin", "Transport"} {
 			s.mark(f)
 		}
 	}
@@ -183,7 +195,8 @@ const (
 	EnvNSocks      = "GOCCL_NSOCKS"        // TCP sockets per connection, 1..64
 	EnvSocketIf    = "GOCCL_SOCKET_IFNAME"
 	EnvHostID      = "GOCCL_HOSTID"
-	EnvSpin        = "GOCCL_SPIN" // a duration ("1ms", "200us"); 0 never polls
+	EnvSpin        = "GOCCL_SPIN"      // a duration ("1ms", "200us"); 0 never polls
+	EnvTransport   = "GOCCL_TRANSPORT" // auto, tcp or shm
 )
 
 // resolve builds the Config: defaults, then the environment, then
@@ -223,6 +236,8 @@ func resolve(opts []Option) (Config, func(string) (string, bool), error) {
 			cfg.HostID = s.cfg.HostID
 		case "Spin":
 			cfg.Spin = s.cfg.Spin
+		case "Transport":
+			cfg.Transport = s.cfg.Transport
 		}
 	}
 	if err := cfg.validate(); err != nil {
@@ -287,6 +302,12 @@ func fromEnv(lookup func(string) (string, bool)) (Config, error) {
 	}
 	if v, ok := lookup(EnvHostID); ok {
 		c.HostID = v
+	}
+	if v, ok := lookup(EnvTransport); ok && v != "" {
+		c.Transport = strings.ToLower(strings.TrimSpace(v))
+		if c.Transport != TransportAuto && c.Transport != TransportTCP && c.Transport != TransportShm {
+			return c, bad(EnvTransport, v, "auto, tcp or shm")
+		}
 	}
 	if v, ok := lookup(EnvSpin); ok && v != "" {
 		d, err := time.ParseDuration(strings.TrimSpace(v))
@@ -366,6 +387,8 @@ func (c Config) validate() error {
 		return bad("negative InitTimeout %v", c.InitTimeout)
 	case c.NSocks < 0 || c.NSocks > 64:
 		return bad("NSocks %d out of range 0..64", c.NSocks)
+	case c.Transport != "" && c.Transport != TransportAuto && c.Transport != TransportTCP && c.Transport != TransportShm:
+		return bad("Transport %q (want auto, tcp or shm)", c.Transport)
 	}
 	return nil
 }
@@ -383,6 +406,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Spin == 0 {
 		c.Spin = DefaultSpin
+	}
+	if c.Transport == "" {
+		c.Transport = TransportAuto
 	}
 	// Slots, SlotSize and NSocks stay 0 here: each transport has its own
 	// defaults, and the communicator reports the values in effect.

@@ -20,6 +20,8 @@ import (
 	"github.com/goccl/goccl/internal/launch"
 	"github.com/goccl/goccl/internal/netif"
 	"github.com/goccl/goccl/internal/wire"
+	"github.com/goccl/goccl/transport"
+	"github.com/goccl/goccl/transport/shm"
 	"github.com/goccl/goccl/transport/tcp"
 )
 
@@ -121,11 +123,27 @@ var tcpLink = algorithms.LinkModel{
 	ChunkBytes:   2 << 20,
 }
 
+// shmLink is the tuner's model of shared-memory connections: a hop is a
+// store seen by a polling core (well under a microsecond) plus the
+// engine's own work per step; bandwidth is a memory copy through the
+// caches (RESULTS.md: 10–30 GB/s for one core); chunks of 512 KiB keep a
+// piece of a 2-rank ring within four 128 KiB slots.
+var shmLink = algorithms.LinkModel{
+	Latency:      1e-6,
+	Bandwidth:    8e9,
+	ReduceRate:   6e9,
+	MaxChannels:  DefaultMaxChannels,
+	ChannelBytes: 4 << 20,
+	ChunkBytes:   512 << 10,
+}
+
 // Init joins rank of nranks to the job named by id and returns its
-// communicator, connected over TCP. It blocks until every rank has joined
-// (all ranks call Init), ctx ends, or Config.InitTimeout passes when ctx
-// has no deadline; a rank that never arrives fails every other rank's Init
-// with an error naming it.
+// communicator. Ranks on the same host (same host identity and network
+// namespace) talk through shared memory, others over TCP;
+// Config.Transport (GOCCL_TRANSPORT) forces one. Init blocks until every
+// rank has joined (all ranks call Init), ctx ends, or Config.InitTimeout
+// passes when ctx has no deadline; a rank that never arrives fails every
+// other rank's Init with an error naming it.
 func Init(ctx context.Context, id UniqueID, nranks, rank int, opts ...Option) (*Comm, error) {
 	switch {
 	case ctx == nil:
@@ -139,10 +157,10 @@ func Init(ctx context.Context, id UniqueID, nranks, rank int, opts ...Option) (*
 	if err != nil {
 		return nil, err
 	}
-	return initTCP(ctx, id, nranks, rank, cfg, lookup)
+	return initProcs(ctx, id, nranks, rank, cfg, lookup)
 }
 
-func initTCP(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, lookup func(string) (string, bool)) (*Comm, error) {
+func initProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, lookup func(string) (string, bool)) (*Comm, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, cfg.InitTimeout)
@@ -150,6 +168,10 @@ func initTCP(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, loo
 	}
 	fail := func(err error) (*Comm, error) {
 		return nil, fmt.Errorf("goccl: rank %d of %d: init: %w", rank, nranks, err)
+	}
+	mode := cfg.Transport
+	if mode == TransportShm && !shm.Supported {
+		return fail(fmt.Errorf("%w: GOCCL_TRANSPORT=shm: %v", ErrInvalidArgument, shm.ErrUnsupported))
 	}
 	ifs, err := netif.System()
 	if err != nil {
@@ -159,36 +181,127 @@ func initTCP(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, loo
 	if err != nil {
 		return fail(err)
 	}
+	// Both listeners exist before this rank is announced, so that a peer
+	// that dials at once finds them.
 	ln, err := net.Listen("tcp", net.JoinHostPort(addrs[0].Host(), "0"))
 	if err != nil {
 		return fail(err)
 	}
+	var shmLn *net.UnixListener
+	if mode != TransportTCP && shm.Supported {
+		if shmLn, err = shm.Listen(); err != nil {
+			if mode == TransportShm {
+				ln.Close()
+				return fail(err)
+			}
+			slog.Warn("goccl: no shared-memory transport, using TCP on this host", "rank", rank, "err", err)
+		}
+	}
+	closeListeners := func() {
+		ln.Close()
+		if shmLn != nil {
+			shmLn.Close()
+		}
+	}
 	hostID := cfg.HostID
 	if hostID == "" {
 		if hostID, err = netif.HostID(lookup); err != nil {
-			ln.Close()
+			closeListeners()
 			return fail(err)
 		}
 	}
+	summary := hostSummary{CPUs: runtime.NumCPU(), NetNS: netNamespace()}
+	if shmLn != nil {
+		summary.Shm = shmLn.Addr().String()
+	}
 	info := wire.PeerInfo{Rank: uint32(rank), NRanks: uint32(nranks), PID: uint32(os.Getpid()),
-		HostID: hostID, DataAddr: ln.Addr().String(), Version: Version, Topology: hostSummary{CPUs: runtime.NumCPU()}.encode()}
+		HostID: hostID, DataAddr: ln.Addr().String(), Version: Version, Topology: summary.encode()}
 	table, err := bootstrap.Join(ctx, id.addr, id.secret[:], info)
 	if err != nil {
-		ln.Close()
+		closeListeners()
 		return fail(err)
 	}
-	peers := make([]string, nranks)
+	route, anyTCP, err := routes(table.Peers, rank, mode)
+	if err != nil {
+		closeListeners()
+		return fail(err)
+	}
+	// Every connection of the job has the same slot shape (the engine's
+	// plans depend on it): TCP's when any pair uses TCP, else shared
+	// memory's, unless Config sets it.
+	slots, slotSize, link := shm.DefaultSlots, shm.DefaultSlotSize, shmLink
+	if anyTCP {
+		slots, slotSize, link = tcp.DefaultSlots, tcp.DefaultSlotSize, tcpLink
+	}
+	if cfg.Slots != 0 {
+		slots = cfg.Slots
+	}
+	if cfg.SlotSize != 0 {
+		slotSize = cfg.SlotSize
+	}
+	tcpPeers := make([]string, nranks)
+	shmPeers := make([]string, nranks)
+	var nTCP, nShm int
 	for i, p := range table.Peers {
-		peers[i] = p.DataAddr
+		switch route[i] {
+		case TransportTCP:
+			tcpPeers[i] = p.DataAddr
+			nTCP++
+		case TransportShm:
+			s, _ := decodeHostSummary(p.Topology)
+			shmPeers[i] = s.Shm
+			nShm++
+		}
+	}
+	rep := &routedEndpoint{byPeer: make([]transport.Endpoint, nranks)}
+	var tcpEp *tcp.Endpoint
+	if nTCP > 0 || nShm == 0 {
+		tcpPeers[rank] = ln.Addr().String()
+		ep, err := tcp.New(tcp.Options{Rank: rank, NRanks: nranks, Peers: tcpPeers, Secret: id.secret[:], Listener: ln,
+			NSocks: cfg.NSocks, Slots: slots, SlotSize: slotSize, SpinFor: cfg.Spin})
+		if err != nil {
+			closeListeners()
+			return fail(err)
+		}
+		rep.all = append(rep.all, ep)
+		tcpEp = ep
+		for i, r := range route {
+			if r == TransportTCP {
+				rep.byPeer[i] = ep
+			}
+		}
+	} else {
+		ln.Close()
+	}
+	if nShm > 0 {
+		o := shm.Options{Rank: rank, NRanks: nranks, Peers: shmPeers, Secret: id.secret[:], Listener: shmLn,
+			Slots: slots, SlotSize: slotSize, SpinFor: cfg.Spin}
+		if tcpEp != nil {
+			// TCP sends move only while the channel's goroutine moves them,
+			// also when it waits on shared memory.
+			o.Progress = tcpEp.Progress
+		}
+		ep, err := shm.New(o)
+		if err != nil {
+			shmLn.Close()
+			rep.Close(err)
+			return fail(err)
+		}
+		rep.all = append(rep.all, ep)
+		for i, r := range route {
+			if r == TransportShm {
+				rep.byPeer[i] = ep
+			}
+		}
+	} else if shmLn != nil {
+		shmLn.Close()
+	}
+	rep.caps = rep.all[0].Caps()
+	var ep transport.Endpoint = rep
+	if len(rep.all) == 1 {
+		ep = rep.all[0]
 	}
 	hosts := summarize(table.Peers)
-	ep, err := tcp.New(tcp.Options{Rank: rank, NRanks: nranks, Peers: peers, Secret: id.secret[:], Listener: ln,
-		NSocks: cfg.NSocks, Slots: cfg.Slots, SlotSize: cfg.SlotSize, SpinFor: cfg.Spin})
-	if err != nil {
-		ln.Close()
-		return fail(err)
-	}
-	link := tcpLink
 	link.MaxChannels = min(cfg.MaxChannels, channelsPerRank(hosts))
 	c, err := newComm(rank, nranks, cfg, ep, link)
 	if err != nil {
@@ -196,7 +309,7 @@ func initTCP(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, loo
 		return fail(err)
 	}
 	c.peers = table.Peers
-	c.transport = "tcp"
+	c.routes = route
 	return c, nil
 }
 
@@ -249,7 +362,7 @@ func InitFromEnv(ctx context.Context, opts ...Option) (*Comm, error) {
 			if err != nil {
 				return nil, fmt.Errorf("goccl: rank 0 hosts the root at %s: %w", env.Root, err)
 			}
-			c, err := initTCP(ctx, id, env.Size, env.Rank, cfg, lookup)
+			c, err := initProcs(ctx, id, env.Size, env.Rank, cfg, lookup)
 			if err != nil {
 				r.Close()
 				if rerr := r.Err(); rerr != nil && !errors.Is(err, rerr) {
@@ -259,28 +372,10 @@ func InitFromEnv(ctx context.Context, opts ...Option) (*Comm, error) {
 			return c, err
 		}
 	}
-	return initTCP(ctx, id, env.Size, env.Rank, cfg, lookup)
+	return initProcs(ctx, id, env.Size, env.Rank, cfg, lookup)
 }
 
 var unauthenticatedWarning sync.Once
-
-// hostSummary is what a rank tells the others about its host, in
-// PeerInfo.Topology: for now its CPU count (the topology issue will grow
-// this into the full system document).
-type hostSummary struct {
-	CPUs int
-}
-
-func (h hostSummary) encode() []byte {
-	return []byte{1, byte(h.CPUs >> 8), byte(h.CPUs)}
-}
-
-func decodeHostSummary(b []byte) (hostSummary, bool) {
-	if len(b) < 3 || b[0] != 1 {
-		return hostSummary{}, false
-	}
-	return hostSummary{CPUs: int(b[1])<<8 | int(b[2])}, true
-}
 
 type hostLoad struct{ ranks, cpus int }
 

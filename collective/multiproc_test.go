@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -136,10 +137,54 @@ func requireAllOK(t *testing.T, res []procResult) {
 }
 
 func TestMultiProcessEveryCollective(t *testing.T) {
-	for _, n := range []int{2, 3, 4} {
-		t.Run(fmt.Sprintf("nranks=%d", n), func(t *testing.T) {
-			requireAllOK(t, spawn(t, "collectives", gocclEnvs(t, n), nil))
-		})
+	for _, tr := range transports() {
+		for _, n := range []int{2, 3, 4} {
+			t.Run(fmt.Sprintf("transport=%s/nranks=%d", tr, n), func(t *testing.T) {
+				res := spawn(t, "collectives", gocclEnvs(t, n, "GOCCL_TRANSPORT="+tr), nil)
+				requireAllOK(t, res)
+				for q := 1; q < n; q++ {
+					require.Contains(t, res[0].output, fmt.Sprintf("rank %d transport %s ", q, tr))
+				}
+			})
+		}
+	}
+}
+
+// transports lists the transports between processes on this machine.
+func transports() []string {
+	if runtime.GOOS == "linux" {
+		return []string{"shm", "tcp"}
+	}
+	return []string{"tcp"}
+}
+
+func TestMultiProcessDefaultTransport(t *testing.T) {
+	// Without GOCCL_TRANSPORT, ranks on one host share memory; with their
+	// own host identities they use TCP; forcing shared memory between
+	// "hosts" is refused with a reason.
+	want := "tcp"
+	if runtime.GOOS == "linux" {
+		want = "shm"
+	}
+	res := spawn(t, "transports", gocclEnvs(t, 2), nil)
+	requireAllOK(t, res)
+	require.Contains(t, res[0].output, "rank 1 transport "+want+" ")
+	envs := gocclEnvs(t, 2)
+	for r := range envs {
+		envs[r] = append(envs[r], fmt.Sprintf("GOCCL_HOSTID=box%d", r))
+	}
+	res = spawn(t, "transports", envs, nil)
+	requireAllOK(t, res)
+	require.Contains(t, res[0].output, "rank 1 transport tcp ")
+	envs = gocclEnvs(t, 2, "GOCCL_TRANSPORT=shm")
+	for r := range envs {
+		envs[r] = append(envs[r], fmt.Sprintf("GOCCL_HOSTID=box%d", r))
+	}
+	res = spawn(t, "transports", envs, nil)
+	for _, r := range res {
+		require.NotEqual(t, 0, r.code, "rank %d", r.rank)
+		require.Contains(t, r.output, `GOCCL_TRANSPORT=shm, but rank`)
+		require.Contains(t, r.output, `is on host "box0", rank 1 on "box1"`)
 	}
 }
 
@@ -191,19 +236,24 @@ func TestMultiProcessUniqueID(t *testing.T) {
 }
 
 func TestMultiProcessKilledRank(t *testing.T) {
-	const n, victim = 4, 2
-	start := time.Now()
-	res := spawn(t, "kill", gocclEnvs(t, n, "GOCCL_TEST_VICTIM="+strconv.Itoa(victim), "GOCCL_TIMEOUT=10m"), nil)
-	took := time.Since(start)
-	for _, r := range res {
-		if r.rank == victim {
-			require.NotEqual(t, 0, r.code, "the victim dies")
-			continue
-		}
-		require.Equal(t, 0, r.code, "rank %d must report the dead rank and exit cleanly:\n%s", r.rank, r.output)
-		t.Logf("rank %d: %s", r.rank, strings.TrimSpace(r.output))
+	for _, tr := range transports() {
+		t.Run("transport="+tr, func(t *testing.T) {
+			const n, victim = 4, 2
+			start := time.Now()
+			res := spawn(t, "kill", gocclEnvs(t, n, "GOCCL_TEST_VICTIM="+strconv.Itoa(victim), "GOCCL_TIMEOUT=10m", "GOCCL_TRANSPORT="+tr), nil)
+			took := time.Since(start)
+			for _, r := range res {
+				if r.rank == victim {
+					require.NotEqual(t, 0, r.code, "the victim dies")
+					continue
+				}
+				require.Equal(t, 0, r.code, "rank %d must report the dead rank and exit cleanly:\n%s", r.rank, r.output)
+				require.Contains(t, r.output, "segments still mapped after Close: 0")
+				t.Logf("rank %d: %s", r.rank, strings.TrimSpace(r.output))
+			}
+			require.Less(t, took, 60*time.Second, "well before the 10-minute operation timeout")
+		})
 	}
-	require.Less(t, took, 60*time.Second, "well before the 10-minute operation timeout")
 }
 
 func TestMultiProcessMissingRank(t *testing.T) {
@@ -304,11 +354,18 @@ func childMain(scenario string) int {
 			return fail("sum %d, want %d", v[0], want)
 		}
 		fmt.Println("ok")
-	case "collectives":
+	case "collectives", "transports":
 		if c.Rank() == 0 {
 			for _, ri := range c.Ranks() {
-				fmt.Printf("rank %d pid %d host %s addr %s transport %s\n", ri.Rank, ri.PID, ri.Host, ri.Addr, ri.Transport)
+				fmt.Printf("rank %d transport %s pid %d host %s addr %s\n", ri.Rank, ri.Transport, ri.PID, ri.Host, ri.Addr)
 			}
+		}
+		if scenario == "transports" {
+			v := []int64{1}
+			if err := collective.AllReduce(ctx, c, v, v, collective.Sum); err != nil || v[0] != int64(c.Size()) {
+				return fail("all-reduce: %v, sum %d", err, v[0])
+			}
+			return 0
 		}
 		if err := childCollectives(ctx, c); err != nil {
 			return fail("%v", err)
@@ -363,6 +420,14 @@ func childMain(scenario string) int {
 			if !errors.As(err, &oe) || !strings.Contains(err.Error(), fmt.Sprintf("rank %d", victim)) {
 				return fail("error does not name rank %d: %v", victim, err)
 			}
+			// The dead rank's mappings died with it; the survivors' go
+			// with Close: no segment outlives the job.
+			c.Close()
+			maps, err := os.ReadFile("/proc/self/maps")
+			if err != nil && runtime.GOOS == "linux" {
+				return fail("%v", err)
+			}
+			fmt.Printf("segments still mapped after Close: %d\n", strings.Count(string(maps), "/memfd:goccl"))
 			return 0
 		}
 	default:

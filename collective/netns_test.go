@@ -56,14 +56,16 @@ func hosts(t *testing.T, k int) (ns []string, addrs []string) {
 	return ns, addrs
 }
 
-// TestMultiHostNamespaces runs every collective with ranks on three
+// TestMultiHostNamespaces runs every collective with ranks on two or three
 // "hosts" (network namespaces with their own GOCCL_HOSTID) joined by veth
-// and a bridge: real TCP between separate network stacks.
+// and a bridge: real TCP between separate network stacks, and shared
+// memory between the ranks inside each, in one communicator.
 func TestMultiHostNamespaces(t *testing.T) {
-	for _, perHost := range []int{1, 2} {
-		t.Run(fmt.Sprintf("hosts=3/ranks-per-host=%d", perHost), func(t *testing.T) {
-			ns, addrs := hosts(t, 3)
-			n := 3 * perHost
+	for _, shape := range []struct{ hosts, perHost int }{{3, 1}, {3, 2}, {2, 2}} {
+		perHost := shape.perHost
+		t.Run(fmt.Sprintf("hosts=%d/ranks-per-host=%d", shape.hosts, perHost), func(t *testing.T) {
+			ns, addrs := hosts(t, shape.hosts)
+			n := shape.hosts * perHost
 			envs := gocclEnvs(t, n)
 			for r := range envs {
 				h := r / perHost
@@ -80,6 +82,14 @@ func TestMultiHostNamespaces(t *testing.T) {
 			requireAllOK(t, res)
 			for _, h := range ns {
 				require.Contains(t, res[0].output, h, "rank 0 sees every host")
+			}
+			// Shared memory inside a host, TCP across.
+			for q := 1; q < n; q++ {
+				want := "tcp"
+				if q/perHost == 0 {
+					want = "shm"
+				}
+				require.Contains(t, res[0].output, fmt.Sprintf("rank %d transport %s ", q, want))
 			}
 			require.Contains(t, res[0].output, "10.77.0.", "the ranks talk over the veths")
 		})

@@ -20,6 +20,7 @@ import (
 type conn struct {
 	e    *Endpoint
 	peer int
+	ch   int
 	seg  *segment
 	ctl  int // control socket: only polled for the peer's hang-up
 	tx   ring
@@ -40,8 +41,8 @@ type conn struct {
 
 var _ transport.Conn = (*conn)(nil)
 
-func newConn(e *Endpoint, peer int, seg *segment, ctl int) *conn {
-	return &conn{e: e, peer: peer, seg: seg, ctl: ctl, tx: seg.ring(seg.side, e.g), rx: seg.ring(1-seg.side, e.g)}
+func newConn(e *Endpoint, peer, ch int, seg *segment, ctl int) *conn {
+	return &conn{e: e, peer: peer, ch: ch, seg: seg, ctl: ctl, tx: seg.ring(seg.side, e.g), rx: seg.ring(1-seg.side, e.g)}
 }
 
 // wakeAll wakes whoever sleeps on the segment, on either side. Any
@@ -149,16 +150,24 @@ func (c *conn) Release() error {
 // away every few polls, then sleeps on word (the counter the other side
 // bumps) with flag raised, so that the other side knows to wake it. check
 // reports failures: this endpoint closing, the peer aborting, leaving or
-// dying, the context ending.
+// dying, the context ending. While Options.Progress reports other
+// transports' sends pending on this channel, it keeps them moving and
+// polls instead of sleeping.
 func (c *conn) await(ctx context.Context, op string, word, flag *atomic.Uint32, ready func() bool, check func(ctx context.Context, deep bool) error) error {
 	fail := func(err error) error {
 		if errors.Is(err, transport.ErrPeerClosed) && ready() {
 			return c.afterWait() // the peer left, but not before posting this
 		}
+		var pe *transport.PeerError
+		if errors.As(err, &pe) {
+			return err // another transport's failure, naming its peer
+		}
 		return c.fail(op, err)
 	}
-	if spin := c.e.o.SpinFor; spin > 0 {
-		var start time.Time
+	progress := c.e.o.Progress
+	for {
+		// Poll.
+		var start, deep time.Time
 		for i := 1; ; i++ {
 			if ready() {
 				return c.afterWait()
@@ -166,29 +175,52 @@ func (c *conn) await(ctx context.Context, op string, word, flag *atomic.Uint32, 
 			if i%16 != 0 {
 				continue
 			}
-			yieldCPU()
-			if err := check(ctx, false); err != nil {
-				return fail(err)
+			pending := false
+			if progress != nil {
+				var err error
+				if pending, err = progress(c.ch); err != nil {
+					return fail(err)
+				}
 			}
+			now := time.Now()
 			if start.IsZero() {
-				start = time.Now()
-			} else if time.Since(start) > spin {
+				start, deep = now, now
+			}
+			if err := check(ctx, now.Sub(deep) > sleepSlice); err != nil {
+				return fail(err)
+			} else if now.Sub(deep) > sleepSlice {
+				deep = now
+			}
+			if !pending && now.Sub(start) >= c.e.o.SpinFor {
 				break
 			}
+			yieldCPU()
 		}
-	}
-	for {
-		flag.Store(1)
-		v := word.Load()
-		if ready() {
-			flag.Store(0)
-			return c.afterWait()
+		// Sleep.
+		for {
+			flag.Store(1)
+			v := word.Load()
+			if ready() {
+				flag.Store(0)
+				return c.afterWait()
+			}
+			if err := check(ctx, true); err != nil {
+				flag.Store(0)
+				return fail(err)
+			}
+			if progress != nil {
+				pending, err := progress(c.ch)
+				if err != nil {
+					flag.Store(0)
+					return fail(err)
+				}
+				if pending {
+					flag.Store(0)
+					break
+				}
+			}
+			futexWait(word, v, sleepSlice)
 		}
-		if err := check(ctx, true); err != nil {
-			flag.Store(0)
-			return fail(err)
-		}
-		futexWait(word, v, sleepSlice)
 	}
 }
 

@@ -37,7 +37,13 @@ type Options struct {
 	// peers know. The endpoint owns it from New on.
 	Listener *net.UnixListener
 	Slots    int           // slots per ring; 0 means DefaultSlots
-	SlotSize int           // bytes per slot, a multiple of 4096; 0 means DefaultSlotSize
+	SlotSize int           // bytes per slot; 0 means DefaultSlotSize
 	SpinFor  time.Duration // polling before sleeping; 0 means DefaultSpinFor, <0 never polls
 	Logger   *slog.Logger
+	// Progress, if set, is called by a channel's goroutine while it waits
+	// on a connection of channel ch, to move what other transports have
+	// queued to send on that channel (a TCP connection of the same
+	// channel, in a communicator that mixes transports); while it reports
+	// sends pending, the wait polls instead of sleeping.
+	Progress func(ch int) (pending bool, err error)
 }

@@ -23,8 +23,8 @@ import (
 //	...              ring 1 (side 1 sends, side 0 receives)
 //
 // A ring is a control page, then Slots 64-byte slot descriptors rounded up
-// to pages, then Slots data slots of SlotSize bytes each (SlotSize is a
-// multiple of the page size):
+// to pages, then Slots data slots of SlotSize bytes each, each starting on
+// a page:
 //
 //	ctrl+0    tail   slices posted (the sender's line; the futex the
 //	          receiver sleeps on)
@@ -65,8 +65,11 @@ type geometry struct {
 	slots, slotSize int
 }
 
+// stride is the distance between slots.
+func (g geometry) stride() int { return roundPage(g.slotSize) }
+
 func (g geometry) ringSize() int {
-	return pageSize + roundPage(g.slots*descSize) + g.slots*g.slotSize
+	return pageSize + roundPage(g.slots*descSize) + g.slots*g.stride()
 }
 
 func (g geometry) size() int { return pageSize + 2*g.ringSize() }
@@ -227,7 +230,7 @@ type ring struct {
 	desc                     []byte
 	data                     []byte
 	slots                    uint32
-	slotSize                 int
+	slotSize, stride         int
 }
 
 func (s *segment) ring(dir int, g geometry) ring {
@@ -240,14 +243,15 @@ func (s *segment) ring(dir int, g geometry) ring {
 		head:     s.u32(base + ctrlHead),
 		rwait:    s.u32(base + ctrlRWait),
 		desc:     s.mem[descs : descs+g.slots*descSize],
-		data:     s.mem[data : data+g.slots*g.slotSize],
+		data:     s.mem[data : data+g.slots*g.stride()],
 		slots:    uint32(g.slots),
 		slotSize: g.slotSize,
+		stride:   g.stride(),
 	}
 }
 
 func (r *ring) slot(i uint32) []byte {
-	off := int(i%r.slots) * r.slotSize
+	off := int(i%r.slots) * r.stride
 	return r.data[off : off+r.slotSize : off+r.slotSize]
 }
 

@@ -95,8 +95,8 @@ func New(o Options) (*Endpoint, error) {
 	if o.SpinFor == 0 {
 		o.SpinFor = DefaultSpinFor
 	}
-	if o.Slots < 2 || o.Slots > 1024 || o.SlotSize < pageSize || o.SlotSize%pageSize != 0 || o.SlotSize > 1<<30 {
-		return nil, fmt.Errorf("shm: need 2..1024 slots of a multiple of %d bytes (at most 1 GiB): %d slots of %d", pageSize, o.Slots, o.SlotSize)
+	if o.Slots < 2 || o.Slots > 1024 || o.SlotSize < 64 || o.SlotSize > 1<<30 {
+		return nil, fmt.Errorf("shm: need 2..1024 slots of 64 bytes to 1 GiB: %d slots of %d", o.Slots, o.SlotSize)
 	}
 	e := &Endpoint{o: o, g: geometry{slots: o.Slots, slotSize: o.SlotSize}, log: o.Logger,
 		conns: map[connKey]*conn{}, pending: map[connKey]*pendingConn{}, setup: map[net.Conn]struct{}{},
@@ -349,7 +349,7 @@ func (e *Endpoint) Connect(ctx context.Context, peer, ch int) (transport.Conn, e
 	if err != nil {
 		return nil, &transport.PeerError{Peer: peer, Op: "connect", Err: err}
 	}
-	c := newConn(e, peer, seg, ctl)
+	c := newConn(e, peer, ch, seg, ctl)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
@@ -487,7 +487,7 @@ func (e *Endpoint) Close(cause error) error {
 	}
 	for k, p := range e.pending {
 		if p.seg != nil { // handed over, never collected: the peer has it
-			conns = append(conns, newConn(e, k.peer, p.seg, p.ctl))
+			conns = append(conns, newConn(e, k.peer, k.ch, p.seg, p.ctl))
 		}
 	}
 	e.mu.Unlock()

@@ -142,6 +142,10 @@ func TestSlicesArriveIntact(t *testing.T) {
 	eps := endpoints(t, 2, nil)
 	a, b := connectPair(t, eps[0], eps[1], 0)
 	stream(t, a, b, 2000, 64<<10)
+	// Slots that are not a whole number of pages.
+	eps = endpoints(t, 2, func(_ int, o *Options) { o.SlotSize = 5000 })
+	a, b = connectPair(t, eps[0], eps[1], 0)
+	stream(t, a, b, 200, 5000)
 }
 
 func TestSlicesArriveIntactWhenSleeping(t *testing.T) {
@@ -455,8 +459,8 @@ func TestBadOptions(t *testing.T) {
 	ln, err := Listen()
 	require.NoError(t, err)
 	defer ln.Close()
-	_, err = New(Options{Rank: 0, NRanks: 1, Peers: []string{""}, Listener: ln, SlotSize: 1000})
-	require.ErrorContains(t, err, "multiple of 4096")
+	_, err = New(Options{Rank: 0, NRanks: 1, Peers: []string{""}, Listener: ln, SlotSize: 10})
+	require.ErrorContains(t, err, "slots of 64 bytes to 1 GiB")
 	_, err = New(Options{Rank: 2, NRanks: 2, Peers: []string{"", ""}, Listener: ln})
 	require.Error(t, err)
 }
@@ -465,4 +469,40 @@ func TestNotAShmPeer(t *testing.T) {
 	eps := endpoints(t, 2, func(r int, o *Options) { o.Peers = append([]string(nil), o.Peers...); o.Peers[1-r] = "" })
 	_, err := eps[0].Connect(context.Background(), 1, 0)
 	require.ErrorContains(t, err, "not reachable over shared memory")
+}
+
+func TestWaitKeepsOtherTransportsMoving(t *testing.T) {
+	// While Progress reports sends pending, a wait polls it instead of
+	// sleeping; its error ends the wait.
+	var mu sync.Mutex
+	calls, pendingFor := 0, 200
+	var fail error
+	progress := func(ch int) (bool, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if ch != 3 {
+			return false, fmt.Errorf("progress for channel %d", ch)
+		}
+		calls++
+		return calls < pendingFor, fail
+	}
+	eps := endpoints(t, 2, func(r int, o *Options) {
+		o.SpinFor = -1
+		if r == 0 {
+			o.Progress = progress
+		}
+	})
+	a, _ := connectPair(t, eps[0], eps[1], 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	_, _, err := a.Wait(ctx)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	mu.Lock()
+	require.GreaterOrEqual(t, calls, pendingFor, "polled until nothing was pending")
+	fail = &transport.PeerError{Peer: 7, Op: "send", Err: errors.New("tcp peer gone")}
+	mu.Unlock()
+	_, _, err = a.Wait(context.Background())
+	var pe *transport.PeerError
+	require.ErrorAs(t, err, &pe)
+	require.Equal(t, 7, pe.Peer, "the other transport's failure keeps its peer")
 }

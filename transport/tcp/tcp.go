@@ -458,6 +458,25 @@ func (e *Endpoint) Close(cause error) error {
 	return nil
 }
 
+// Progress writes, without blocking, what channel ch's connections have
+// queued, and reports whether any of it is still waiting, or the first
+// write error. Only channel ch's goroutine may call it: another
+// transport's wait does (package shm, in a communicator that mixes
+// transports), since this transport's sends move only when the channel's
+// goroutine moves them.
+func (e *Endpoint) Progress(ch int) (pending bool, err error) {
+	e.mu.Lock()
+	ob := e.outboxes[ch]
+	e.mu.Unlock()
+	if ob == nil {
+		return false, nil
+	}
+	if len(ob.pending) > 0 {
+		ob.progress()
+	}
+	return len(ob.pending) > 0, ob.firstErr()
+}
+
 // conn is a connection to one peer on one channel. Everything but
 // shutdown and release is called by the channel's goroutine only.
 type conn struct {

@@ -1,0 +1,140 @@
+package collective
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/goccl/goccl/internal/wire"
+	"github.com/goccl/goccl/transport"
+)
+
+// Transport names, for Config.Transport and GOCCL_TRANSPORT.
+const (
+	TransportAuto = "auto" // shared memory between ranks that share a host, TCP otherwise
+	TransportTCP  = "tcp"  // TCP for every pair
+	TransportShm  = "shm"  // shared memory for every pair; an error if some pair cannot
+)
+
+// hostSummary is what a rank tells the others about itself and its host,
+// in PeerInfo.Topology: its CPU count (the topology issue will grow this
+// into the full system document), its network namespace, and the address
+// of its shared-memory listener ("" when it has none).
+type hostSummary struct {
+	CPUs  int
+	NetNS string
+	Shm   string
+}
+
+const summaryVersion = 2
+
+func (h hostSummary) encode() []byte {
+	b := []byte{summaryVersion, byte(h.CPUs >> 8), byte(h.CPUs)}
+	for _, s := range []string{h.NetNS, h.Shm} {
+		if len(s) > 255 {
+			s = s[:255]
+		}
+		b = append(append(b, byte(len(s))), s...)
+	}
+	return b
+}
+
+func decodeHostSummary(b []byte) (hostSummary, bool) {
+	if len(b) < 3 || b[0] != summaryVersion {
+		return hostSummary{}, false
+	}
+	h := hostSummary{CPUs: int(b[1])<<8 | int(b[2])}
+	b = b[3:]
+	for _, dst := range []*string{&h.NetNS, &h.Shm} {
+		if len(b) < 1 || len(b) < 1+int(b[0]) {
+			return hostSummary{}, false
+		}
+		*dst = string(b[1 : 1+int(b[0])])
+		b = b[1+int(b[0]):]
+	}
+	return h, true
+}
+
+// netNamespace names this process's network namespace ("net:[4026531840]"),
+// or "" where there is no such thing. Ranks in different namespaces cannot
+// reach each other's abstract Unix sockets, so they do not share memory
+// even on one host.
+func netNamespace() string {
+	s, _ := os.Readlink("/proc/self/ns/net")
+	return s
+}
+
+// sharesMemory reports whether ranks a and b can use the shared-memory
+// transport, and if not, why. Every rank computes it from the same table,
+// so both sides of a pair agree.
+func sharesMemory(a, b wire.PeerInfo) (bool, string) {
+	sa, _ := decodeHostSummary(a.Topology)
+	sb, _ := decodeHostSummary(b.Topology)
+	switch {
+	case a.HostID != b.HostID:
+		return false, fmt.Sprintf("rank %d is on host %q, rank %d on %q", a.Rank, a.HostID, b.Rank, b.HostID)
+	case sa.NetNS != sb.NetNS:
+		return false, fmt.Sprintf("ranks %d and %d are in different network namespaces (%s, %s)", a.Rank, b.Rank, sa.NetNS, sb.NetNS)
+	case sa.Shm == "":
+		return false, fmt.Sprintf("rank %d has no shared-memory transport (GOCCL_TRANSPORT=tcp there, or not Linux)", a.Rank)
+	case sb.Shm == "":
+		return false, fmt.Sprintf("rank %d has no shared-memory transport (GOCCL_TRANSPORT=tcp there, or not Linux)", b.Rank)
+	}
+	return true, ""
+}
+
+// routes decides, for every peer of rank, "shm" or "tcp", and whether any
+// pair of the whole job uses TCP (which sets the slot shape every rank
+// must agree on).
+func routes(peers []wire.PeerInfo, rank int, mode string) (route []string, anyTCP bool, err error) {
+	route = make([]string, len(peers))
+	for i := range peers {
+		for j := i + 1; j < len(peers); j++ {
+			ok, why := sharesMemory(peers[i], peers[j])
+			if !ok {
+				anyTCP = true
+			}
+			if i != rank && j != rank {
+				continue
+			}
+			peer := i + j - rank
+			switch {
+			case ok:
+				route[peer] = TransportShm
+			case mode == TransportShm:
+				return nil, false, fmt.Errorf("%w: GOCCL_TRANSPORT=shm, but rank %d cannot reach rank %d over shared memory: %s",
+					ErrInvalidArgument, rank, peer, why)
+			default:
+				route[peer] = TransportTCP
+			}
+		}
+	}
+	route[rank] = "self"
+	return route, anyTCP, nil
+}
+
+// routedEndpoint sends each peer's connections through the transport its
+// route names.
+type routedEndpoint struct {
+	byPeer []transport.Endpoint
+	all    []transport.Endpoint
+	caps   transport.Caps
+}
+
+func (r *routedEndpoint) Connect(ctx context.Context, peer, ch int) (transport.Conn, error) {
+	if peer < 0 || peer >= len(r.byPeer) || r.byPeer[peer] == nil {
+		return nil, &transport.PeerError{Peer: peer, Op: "connect", Err: errors.New("no such peer")}
+	}
+	return r.byPeer[peer].Connect(ctx, peer, ch)
+}
+
+func (r *routedEndpoint) Caps() transport.Caps { return r.caps }
+
+func (r *routedEndpoint) Close(cause error) error {
+	var errs []error
+	for _, ep := range r.all {
+		errs = append(errs, ep.Close(cause))
+	}
+	return errors.Join(errs...)
+}
