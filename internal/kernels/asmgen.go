@@ -49,6 +49,10 @@ type elemFormat struct {
 	storeTemps int
 	consts     []string // constant registers the format needs, set up by setup
 	setup      []string
+	// ntStore is the non-temporal store of one vector register (32-byte
+	// aligned memory), for formats whose storeV is a plain move; "" for
+	// the others, which get no streaming kernels.
+	ntStore string
 }
 
 func lines(s ...string) []string { return s }
@@ -58,17 +62,19 @@ func x(y string) string { return "X" + strings.TrimPrefix(y, "Y") }
 var (
 	f32 = &elemFormat{
 		name: "F32", size: 4, vecBytes: 32, float: "PS", bInMem: true,
-		loadV:  func(m string, r []string) []string { return lines("VMOVUPS " + m + ", " + r[0]) },
-		storeV: func(r []string, m string, _ []string) []string { return lines("VMOVUPS " + r[0] + ", " + m) },
-		loadS:  func(m, r string) []string { return lines("VMOVSS " + m + ", " + r) },
-		storeS: func(r, m string, _ []string) []string { return lines("VMOVSS " + r + ", " + m) },
+		loadV:   func(m string, r []string) []string { return lines("VMOVUPS " + m + ", " + r[0]) },
+		storeV:  func(r []string, m string, _ []string) []string { return lines("VMOVUPS " + r[0] + ", " + m) },
+		loadS:   func(m, r string) []string { return lines("VMOVSS " + m + ", " + r) },
+		storeS:  func(r, m string, _ []string) []string { return lines("VMOVSS " + r + ", " + m) },
+		ntStore: "VMOVNTPS",
 	}
 	f64 = &elemFormat{
 		name: "F64", size: 8, vecBytes: 32, float: "PD", bInMem: true,
-		loadV:  func(m string, r []string) []string { return lines("VMOVUPD " + m + ", " + r[0]) },
-		storeV: func(r []string, m string, _ []string) []string { return lines("VMOVUPD " + r[0] + ", " + m) },
-		loadS:  func(m, r string) []string { return lines("VMOVSD " + m + ", " + r) },
-		storeS: func(r, m string, _ []string) []string { return lines("VMOVSD " + r + ", " + m) },
+		loadV:   func(m string, r []string) []string { return lines("VMOVUPD " + m + ", " + r[0]) },
+		storeV:  func(r []string, m string, _ []string) []string { return lines("VMOVUPD " + r[0] + ", " + m) },
+		loadS:   func(m, r string) []string { return lines("VMOVSD " + m + ", " + r) },
+		storeS:  func(r, m string, _ []string) []string { return lines("VMOVSD " + r + ", " + m) },
+		ntStore: "VMOVNTPD",
 	}
 	// f16 uses F16C: VCVTPH2PS widens 8 halves to 8 singles exactly;
 	// VCVTPS2PH with imm8 = 0 narrows rounding to nearest even (imm8 bit 2
@@ -130,24 +136,27 @@ var (
 	}
 	i8 = &elemFormat{
 		name: "I8", size: 1, vecBytes: 32, bInMem: true,
-		loadV:  func(m string, r []string) []string { return lines("VMOVDQU " + m + ", " + r[0]) },
-		storeV: func(r []string, m string, _ []string) []string { return lines("VMOVDQU " + r[0] + ", " + m) },
-		loadS:  func(m, r string) []string { return lines("MOVBLZX "+m+", R8", "VMOVD R8, "+r) },
-		storeS: func(r, m string, _ []string) []string { return lines("VMOVD "+r+", R8", "MOVB R8, "+m) },
+		loadV:   func(m string, r []string) []string { return lines("VMOVDQU " + m + ", " + r[0]) },
+		storeV:  func(r []string, m string, _ []string) []string { return lines("VMOVDQU " + r[0] + ", " + m) },
+		loadS:   func(m, r string) []string { return lines("MOVBLZX "+m+", R8", "VMOVD R8, "+r) },
+		storeS:  func(r, m string, _ []string) []string { return lines("VMOVD "+r+", R8", "MOVB R8, "+m) },
+		ntStore: "VMOVNTDQ",
 	}
 	i32 = &elemFormat{
 		name: "I32", size: 4, vecBytes: 32, bInMem: true,
-		loadV:  func(m string, r []string) []string { return lines("VMOVDQU " + m + ", " + r[0]) },
-		storeV: func(r []string, m string, _ []string) []string { return lines("VMOVDQU " + r[0] + ", " + m) },
-		loadS:  func(m, r string) []string { return lines("VMOVD " + m + ", " + r) },
-		storeS: func(r, m string, _ []string) []string { return lines("VMOVD " + r + ", " + m) },
+		loadV:   func(m string, r []string) []string { return lines("VMOVDQU " + m + ", " + r[0]) },
+		storeV:  func(r []string, m string, _ []string) []string { return lines("VMOVDQU " + r[0] + ", " + m) },
+		loadS:   func(m, r string) []string { return lines("VMOVD " + m + ", " + r) },
+		storeS:  func(r, m string, _ []string) []string { return lines("VMOVD " + r + ", " + m) },
+		ntStore: "VMOVNTDQ",
 	}
 	i64 = &elemFormat{
 		name: "I64", size: 8, vecBytes: 32, bInMem: true,
-		loadV:  func(m string, r []string) []string { return lines("VMOVDQU " + m + ", " + r[0]) },
-		storeV: func(r []string, m string, _ []string) []string { return lines("VMOVDQU " + r[0] + ", " + m) },
-		loadS:  func(m, r string) []string { return lines("VMOVQ " + m + ", " + r) },
-		storeS: func(r, m string, _ []string) []string { return lines("VMOVQ " + r + ", " + m) },
+		loadV:   func(m string, r []string) []string { return lines("VMOVDQU " + m + ", " + r[0]) },
+		storeV:  func(r []string, m string, _ []string) []string { return lines("VMOVDQU " + r[0] + ", " + m) },
+		loadS:   func(m, r string) []string { return lines("VMOVQ " + m + ", " + r) },
+		storeS:  func(r, m string, _ []string) []string { return lines("VMOVQ " + r + ", " + m) },
+		ntStore: "VMOVNTDQ",
 	}
 )
 
@@ -223,6 +232,10 @@ func postDiv() *operation {
 	}}
 }
 
+// copyOp is the unary identity: with a streaming store, a copy that
+// bypasses the caches.
+var copyOp = &operation{name: "copy", emit: func(*elemFormat, string, string, []string, string) []string { return nil }}
+
 // mul64 is the low 64 bits of a 64x64 product (AVX2 has no VPMULLQ): with
 // a = ah*2^32 + al, b = bh*2^32 + bl, a*b mod 2^64 = al*bl + (ah*bl + al*bh)*2^32.
 var mul64 = &operation{name: "prod", temps: 2, bReg: true, emit: func(_ *elemFormat, a, b string, t []string, _ string) []string {
@@ -269,10 +282,22 @@ type kernel struct {
 	f     *elemFormat
 	op    *operation
 	unary bool // Post: dst = op(src)
+	// nt: whole vectors go to dst with non-temporal stores, which bypass
+	// the caches (dst must be 32-byte aligned; the Go wrappers see to it),
+	// and the kernel ends with SFENCE. dual: the result also goes to a
+	// second destination, dst2, with ordinary stores.
+	nt, dual bool
 }
 
 func (k *kernel) fname() string {
-	return k.op.name + k.f.name + "AVX2"
+	n := k.op.name + k.f.name
+	if k.nt {
+		n += "NT"
+	}
+	if k.dual {
+		n += "2"
+	}
+	return n + "AVX2"
 }
 
 func (k *kernel) nType() string {
@@ -324,10 +349,18 @@ func (g *gen) kernel(k *kernel) {
 	name := k.fname()
 	var args, frame string
 	var nOff int
-	if k.unary {
+	// Arguments: dst [, dst2], a [, b] (or src) [, n]; each slice takes
+	// 24 bytes of the frame.
+	in := 24
+	switch {
+	case k.unary:
 		args = "dst, src []byte"
 		nOff = 48
-	} else {
+	case k.dual:
+		args = "dst, dst2, a, b []byte"
+		nOff = 96
+		in = 48
+	default:
 		args = "dst, a, b []byte"
 		nOff = 72
 	}
@@ -357,12 +390,18 @@ func (g *gen) kernel(k *kernel) {
 		g.p("\tCMPQ R9, CX")
 		g.p("\tCMOVQLT R9, CX")
 	} else {
-		g.p("\tMOVQ a_base+24(FP), SI")
-		g.p("\tMOVQ b_base+48(FP), DX")
-		g.p("\tMOVQ a_len+32(FP), R9")
+		if k.dual {
+			g.p("\tMOVQ dst2_base+24(FP), R10")
+			g.p("\tMOVQ dst2_len+32(FP), R9")
+			g.p("\tCMPQ R9, CX")
+			g.p("\tCMOVQLT R9, CX")
+		}
+		g.p("\tMOVQ a_base+%d(FP), SI", in)
+		g.p("\tMOVQ b_base+%d(FP), DX", in+24)
+		g.p("\tMOVQ a_len+%d(FP), R9", in+8)
 		g.p("\tCMPQ R9, CX")
 		g.p("\tCMOVQLT R9, CX")
-		g.p("\tMOVQ b_len+56(FP), R9")
+		g.p("\tMOVQ b_len+%d(FP), R9", in+32)
 		g.p("\tCMPQ R9, CX")
 		g.p("\tCMOVQLT R9, CX")
 	}
@@ -390,6 +429,7 @@ func (g *gen) kernel(k *kernel) {
 			ma := fmt.Sprintf("%d(SI)(AX*1)", off)
 			mb := fmt.Sprintf("%d(DX)(AX*1)", off)
 			md := fmt.Sprintf("%d(DI)(AX*1)", off)
+			md2 := fmt.Sprintf("%d(R10)(AX*1)", off)
 			var l []string
 			if scalar {
 				// One element in the lowest lane of X registers; every
@@ -409,6 +449,9 @@ func (g *gen) kernel(k *kernel) {
 				l = append(l, op.emit(f, xa, xb, xt, "X")...)
 				st := append(append([]string{xb}, xt...), rest...)
 				l = append(l, f.storeS(xa, md, st)...)
+				if k.dual {
+					l = append(l, f.storeS(xa, md2, st)...)
+				}
 			} else {
 				l = append(l, f.loadV(ma, a)...)
 				bop := b
@@ -426,7 +469,14 @@ func (g *gen) kernel(k *kernel) {
 				if bop[0] == mb {
 					st = t
 				}
-				l = append(l, f.storeV(a, md, st)...)
+				if k.nt {
+					l = append(l, f.ntStore+" "+a[0]+", "+md)
+				} else {
+					l = append(l, f.storeV(a, md, st)...)
+				}
+				if k.dual {
+					l = append(l, f.storeV(a, md2, st)...)
+				}
 			}
 			for _, s := range l {
 				g.p("\t%s", s)
@@ -461,6 +511,11 @@ func (g *gen) kernel(k *kernel) {
 	g.p("\tCMPQ AX, CX")
 	g.p("\tJB loopS")
 	g.p("done:")
+	if k.nt {
+		// Streaming stores are weakly ordered: make them visible before
+		// anything the caller stores next (a flag publishing the data).
+		g.p("\tSFENCE")
+	}
 	g.p("\tVZEROUPPER")
 	g.p("\tRET")
 	g.p("")
@@ -501,6 +556,21 @@ func main() {
 		&kernel{f: i64, op: minMax64("maxS", true, false)},
 		&kernel{f: i64, op: minMax64("maxU", true, true)},
 	)
+
+	// Streaming variants, for destinations too large to keep in the
+	// caches: every reduction of the formats with a streaming store,
+	// alone (nt) and with a cached second destination (nt, dual: the
+	// engine's reduce-and-forward, whose forwarded copy goes to the
+	// next rank through the caches), and a streaming copy.
+	var streams []*kernel
+	for _, k := range ks {
+		if k.f.ntStore == "" || k.unary {
+			continue
+		}
+		streams = append(streams, &kernel{f: k.f, op: k.op, nt: true}, &kernel{f: k.f, op: k.op, nt: true, dual: true})
+	}
+	ks = append(ks, streams...)
+	ks = append(ks, &kernel{f: i8, op: copyOp, unary: true, nt: true})
 
 	var g gen
 	g.p("// Code generated by asmgen.go; DO NOT EDIT.")

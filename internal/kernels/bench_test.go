@@ -214,3 +214,32 @@ func BenchmarkOps(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkStream compares ordinary and streaming stores on buffers far
+// larger than the caches (64 MiB), where streaming saves reading each
+// destination line before writing it:
+//
+//	go test ./internal/kernels -run XXX -bench Stream -count 5
+func BenchmarkStream(b *testing.B) {
+	const n = 64 << 20
+	d, x, y := make([]byte, n), make([]byte, n), make([]byte, n)
+	for i := range n { // real pages, not the shared zero page
+		d[i], x[i], y[i] = byte(i), byte(i>>8), byte(i>>16)
+	}
+	for _, c := range []struct {
+		name string
+		f    func()
+	}{
+		{"reduce/float32/plain", func() { Reduce(Float32, Sum)(d, x, y) }},
+		{"reduce/float32/stream", func() { ReduceStream(Float32, Sum)(d, x, y) }},
+		{"copy/plain", func() { copy(d, x) }},
+		{"copy/stream", func() { CopyStream(d, x) }},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			b.SetBytes(n)
+			for b.Loop() {
+				c.f()
+			}
+		})
+	}
+}

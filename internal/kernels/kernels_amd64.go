@@ -90,3 +90,73 @@ func archPost(t Type, n int) func(dst, src []byte) {
 
 // hasAsm reports whether this build and CPU have assembly kernels.
 func hasAsm() bool { return useAVX2 && useF16C }
+
+// Streaming kernels, for the formats with a streaming vector store (not
+// the 16-bit floats, whose stores convert).
+var avx2Stream = [numTypes][Avg]Func{
+	Int8:    {Sum: sumI8NTAVX2, Min: minSI8NTAVX2, Max: maxSI8NTAVX2},
+	Uint8:   {Sum: sumI8NTAVX2, Min: minUI8NTAVX2, Max: maxUI8NTAVX2},
+	Int32:   {sumI32NTAVX2, prodI32NTAVX2, minSI32NTAVX2, maxSI32NTAVX2},
+	Uint32:  {sumI32NTAVX2, prodI32NTAVX2, minUI32NTAVX2, maxUI32NTAVX2},
+	Int64:   {sumI64NTAVX2, prodI64NTAVX2, minSI64NTAVX2, maxSI64NTAVX2},
+	Uint64:  {sumI64NTAVX2, prodI64NTAVX2, minUI64NTAVX2, maxUI64NTAVX2},
+	Float32: {sumF32NTAVX2, prodF32NTAVX2, minF32NTAVX2, maxF32NTAVX2},
+	Float64: {sumF64NTAVX2, prodF64NTAVX2, minF64NTAVX2, maxF64NTAVX2},
+}
+
+var avx2Stream2 = [numTypes][Avg]Func2{
+	Int8:    {Sum: sumI8NT2AVX2, Min: minSI8NT2AVX2, Max: maxSI8NT2AVX2},
+	Uint8:   {Sum: sumI8NT2AVX2, Min: minUI8NT2AVX2, Max: maxUI8NT2AVX2},
+	Int32:   {sumI32NT2AVX2, prodI32NT2AVX2, minSI32NT2AVX2, maxSI32NT2AVX2},
+	Uint32:  {sumI32NT2AVX2, prodI32NT2AVX2, minUI32NT2AVX2, maxUI32NT2AVX2},
+	Int64:   {sumI64NT2AVX2, prodI64NT2AVX2, minSI64NT2AVX2, maxSI64NT2AVX2},
+	Uint64:  {sumI64NT2AVX2, prodI64NT2AVX2, minUI64NT2AVX2, maxUI64NT2AVX2},
+	Float32: {sumF32NT2AVX2, prodF32NT2AVX2, minF32NT2AVX2, maxF32NT2AVX2},
+	Float64: {sumF64NT2AVX2, prodF64NT2AVX2, minF64NT2AVX2, maxF64NT2AVX2},
+}
+
+func archReduceStream(t Type, op Op) Func {
+	if !useAVX2 {
+		return nil
+	}
+	return avx2Stream[t][op]
+}
+
+func archReduceStream2(t Type, op Op) Func2 {
+	if !useAVX2 {
+		return nil
+	}
+	return avx2Stream2[t][op]
+}
+
+func archAvgStream(t Type, n int) Func {
+	if !useAVX2 {
+		return nil
+	}
+	switch t {
+	case Float32:
+		div := float32(n)
+		return func(dst, a, b []byte) { avgF32NTAVX2(dst, a, b, div) }
+	case Float64:
+		div := float64(n)
+		return func(dst, a, b []byte) { avgF64NTAVX2(dst, a, b, div) }
+	}
+	return nil
+}
+
+func archAvgStream2(t Type, n int) Func2 {
+	if !useAVX2 {
+		return nil
+	}
+	switch t {
+	case Float32:
+		div := float32(n)
+		return func(dst, dst2, a, b []byte) { avgF32NT2AVX2(dst, dst2, a, b, div) }
+	case Float64:
+		div := float64(n)
+		return func(dst, dst2, a, b []byte) { avgF64NT2AVX2(dst, dst2, a, b, div) }
+	}
+	return nil
+}
+
+func archCopyStream(dst, src []byte) { copyI8NTAVX2(dst, src) }

@@ -10,3 +10,9 @@ func archPost(Type, int) func(dst, src []byte) { return nil }
 
 // hasAsm reports whether this build and CPU have assembly kernels.
 func hasAsm() bool { return false }
+
+func archReduceStream(Type, Op) Func   { return nil }
+func archAvgStream(Type, int) Func     { return nil }
+func archReduceStream2(Type, Op) Func2 { return nil }
+func archAvgStream2(Type, int) Func2   { return nil }
+func archCopyStream(dst, src []byte)   { copy(dst, src) }

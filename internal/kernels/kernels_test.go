@@ -696,3 +696,66 @@ func TestMisuseStaysInBounds(t *testing.T) {
 		}
 	}
 }
+
+// streamLengths reach the streaming path (destinations of at least
+// minStream bytes) with ragged heads and tails. -short (the race run)
+// drops the longest, which costs most under the race detector and adds
+// only more whole blocks.
+func streamLengths() []int {
+	if testing.Short() {
+		return []int{0, 1, 33, 1500, 4099, 1<<12 + 1027}
+	}
+	return []int{0, 1, 33, 1500, 4099, 1<<14 + 3, 1<<16 + 7}
+}
+
+func TestReduceStream(t *testing.T) {
+	for _, p := range paths() {
+		for _, tp := range allTypes {
+			for _, op := range allOps {
+				t.Run(fmt.Sprintf("path=%s/type=%v/op=%v", p.name, tp, op), func(t *testing.T) {
+					usePath(t, p)
+					r := newRand(t)
+					checkBinary(t, r, tp, op, 0, ReduceStream(tp, op), streamLengths())
+					if op == Avg {
+						checkBinary(t, r, tp, op, 3, ReduceFinalStream(tp, op, 3), streamLengths())
+					}
+					// The two-destination forms, seen through dst: dst2 must match.
+					for _, final := range []bool{false, true} {
+						g, post := ReduceStream2(tp, op), 0
+						if final {
+							if op != Avg {
+								continue
+							}
+							g, post = ReduceFinalStream2(tp, op, 3), 3
+						}
+						f := func(dst, a, b []byte) {
+							d2 := newBuf(r, len(dst))
+							g(dst, d2.bytes(), a, b)
+							d2.checkGuard(t, "dst2")
+							if !bytes.Equal(dst, d2.bytes()) {
+								t.Fatalf("dst2 differs from dst (%d bytes)", len(dst))
+							}
+						}
+						checkBinary(t, r, tp, op, post, f, streamLengths())
+					}
+				})
+			}
+		}
+	}
+}
+
+func TestCopyStream(t *testing.T) {
+	for _, p := range paths() {
+		t.Run("path="+p.name, func(t *testing.T) {
+			usePath(t, p)
+			r := newRand(t)
+			for _, n := range []int{0, 5, 4095, 4096, 4097, 100_003, 1 << 20} {
+				src, dst := newBuf(r, n), newBuf(r, n)
+				fill(r, Uint8, src.bytes())
+				require.Equal(t, n, CopyStream(dst.bytes(), src.bytes()))
+				require.True(t, bytes.Equal(src.bytes(), dst.bytes()), "%d bytes", n)
+				dst.checkGuard(t, "dst")
+			}
+		})
+	}
+}
