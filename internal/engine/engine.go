@@ -61,7 +61,16 @@ type Plan struct {
 	// Sig fingerprints what every rank must agree on: collective, type,
 	// operator, count, root and plan. It travels in every slice's tag.
 	Sig uint32
+	// spans caches, for plans with few pieces and steps (small
+	// operations, where working them out is a good part of the cost), the
+	// spans of every piece's steps: spans[piece][step][i], i as in
+	// chanRun.spans. Nil otherwise.
+	spans  [][][3][]algorithms.Span
+	layout algorithms.Layout
 }
+
+// maxCachedSpans bounds pieces × steps for a plan to cache its spans.
+const maxCachedSpans = 64
 
 // Engine runs one rank's operations through a transport endpoint. Run is
 // called by one goroutine at a time (the communicator serialises
@@ -78,11 +87,13 @@ type Engine struct {
 	plans  map[planKey]Plan // recent plans: training loops repeat their sizes
 
 	// Owned by the goroutine in Run.
-	conns   map[connKey]transport.Conn
-	collSeq uint64
-	p2pSend []uint64 // per peer: send operations so far
-	p2pRecv []uint64
-	runs    []*chanRun // reused per channel
+	lastKey  planKey // the previous operation's plan, without the lock and the hash
+	lastPlan *Plan
+	conns    map[connKey]transport.Conn
+	collSeq  uint64
+	p2pSend  []uint64 // per peer: send operations so far
+	p2pRecv  []uint64
+	runs     []*chanRun // reused per channel
 }
 
 type schedKey struct {
@@ -184,8 +195,23 @@ func (e *Engine) plan(op *Op) (Plan, error) {
 	// Smaller slices mean fewer elements in flight per connection: keep
 	// every message within half the slots (algorithms.MinPieces).
 	pieces = max(pieces, algorithms.Pieces(s, pl, op.Count, es, e.caps.Slots, sliceElems))
-	return Plan{Plan: pl, Sched: s, Peers: s.Peers(), Unwritten: unwrittenAfter(s), Pieces: pieces, SliceElems: sliceElems,
-		Sig: signature(op, pl, pieces, sliceElems)}, nil
+	l := algorithms.NewLayout(op.Coll, e.nranks, e.rank, op.Root, op.Count)
+	out := Plan{Plan: pl, Sched: s, Peers: s.Peers(), Unwritten: unwrittenAfter(s), Pieces: pieces, SliceElems: sliceElems,
+		Sig: signature(op, pl, pieces, sliceElems), layout: l}
+	if pieces*len(s.Steps) <= maxCachedSpans {
+		out.spans = make([][][3][]algorithms.Span, pieces)
+		for p := range out.spans {
+			out.spans[p] = make([][3][]algorithms.Span, len(s.Steps))
+			for i, st := range s.Steps {
+				for j, ref := range []algorithms.Ref{st.Src, st.Dst, st.Tx} {
+					if ref.Buf != algorithms.NoBuf {
+						out.spans[p][i][j] = l.Spans(nil, ref, s.Minor, p, pieces)
+					}
+				}
+			}
+		}
+	}
+	return out, nil
 }
 
 // unwrittenAfter returns, for each step, whether the blocks it sends (its
@@ -301,9 +327,16 @@ func (e *Engine) Run(ctx context.Context, op *Op) (Plan, error) {
 		// a no-op that does not synchronise.
 		return Plan{Seq: seq}, nil
 	}
-	pl, err := e.Plan(op)
-	if err != nil {
-		return pl, err
+	var pl Plan
+	if k := (planKey{op.Coll, op.Type, op.Count, op.Root}); e.lastPlan != nil && k == e.lastKey {
+		pl = *e.lastPlan
+	} else {
+		var err error
+		if pl, err = e.Plan(op); err != nil {
+			return pl, err
+		}
+		cp := pl
+		e.lastKey, e.lastPlan = k, &cp
 	}
 	pl.Seq = seq
 	// Connect every channel's peers first, from this goroutine, so that the
@@ -317,7 +350,14 @@ func (e *Engine) Run(ctx context.Context, op *Op) (Plan, error) {
 	}
 	for c := 0; c < pl.Channels; c++ {
 		x := e.runs[c]
+		if x.connBase != chBase {
+			clear(x.conns)
+			x.connBase = chBase
+		}
 		for _, p := range pl.Peers {
+			if x.conns[p] != nil {
+				continue
+			}
 			conn, err := e.connect(ctx, p, chBase+c)
 			if err != nil {
 				return pl, &StepError{Channel: c, Step: -1, Peer: p, Err: err}

@@ -25,17 +25,27 @@ type chanRun struct {
 	slice          int // elements per slice
 	in, out        []byte
 	red, final     kernels.Func
-	post           func(dst, src []byte)
-	seq            uint64
-	sig            uint32
-	aliased        bool // Input and Output overlap (an in-place operation)
-	ch             int
+	kt             kernels.Type // what red, final, post and the streaming kernels are for
+	kop            kernels.Op
+	// stream: the output is too large for the caches, so writes to it use
+	// streaming stores (see streamBytes): the kernels below, and
+	// kernels.CopyStream.
+	stream       bool
+	redS, finalS kernels.Func
+	red2, final2 kernels.Func2
+	post         func(dst, src []byte)
+	seq          uint64
+	sig          uint32
+	aliased      bool // Input and Output overlap (an in-place operation)
+	ch           int
 
 	conns        []transport.Conn // by peer
+	connBase     int              // the channel number conns are for, minus this run's index
 	sent, recvd  []uint32         // messages so far this operation, by peer
 	spans        [3][]algorithms.Span
-	piece, stepI int       // position, for errors
-	lastYield    time.Time // see yield
+	cached       [][][3][]algorithms.Span // Plan.spans
+	piece, stepI int                      // position, for errors
+	lastYield    int64                    // nanotime; see yield
 }
 
 // yieldEvery is how often a channel's goroutine yields (see yield).
@@ -48,16 +58,22 @@ const yieldEvery = time.Millisecond
 // which sysmon polls every 20 µs and wakes threads on cores the peers need
 // (docs/performance.md measured 9% of the CPU in sysmon's wake-ups).
 func (x *chanRun) yield() {
-	if now := time.Now(); now.Sub(x.lastYield) > yieldEvery {
+	if now := nanotime(); now-x.lastYield > int64(yieldEvery) {
 		x.lastYield = now
 		runtime.Gosched()
 	}
 }
 
+// nanotime is the runtime's monotonic clock: time.Now also reads the wall
+// clock, which costs as much again, once per step.
+//
+//go:linkname nanotime runtime.nanotime
+func nanotime() int64
+
 func (x *chanRun) setup(e *Engine, op *Op, pl *Plan, c int) {
 	x.sched = pl.Sched
 	x.unwritten = pl.Unwritten
-	x.layout = algorithms.NewLayout(op.Coll, e.nranks, e.rank, op.Root, op.Count)
+	x.layout = pl.layout
 	x.pieces = pl.Pieces
 	x.lo, x.hi = c*pl.Pieces/pl.Channels, (c+1)*pl.Pieces/pl.Channels
 	x.esize = op.Type.Size()
@@ -69,15 +85,22 @@ func (x *chanRun) setup(e *Engine, op *Op, pl *Plan, c int) {
 	if op.Out.Len() > 0 {
 		x.out = op.Out.Bytes()
 	}
-	if op.Coll.Reduces() {
+	if !op.Coll.Reduces() {
+		x.red, x.final, x.post = nil, nil, nil
+	} else if x.red == nil || x.kt != op.Type || x.kop != op.Red {
 		x.red = kernels.Reduce(op.Type, op.Red)
 		x.final = kernels.ReduceFinal(op.Type, op.Red, e.nranks)
 		x.post = kernels.Post(op.Type, op.Red, e.nranks)
-	} else {
-		x.red, x.final, x.post = nil, nil, nil
+		x.redS = kernels.ReduceStream(op.Type, op.Red)
+		x.finalS = kernels.ReduceFinalStream(op.Type, op.Red, e.nranks)
+		x.red2 = kernels.ReduceStream2(op.Type, op.Red)
+		x.final2 = kernels.ReduceFinalStream2(op.Type, op.Red, e.nranks)
+		x.kt, x.kop = op.Type, op.Red
 	}
+	x.stream = op.Out.Len() >= streamBytes
 	x.seq = pl.Seq
 	x.sig = pl.Sig
+	x.cached = pl.spans
 	x.aliased = op.In.Overlaps(op.Out)
 	x.ch = c
 	clear(x.sent)
@@ -121,6 +144,9 @@ func (x *chanRun) fail(st *algorithms.Step, peer int, err error) error {
 }
 
 func (x *chanRun) spansOf(i int, ref algorithms.Ref) []algorithms.Span {
+	if x.cached != nil {
+		return x.cached[x.piece][x.stepI][i]
+	}
 	x.spans[i] = x.spans[i][:0]
 	if ref.Buf != algorithms.NoBuf {
 		x.spans[i] = x.layout.Spans(x.spans[i], ref, x.sched.Minor, x.piece, x.pieces)
@@ -184,10 +210,11 @@ func (x *chanRun) lockstep(ctx context.Context, st *algorithms.Step) error {
 	if st.Kind.Sends() {
 		sc = x.conns[speer]
 	}
-	red := x.red
+	red := x.red // into a slot
 	if st.Final {
 		red = x.final
 	}
+	redOut := x.reducer(st.Final) // into the output
 	// Direct paths, where the transport offers them: land incoming data
 	// straight in the destination when it is only copied there (recv,
 	// recvCopySend), and send straight from the user's buffers what no
@@ -281,23 +308,33 @@ func (x *chanRun) lockstep(ctx context.Context, st *algorithms.Step) error {
 			copy(out, src)
 		case algorithms.Recv:
 			if dr == nil {
-				copy(dst, in)
+				x.copyOut(dst, in)
 			}
 		case algorithms.CopySend:
 			copy(out, src)
 			if !sameStart(dst, src) {
-				copy(dst, src)
+				x.copyOut(dst, src)
 			}
 		case algorithms.RecvReduceSend:
 			red(out, in, src)
 		case algorithms.RecvReduceCopy:
-			red(dst, in, src)
+			redOut(dst, in, src)
 		case algorithms.RecvReduceCopySend:
-			red(dst, in, src)
-			copy(out, dst)
+			if x.stream {
+				// One pass: the output by streaming stores, the slot
+				// (read by the next rank soon) through the caches.
+				red2 := x.red2
+				if st.Final {
+					red2 = x.final2
+				}
+				red2(dst, out, in, src)
+			} else {
+				red(dst, in, src)
+				copy(out, dst)
+			}
 		case algorithms.RecvCopySend:
 			if dr == nil {
-				copy(dst, in)
+				x.copyOut(dst, in)
 			}
 			copy(out, in)
 		}
@@ -332,8 +369,38 @@ func (x *chanRun) copyFinal(dst, src []byte, final bool) {
 		return
 	}
 	if !sameStart(dst, src) {
+		x.copyOut(dst, src)
+	}
+}
+
+// streamBytes is the output size from which writes to the output use
+// streaming stores. Below it the output may still be in the caches when
+// the caller reads it; above it, it cannot be (2 MiB of L2 per core here),
+// and a streaming store saves the read of each line before it is written:
+// docs/performance.md measured a 64 MiB reduction 1.5x and a copy 2.3x
+// faster that way.
+const streamBytes = 8 << 20
+
+// copyOut copies to the output.
+func (x *chanRun) copyOut(dst, src []byte) {
+	if x.stream {
+		kernels.CopyStream(dst, src)
+	} else {
 		copy(dst, src)
 	}
+}
+
+// reducer returns the kernel for a reduction into the output.
+func (x *chanRun) reducer(final bool) kernels.Func {
+	switch {
+	case x.stream && final:
+		return x.finalS
+	case x.stream:
+		return x.redS
+	case final:
+		return x.final
+	}
+	return x.red
 }
 
 // exchange runs SendRecv and SendRecvReduceCopy: per round, send the next
@@ -349,10 +416,7 @@ func (x *chanRun) exchange(ctx context.Context, st *algorithms.Step) error {
 	txBuf, srcBuf := x.buf(st.Tx.Buf), x.buf(st.Src.Buf)
 	rpeer, speer := int(st.RecvPeer), int(st.SendPeer)
 	rc, sc := x.conns[rpeer], x.conns[speer]
-	red := x.red
-	if st.Final {
-		red = x.final
-	}
+	red := x.reducer(st.Final) // into the output
 	reduces := st.Kind.Reduces()
 	var txSl, rxSl uint32
 	for !txS.Done() || !dstS.Done() {
@@ -379,7 +443,7 @@ func (x *chanRun) exchange(ctx context.Context, st *algorithms.Step) error {
 				soff, _, _ := srcS.Next()
 				red(dst, in, srcBuf[soff*es:soff*es+nb])
 			} else {
-				copy(dst, in)
+				x.copyOut(dst, in)
 			}
 			if err := rc.Release(); err != nil {
 				return x.fail(st, rpeer, err)
