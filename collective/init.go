@@ -274,8 +274,9 @@ func initProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, l
 		ln.Close()
 	}
 	if nShm > 0 {
+		here := summarize(table.Peers)[hostID]
 		o := shm.Options{Rank: rank, NRanks: nranks, Peers: shmPeers, Secret: id.secret[:], Listener: shmLn,
-			Slots: slots, SlotSize: slotSize, SpinFor: cfg.Spin}
+			Slots: slots, SlotSize: slotSize, SpinFor: cfg.Spin, YieldWhenIdle: here.ranks > here.cpus}
 		if tcpEp != nil {
 			// TCP sends move only while the channel's goroutine moves them,
 			// also when it waits on shared memory.

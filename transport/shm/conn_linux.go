@@ -27,14 +27,15 @@ type conn struct {
 	rx   ring
 
 	// Send side: slices posted, the receiver's head as last read, and
-	// whether a slot is reserved.
+	// the reserved slot's payload (inline, or in its data slot).
 	tail, headSeen uint32
-	reserved       bool
+	reserved       []byte
+	reservedInline bool
+	isReserved     bool
 
-	// Receive side: slices released, the sender's tail as last read, and
-	// whether a slot is held.
-	head, tailSeen uint32
-	holding        bool
+	// Receive side: slices released, and whether a slot is held.
+	head    uint32
+	holding bool
 
 	closeCtl sync.Once
 }
@@ -51,10 +52,12 @@ func (c *conn) wakeAll() {
 	if !c.seg.acquire() {
 		return
 	}
-	futexWake(c.tx.tail)
-	futexWake(c.tx.head)
-	futexWake(c.rx.tail)
-	futexWake(c.rx.head)
+	for _, r := range []*ring{&c.tx, &c.rx} {
+		futexWake(r.head)
+		for i := uint32(0); i < r.slots; i++ {
+			futexWake(r.seq(i))
+		}
+	}
 	c.seg.release()
 }
 
@@ -67,8 +70,8 @@ func (c *conn) teardown() {
 func (c *conn) Peer() int { return c.peer }
 
 func (c *conn) Reserve(ctx context.Context, n int) (memory.Buffer, error) {
-	if n < 0 || n > c.tx.slotSize || c.reserved {
-		return memory.Buffer{}, fmt.Errorf("shm: reserve %d bytes of a %d-byte slot (reserved already: %v)", n, c.tx.slotSize, c.reserved)
+	if n < 0 || n > c.tx.slotSize || c.isReserved {
+		return memory.Buffer{}, fmt.Errorf("shm: reserve %d bytes of a %d-byte slot (reserved already: %v)", n, c.tx.slotSize, c.isReserved)
 	}
 	if !c.seg.acquire() || c.e.down.Load() {
 		return memory.Buffer{}, c.fail("send", c.e.closedErr())
@@ -77,27 +80,32 @@ func (c *conn) Reserve(ctx context.Context, n int) (memory.Buffer, error) {
 		err := c.await(ctx, "send", c.tx.head, c.tx.swait, func() bool {
 			c.headSeen = c.tx.head.Load()
 			return c.tail-c.headSeen < c.tx.slots
-		}, c.check)
+		})
 		if err != nil {
 			c.seg.release()
 			return memory.Buffer{}, err
 		}
 	}
-	c.reserved = true
-	return memory.HostBuffer(c.tx.slot(c.tail)[:n]), nil
+	c.isReserved = true
+	c.reserved = c.tx.payload(c.tail, n)
+	c.reservedInline = n <= inlineMax
+	return memory.HostBuffer(c.reserved), nil
 }
 
 func (c *conn) Post(n int, tag transport.Tag) error {
-	if !c.reserved || n < 0 || n > c.tx.slotSize {
+	if !c.isReserved || n < 0 || n > len(c.reserved) {
 		return fmt.Errorf("shm: post of %d bytes without a matching reserve", n)
 	}
-	c.tx.putDesc(c.tail, tag.Op, tag.Sig, tag.Msg, tag.Slice, uint32(n))
-	c.tail++
-	c.tx.tail.Store(c.tail) // publishes the descriptor and the data
-	if c.tx.rwait.Load() != 0 {
-		futexWake(c.tx.tail)
+	if n <= inlineMax && !c.reservedInline {
+		copy(c.tx.payload(c.tail, n), c.reserved)
 	}
-	c.reserved = false
+	seq := c.tx.seq(c.tail)
+	c.tx.publish(c.tail, tag.Op, tag.Sig, tag.Msg, tag.Slice, uint32(n))
+	c.tail++
+	if c.tx.rwait.Load() != 0 {
+		futexWake(seq)
+	}
+	c.isReserved, c.reserved = false, nil
 	c.seg.release()
 	return nil
 }
@@ -109,27 +117,21 @@ func (c *conn) Wait(ctx context.Context) (memory.Buffer, transport.Tag, error) {
 	if !c.seg.acquire() || c.e.down.Load() {
 		return memory.Buffer{}, transport.Tag{}, c.fail("recv", c.e.closedErr())
 	}
-	if c.head == c.tailSeen {
-		c.tailSeen = c.rx.tail.Load()
-		if c.head == c.tailSeen {
-			err := c.await(ctx, "recv", c.rx.tail, c.rx.rwait, func() bool {
-				c.tailSeen = c.rx.tail.Load()
-				return c.head != c.tailSeen
-			}, c.check)
-			if err != nil {
-				c.seg.release()
-				return memory.Buffer{}, transport.Tag{}, err
-			}
+	if !c.rx.filled(c.head) {
+		err := c.await(ctx, "recv", c.rx.seq(c.head), c.rx.rwait, func() bool { return c.rx.filled(c.head) })
+		if err != nil {
+			c.seg.release()
+			return memory.Buffer{}, transport.Tag{}, err
 		}
 	}
 	op, sig, msg, slice, size := c.rx.getDesc(c.head)
-	if int(size) > c.rx.slotSize || c.tailSeen-c.head > c.rx.slots {
+	if int(size) > c.rx.slotSize {
 		c.seg.release()
-		err := fmt.Errorf("protocol error: rank %d posted a %d-byte slice (slots hold %d) or overran the ring", c.peer, size, c.rx.slotSize)
+		err := fmt.Errorf("protocol error: rank %d posted a %d-byte slice, slots hold %d", c.peer, size, c.rx.slotSize)
 		return memory.Buffer{}, transport.Tag{}, &transport.PeerError{Peer: c.peer, Op: "recv", Err: err}
 	}
 	c.holding = true
-	return memory.HostBuffer(c.rx.slot(c.head)[:size]), transport.Tag{Op: op, Sig: sig, Msg: msg, Slice: slice}, nil
+	return memory.HostBuffer(c.rx.payload(c.head, int(size))), transport.Tag{Op: op, Sig: sig, Msg: msg, Slice: slice}, nil
 }
 
 func (c *conn) Release() error {
@@ -146,14 +148,16 @@ func (c *conn) Release() error {
 	return nil
 }
 
-// await waits until ready holds: it polls for SpinFor, giving the CPU
-// away every few polls, then sleeps on word (the counter the other side
-// bumps) with flag raised, so that the other side knows to wake it. check
-// reports failures: this endpoint closing, the peer aborting, leaving or
-// dying, the context ending. While Options.Progress reports other
-// transports' sends pending on this channel, it keeps them moving and
-// polls instead of sleeping.
-func (c *conn) await(ctx context.Context, op string, word, flag *atomic.Uint32, ready func() bool, check func(ctx context.Context, deep bool) error) error {
+// await waits until ready holds. It polls for SpinFor, then sleeps on
+// word (what the other side changes when ready may hold) with flag
+// raised, so that the other side knows to wake it. While polling it gives
+// the CPU away after every failed poll when Options.YieldWhenIdle is set
+// (ranks outnumber cores: the rank we wait for may need this core), else
+// only every few microseconds. It fails when this endpoint closes, the
+// peer aborts, leaves or dies, or ctx ends. While Options.Progress reports
+// other transports' sends pending on this channel, it keeps them moving
+// and polls instead of sleeping.
+func (c *conn) await(ctx context.Context, op string, word, flag *atomic.Uint32, ready func() bool) error {
 	fail := func(err error) error {
 		if errors.Is(err, transport.ErrPeerClosed) && ready() {
 			return c.afterWait() // the peer left, but not before posting this
@@ -165,6 +169,10 @@ func (c *conn) await(ctx context.Context, op string, word, flag *atomic.Uint32, 
 		return c.fail(op, err)
 	}
 	progress := c.e.o.Progress
+	every := 256 // polls between checks: with PAUSE, about 10 µs
+	if c.e.o.YieldWhenIdle {
+		every = 16
+	}
 	for {
 		// Poll.
 		var start, deep time.Time
@@ -172,7 +180,12 @@ func (c *conn) await(ctx context.Context, op string, word, flag *atomic.Uint32, 
 			if ready() {
 				return c.afterWait()
 			}
-			if i%16 != 0 {
+			if c.e.o.YieldWhenIdle {
+				yieldCPU()
+			} else {
+				pause()
+			}
+			if i%every != 0 {
 				continue
 			}
 			pending := false
@@ -186,15 +199,18 @@ func (c *conn) await(ctx context.Context, op string, word, flag *atomic.Uint32, 
 			if start.IsZero() {
 				start, deep = now, now
 			}
-			if err := check(ctx, now.Sub(deep) > sleepSlice); err != nil {
+			isDeep := now.Sub(deep) > sleepSlice
+			if err := c.check(ctx, isDeep); err != nil {
 				return fail(err)
-			} else if now.Sub(deep) > sleepSlice {
+			} else if isDeep {
 				deep = now
 			}
 			if !pending && now.Sub(start) >= c.e.o.SpinFor {
 				break
 			}
-			yieldCPU()
+			if !c.e.o.YieldWhenIdle {
+				yieldCPU()
+			}
 		}
 		// Sleep.
 		for {
@@ -204,7 +220,7 @@ func (c *conn) await(ctx context.Context, op string, word, flag *atomic.Uint32, 
 				flag.Store(0)
 				return c.afterWait()
 			}
-			if err := check(ctx, true); err != nil {
+			if err := c.check(ctx, true); err != nil {
 				flag.Store(0)
 				return fail(err)
 			}

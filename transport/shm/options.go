@@ -39,7 +39,11 @@ type Options struct {
 	Slots    int           // slots per ring; 0 means DefaultSlots
 	SlotSize int           // bytes per slot; 0 means DefaultSlotSize
 	SpinFor  time.Duration // polling before sleeping; 0 means DefaultSpinFor, <0 never polls
-	Logger   *slog.Logger
+	// YieldWhenIdle gives the CPU away after every failed poll, for hosts
+	// with more ranks than cores (Open MPI's mpi_yield_when_idle): the
+	// rank being waited for may need this very core.
+	YieldWhenIdle bool
+	Logger        *slog.Logger
 	// Progress, if set, is called by a channel's goroutine while it waits
 	// on a connection of channel ch, to move what other transports have
 	// queued to send on that channel (a TCP connection of the same

@@ -22,23 +22,32 @@ import (
 //	pageSize         ring 0 (side 0 sends, side 1 receives)
 //	...              ring 1 (side 1 sends, side 0 receives)
 //
-// A ring is a control page, then Slots 64-byte slot descriptors rounded up
-// to pages, then Slots data slots of SlotSize bytes each, each starting on
-// a page:
+// A ring is a control page, then Slots 64-byte slot descriptors (one
+// cache line each) rounded up to pages, then Slots data slots of SlotSize
+// bytes each, each starting on a page:
 //
-//	ctrl+0    tail   slices posted (the sender's line; the futex the
-//	          receiver sleeps on)
-//	ctrl+4    swait  the sender sleeps (waiting for a free slot)
-//	ctrl+128  head   slices released (the receiver's line; the futex the
-//	          sender sleeps on)
-//	ctrl+132  rwait  the receiver sleeps (waiting for a slice)
+//	ctrl+0    head   slices released (the receiver's line; the futex a
+//	          sender waiting for a free slot sleeps on)
+//	ctrl+128  rwait  the receiver sleeps (waiting for a slice)
+//	ctrl+256  swait  the sender sleeps (waiting for a free slot)
 //
-// Counters are 32 bits and wrap; the ring compares them modulo 2³².
+//	desc+0    seq    slice number + 1 (mod 2³²) once the slot is filled;
+//	                 the futex a receiver sleeps on
+//	desc+4    size
+//	desc+8    tag    op (8 bytes), signature, message, slice (4 each)
+//	desc+32   data   slices of up to 32 bytes, inline
+//
+// The sender's "tail" is thus spread over the descriptors: the receiver
+// polls the descriptor of the slot it expects, and one cache line brings
+// it the flag, the tag and, for small slices, the data (NCCL's LL
+// protocol puts flags next to data for the same reason). The sleep flags
+// have lines of their own, written only by a side about to sleep, so that
+// checking them costs the other side no cache miss.
 const (
 	pageSize   = 4096
 	magic      = 0x6d6873_6c63636f67 // "gocclshm" little-endian, give or take
 	version    = 1
-	descSize   = 64
+	descLen    = 64
 	reasonSize = 1024
 
 	hdrMagic    = 0
@@ -52,10 +61,19 @@ const (
 	sideLen     = 8
 	sideReason  = 128
 
-	ctrlTail  = 0
-	ctrlSWait = 4
-	ctrlHead  = 128
-	ctrlRWait = 132
+	ctrlHead  = 0
+	ctrlRWait = 128
+	ctrlSWait = 256
+
+	descSeq    = 0
+	descSize   = 4
+	descOp     = 8
+	descSig    = 16
+	descMsg    = 20
+	descSlice  = 24
+	descInline = 32
+	// inlineMax is the largest slice carried in its descriptor.
+	inlineMax = descLen - descInline
 )
 
 func roundPage(n int) int { return (n + pageSize - 1) &^ (pageSize - 1) }
@@ -69,7 +87,7 @@ type geometry struct {
 func (g geometry) stride() int { return roundPage(g.slotSize) }
 
 func (g geometry) ringSize() int {
-	return pageSize + roundPage(g.slots*descSize) + g.slots*g.stride()
+	return pageSize + roundPage(g.slots*descLen) + g.slots*g.stride()
 }
 
 func (g geometry) size() int { return pageSize + 2*g.ringSize() }
@@ -226,23 +244,22 @@ func (s *segment) unmap() {
 
 // ring is one direction of a segment, seen from one side.
 type ring struct {
-	tail, swait, head, rwait *atomic.Uint32
-	desc                     []byte
-	data                     []byte
-	slots                    uint32
-	slotSize, stride         int
+	head, rwait, swait *atomic.Uint32
+	desc               []byte
+	data               []byte
+	slots              uint32
+	slotSize, stride   int
 }
 
 func (s *segment) ring(dir int, g geometry) ring {
 	base := pageSize + dir*g.ringSize()
 	descs := base + pageSize
-	data := descs + roundPage(g.slots*descSize)
+	data := descs + roundPage(g.slots*descLen)
 	return ring{
-		tail:     s.u32(base + ctrlTail),
-		swait:    s.u32(base + ctrlSWait),
 		head:     s.u32(base + ctrlHead),
 		rwait:    s.u32(base + ctrlRWait),
-		desc:     s.mem[descs : descs+g.slots*descSize],
+		swait:    s.u32(base + ctrlSWait),
+		desc:     s.mem[descs : descs+g.slots*descLen],
 		data:     s.mem[data : data+g.slots*g.stride()],
 		slots:    uint32(g.slots),
 		slotSize: g.slotSize,
@@ -250,24 +267,49 @@ func (s *segment) ring(dir int, g geometry) ring {
 	}
 }
 
+// slot returns the data slot of slice i.
 func (r *ring) slot(i uint32) []byte {
 	off := int(i%r.slots) * r.stride
 	return r.data[off : off+r.slotSize : off+r.slotSize]
 }
 
-// Slot descriptors: the slice's tag and size, written by the sender before
-// it publishes the slot (tail), read by the receiver after it sees it.
-func (r *ring) putDesc(i uint32, op uint64, sig, msg, slice, size uint32) {
-	d := r.desc[int(i%r.slots)*descSize:]
-	binary.LittleEndian.PutUint64(d[0:], op)
-	binary.LittleEndian.PutUint32(d[8:], sig)
-	binary.LittleEndian.PutUint32(d[12:], msg)
-	binary.LittleEndian.PutUint32(d[16:], slice)
-	binary.LittleEndian.PutUint32(d[20:], size)
+// descOf returns the descriptor of slice i.
+func (r *ring) descOf(i uint32) []byte {
+	off := int(i%r.slots) * descLen
+	return r.desc[off : off+descLen : off+descLen]
 }
 
+// seq is the flag of slice i's descriptor.
+func (r *ring) seq(i uint32) *atomic.Uint32 {
+	return (*atomic.Uint32)(unsafe.Pointer(&r.desc[int(i%r.slots)*descLen+descSeq]))
+}
+
+// payload returns where slice i's n bytes live: inline in its descriptor
+// when they fit, else in its data slot.
+func (r *ring) payload(i uint32, n int) []byte {
+	if n <= inlineMax {
+		return r.descOf(i)[descInline : descInline+n]
+	}
+	return r.slot(i)[:n]
+}
+
+// publish fills in slice i's descriptor and then its flag, which makes
+// the descriptor and the data visible to the receiver.
+func (r *ring) publish(i uint32, op uint64, sig, msg, slice, size uint32) {
+	d := r.descOf(i)
+	binary.LittleEndian.PutUint32(d[descSize:], size)
+	binary.LittleEndian.PutUint64(d[descOp:], op)
+	binary.LittleEndian.PutUint32(d[descSig:], sig)
+	binary.LittleEndian.PutUint32(d[descMsg:], msg)
+	binary.LittleEndian.PutUint32(d[descSlice:], slice)
+	r.seq(i).Store(i + 1)
+}
+
+// filled reports whether slice i has been published.
+func (r *ring) filled(i uint32) bool { return r.seq(i).Load() == i+1 }
+
 func (r *ring) getDesc(i uint32) (op uint64, sig, msg, slice, size uint32) {
-	d := r.desc[int(i%r.slots)*descSize:]
-	return binary.LittleEndian.Uint64(d[0:]), binary.LittleEndian.Uint32(d[8:]), binary.LittleEndian.Uint32(d[12:]),
-		binary.LittleEndian.Uint32(d[16:]), binary.LittleEndian.Uint32(d[20:])
+	d := r.descOf(i)
+	return binary.LittleEndian.Uint64(d[descOp:]), binary.LittleEndian.Uint32(d[descSig:]), binary.LittleEndian.Uint32(d[descMsg:]),
+		binary.LittleEndian.Uint32(d[descSlice:]), binary.LittleEndian.Uint32(d[descSize:])
 }

@@ -96,7 +96,12 @@ func stream(t *testing.T, a, b transport.Conn, n, slotSize int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	size := func(i int) int { return (i * 4093) % (slotSize + 1) }
+	size := func(i int) int {
+		if i%3 == 0 {
+			return i % (inlineMax + 9) // around the inline limit
+		}
+		return (i * 4093) % (slotSize + 1)
+	}
 	send := func(c transport.Conn) error {
 		for i := 0; i < n; i++ {
 			buf, err := c.Reserve(ctx, size(i))
@@ -505,4 +510,51 @@ func TestWaitKeepsOtherTransportsMoving(t *testing.T) {
 	var pe *transport.PeerError
 	require.ErrorAs(t, err, &pe)
 	require.Equal(t, 7, pe.Peer, "the other transport's failure keeps its peer")
+}
+
+// BenchmarkExchange times one 8-byte exchange each way between two
+// goroutines (each on its own thread, as two ranks' goroutines are): the
+// transport's share of a small all-reduce.
+func BenchmarkExchange(b *testing.B) {
+	t := &testing.T{}
+	eps := endpoints(t, 2, nil)
+	defer func() {
+		for _, ep := range eps {
+			ep.Close(nil)
+		}
+	}()
+	x, y := connectPair(t, eps[0], eps[1], 0)
+	ctx := context.Background()
+	side := func(c transport.Conn, n int) error {
+		for i := 0; i < n; i++ {
+			buf, err := c.Reserve(ctx, 8)
+			if err != nil {
+				return err
+			}
+			buf.Bytes()[0] = byte(i)
+			if err := c.Post(8, transport.Tag{Op: uint64(i)}); err != nil {
+				return err
+			}
+			got, _, err := c.Wait(ctx)
+			if err != nil {
+				return err
+			}
+			if got.Bytes()[0] != byte(i) {
+				return fmt.Errorf("exchange %d: got %d", i, got.Bytes()[0])
+			}
+			if err := c.Release(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	b.ResetTimer()
+	errc := make(chan error, 1)
+	go func() { errc <- side(y, b.N) }()
+	if err := side(x, b.N); err != nil {
+		b.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		b.Fatal(err)
+	}
 }

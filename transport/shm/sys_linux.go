@@ -30,7 +30,7 @@ func futexWake(w *atomic.Uint32) {
 
 // yieldCPU gives the CPU to another runnable thread, if any, as Open MPI's
 // mpi_yield_when_idle does for ranks that outnumber cores.
-func yieldCPU() { unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }
+func yieldCPU() { unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }
 
 // hungUp reports whether the other end of the stream socket fd has closed
 // or sent something (it sends nothing, so either means it is gone).
