@@ -17,6 +17,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 	"time"
 
@@ -45,6 +46,7 @@ func run() int {
 		root    = flag.Int("r", 0, "root for broadcast")
 		inplace = flag.Bool("inplace", false, "run in place")
 		algo    = flag.String("algo", "auto", "all-reduce algorithm: auto, ring, tree, recdoubling, rabenseifner")
+		cpuProf = flag.String("cpuprofile", "", "write each rank's CPU profile to this file with .RANK appended (go tool pprof reads it)")
 	)
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -115,6 +117,17 @@ func run() int {
 		return fail(fmt.Errorf("%w\n(run under a launcher, or give -np N to start N local ranks)", err))
 	}
 	defer c.Close()
+	if *cpuProf != "" {
+		f, err := os.Create(fmt.Sprintf("%s.%d", *cpuProf, c.Rank()))
+		if err != nil {
+			return fail(err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fail(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	if err := sweep(ctx, c, o); err != nil {
 		return fail(err)
 	}
