@@ -233,6 +233,8 @@ func TestGolden(t *testing.T) {
 		{Coll: CollAllReduce, Algo: RecDoubling, NRanks: 5},
 		{Coll: CollAllReduce, Algo: Rabenseifner, NRanks: 4},
 		{Coll: CollAllReduce, Algo: Rabenseifner, NRanks: 6},
+		{Coll: CollAllReduce, Algo: OneShot, NRanks: 4},
+		{Coll: CollAllReduce, Algo: OneShot, NRanks: 5},
 		{Coll: CollReduceScatter, Algo: Ring, NRanks: 4},
 		{Coll: CollAllGather, Algo: Ring, NRanks: 4},
 		{Coll: CollBroadcast, Algo: Ring, NRanks: 4, Root: 1},

@@ -63,6 +63,8 @@ func Build(p Params) (*Schedule, error) {
 			recDoublingAllReduce(b)
 		case Rabenseifner:
 			rabenseifnerAllReduce(b)
+		case OneShot:
+			oneShotAllReduce(b)
 		}
 	case CollReduceScatter:
 		ringReduceScatter(b, ring)
@@ -360,6 +362,48 @@ func rabenseifnerAllReduce(b builder) {
 		}
 	}
 	f.epilogue(b, all)
+}
+
+// oneShotAllReduce: send the input to every other rank, then fold the n
+// contributions in rank order, x0 ⊕ x1 ⊕ ... ⊕ x(n-1), the own one from
+// Input and the others straight out of their slots. Every rank evaluates
+// the same expression (the first pair in either order, which commutative
+// operators make equal), so all end with identical bits. Sends go to
+// r+1, r+2, ... so that no rank is everybody's first destination.
+func oneShotAllReduce(b builder) {
+	n, r := b.s.NRanks, b.s.Rank
+	all := func(buf Buf) Ref { return Blocks(buf, 0, 1) }
+	if n == 1 {
+		b.copy(all(Input), all(Output), true)
+		return
+	}
+	// Output is written (by the fold) before Input is read for the last
+	// time (by the fold's own term, or an in-place send's copy).
+	b.s.CopyInPlace = true
+	for k := 1; k < n; k++ {
+		b.send(all(Input), (r+k)%n)
+	}
+	cur := NoBuf // where the fold's running value is: nowhere yet, Input (own term only) or Output
+	for j := 0; j < n; j++ {
+		final := j == n-1
+		switch {
+		case j == r && cur == NoBuf:
+			cur = Input
+		case j == r:
+			b.reduce(all(Input), all(Output), final)
+		case cur == NoBuf && j+1 == r:
+			// x_j ⊕ x_r in one step.
+			b.recvReduceCopy(j, all(Input), all(Output), j+1 == n-1)
+			cur = Output
+			j++
+		case cur == NoBuf:
+			b.recv(j, all(Output))
+			cur = Output
+		default:
+			b.recvReduceCopy(j, all(cur), all(Output), final)
+			cur = Output
+		}
+	}
 }
 
 // DoubleBinaryTree returns the parent and children of rank in each of the two binary

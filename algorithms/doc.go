@@ -46,15 +46,19 @@
 //     the step marked Final is the one that completes it, once.
 //  5. It does not deadlock when every message fits in half of a link's
 //     slots (MinPieces), whatever the interleaving of ranks.
-//  6. It is correct when the buffers alias in NCCL's in-place forms.
+//  6. It is correct when the buffers alias in NCCL's in-place forms, or
+//     says it is not (CopyInPlace) and the engine gives it a copy of the
+//     input.
 //
 // # Algorithms
 //
 // All-reduce: Ring (reduce-scatter + all-gather, bandwidth-optimal), Tree
 // (double binary tree, logarithmic latency at full bandwidth), RecDoubling
 // (log2 n exchanges of the whole buffer, for small messages) and
-// Rabenseifner (recursive halving then doubling, for mid sizes); the last
-// two fold the extra ranks of a count that is not a power of two.
+// Rabenseifner (recursive halving then doubling, for mid sizes), which
+// fold the extra ranks of a count that is not a power of two, and OneShot
+// (every rank sends its input to every other and reduces all n locally in
+// rank order: one hop, for small messages on few ranks).
 // Reduce-scatter and all-gather: the halves of the ring. Broadcast and
 // reduce: a pipelined chain along the ring. All-to-all: pairwise exchange.
 // Send and recv: one transfer.

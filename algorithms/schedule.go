@@ -73,10 +73,17 @@ const (
 	Pairwise
 	// P2P: one point-to-point transfer (Send, Recv).
 	P2P
+	// OneShot: every rank sends its whole input to every other rank and
+	// reduces the n contributions locally, in rank order (the "one-shot"
+	// all-reduce of TensorRT-LLM's and vLLM's custom all-reduce kernels).
+	// One hop, n-1 times the bytes: for small messages on few ranks, where
+	// a rank should wait for its peers once per operation rather than once
+	// per round (on oversubscribed cores every wait is a context switch).
+	OneShot
 	numAlgorithms
 )
 
-var algoNames = [...]string{"auto", "ring", "tree", "recdoubling", "rabenseifner", "pairwise", "p2p"}
+var algoNames = [...]string{"auto", "ring", "tree", "recdoubling", "rabenseifner", "pairwise", "p2p", "oneshot"}
 
 func (a Algorithm) String() string {
 	if a < numAlgorithms {
@@ -99,7 +106,7 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 func (a Algorithm) Supports(c Collective) bool {
 	switch c {
 	case CollAllReduce:
-		return a == Ring || a == Tree || a == RecDoubling || a == Rabenseifner
+		return a == Ring || a == Tree || a == RecDoubling || a == Rabenseifner || a == OneShot
 	case CollReduceScatter, CollAllGather, CollBroadcast, CollReduce:
 		return a == Ring
 	case CollAllToAll:
@@ -144,6 +151,9 @@ const (
 	// the value it is about to replace): slice k of Tx is read before slice
 	// k of Dst is written.
 	SendRecvReduceCopy
+	// Reduce: Dst = Dst ⊕ Src, locally (Src is Input, Dst the running
+	// value in Output).
+	Reduce
 	numKinds
 )
 
@@ -163,6 +173,7 @@ var kinds = [numKinds]kindInfo{
 	RecvCopySend:       {name: "recvCopySend", recv: true, send: true, dst: true},
 	SendRecv:           {name: "sendRecv", recv: true, send: true, dst: true, tx: true},
 	SendRecvReduceCopy: {name: "sendRecvReduceCopy", recv: true, send: true, src: true, dst: true, tx: true, red: true},
+	Reduce:             {name: "reduce", src: true, dst: true, red: true},
 }
 
 func (k Kind) String() string {
@@ -284,7 +295,12 @@ type Schedule struct {
 	// engine derives the piece count from it, and all ranks must agree on
 	// that), unlike this rank's own MaxMessageBlocks.
 	MsgBlocks int
-	Steps     []Step
+	// CopyInPlace says the schedule reads Input after it has written the
+	// same blocks of Output, so an in-place operation must run on a
+	// private copy of the input (the engine makes one; only OneShot, whose
+	// messages are small, needs it).
+	CopyInPlace bool
+	Steps       []Step
 }
 
 // Blocks returns the size of the schedule's block space: majors × minor.
@@ -321,7 +337,11 @@ func (s *Schedule) String() string {
 	if s.Coll == CollSend || s.Coll == CollRecv {
 		fmt.Fprintf(&b, " peer=%d", s.Root)
 	}
-	fmt.Fprintf(&b, " minor=%d\n", s.Minor)
+	fmt.Fprintf(&b, " minor=%d", s.Minor)
+	if s.CopyInPlace {
+		b.WriteString(" copy-in-place")
+	}
+	b.WriteString("\n")
 	for i, st := range s.Steps {
 		fmt.Fprintf(&b, "  %3d %s\n", i, st)
 	}
@@ -370,6 +390,10 @@ func (b builder) recvCopySend(from int, dst Ref, to int) {
 
 func (b builder) sendRecv(tx Ref, to, from int, dst Ref) {
 	b.add(Step{Kind: SendRecv, RecvPeer: int32(from), SendPeer: int32(to), Tx: tx, Dst: dst})
+}
+
+func (b builder) reduce(src, dst Ref, final bool) {
+	b.add(Step{Kind: Reduce, RecvPeer: none(), SendPeer: none(), Src: src, Dst: dst, Final: final})
 }
 
 func (b builder) sendRecvReduceCopy(tx Ref, to, from int, src, dst Ref, final bool) {

@@ -69,6 +69,14 @@ func log2ceil(n int) int { return bits.Len(uint(n - 1)) }
 // exchanges relative to the ring's (see Cost).
 const rabenseifnerEfficiency = 0.85
 
+// oneShotPostCost is the cost of one more message in a OneShot all-reduce,
+// relative to the hop latency α: the sender's own work to post it. Fitted
+// to 8-byte all-reduce over TCP on loopback (docs/performance.md): 3 ranks
+// ran 33 µs one-shot against 36 µs recursive doubling (with its fold),
+// 4 ranks 50 µs against 40 µs. With 0.75 the tuner picks one-shot for 3
+// and 5 ranks, recursive doubling for 2, 4 and from 6 on.
+const oneShotPostCost = 0.75
+
 // Cost predicts the time of problem p run with algorithm a on c channels,
 // in seconds, from the link model: latency α per hop, bytes over bandwidth,
 // bytes over the reduction rate (Hockney's α-β model with the γ term of
@@ -117,6 +125,11 @@ func Cost(p Problem, a Algorithm, c int) float64 {
 			t = (2*float64(log2ceil(p.NRanks))+chunks-1)*alpha + 2*S*beta + S*gamma
 		case RecDoubling:
 			t = L*(alpha+S*beta+S*gamma) + fold
+		case OneShot:
+			// One hop; each message beyond the first costs its sender the
+			// software overhead of a post (LogP's o), and every rank moves
+			// and reduces n-1 whole vectors.
+			t = alpha*(1+(n-2)*oneShotPostCost) + (n-1)*S*(beta+gamma)
 		case Rabenseifner:
 			// Its exchanges move the same bytes as a ring but measured about
 			// 15% slower per byte than the ring's forwarding at 1 MiB and
@@ -146,7 +159,7 @@ func Cost(p Problem, a Algorithm, c int) float64 {
 func candidates(c Collective) []Algorithm {
 	switch c {
 	case CollAllReduce:
-		return []Algorithm{Ring, Tree, Rabenseifner, RecDoubling}
+		return []Algorithm{Ring, Tree, Rabenseifner, RecDoubling, OneShot}
 	case CollAllToAll:
 		return []Algorithm{Pairwise}
 	case CollSend, CollRecv:
@@ -186,7 +199,7 @@ func Tune(p Problem, force Algorithm, channels int, chunk int64) Plan {
 	if chunk > 0 {
 		best.ChunkBytes = chunk
 	}
-	if best.Algo == RecDoubling || best.Algo == Rabenseifner || best.Algo == Pairwise {
+	if best.Algo == RecDoubling || best.Algo == Rabenseifner || best.Algo == Pairwise || best.Algo == OneShot {
 		best.ChunkBytes = 0 // not pipelined: one piece per channel unless slots demand more
 	}
 	return best

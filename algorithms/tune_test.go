@@ -10,9 +10,22 @@ import (
 var testLink = LinkModel{Latency: 5e-6, Bandwidth: 5e9, ReduceRate: 5e9, MaxChannels: 4, ChannelBytes: 1 << 20, ChunkBytes: 512 << 10}
 
 func TestTunePicksLatencyAlgorithmsForSmallAndRingForLarge(t *testing.T) {
-	small := Tune(Problem{Coll: CollAllReduce, NRanks: 8, Bytes: 8, Link: testLink}, AlgoAuto, 0, 0)
+	small := Tune(Problem{Coll: CollAllReduce, NRanks: 64, Bytes: 8, Link: testLink}, AlgoAuto, 0, 0)
 	require.Equal(t, RecDoubling, small.Algo)
 	require.Equal(t, 1, small.Channels)
+	// One hop beats recursive doubling where the latter needs its fold
+	// (3, 5 ranks), not where it needs two rounds or more (4, 8 ranks);
+	// two ranks tie, and the exchange is preferred.
+	tiny := func(n int) Algorithm {
+		return Tune(Problem{Coll: CollAllReduce, NRanks: n, Bytes: 8, Link: testLink}, AlgoAuto, 0, 0).Algo
+	}
+	require.Equal(t, RecDoubling, tiny(2))
+	require.Equal(t, OneShot, tiny(3))
+	require.Equal(t, RecDoubling, tiny(4))
+	require.Equal(t, OneShot, tiny(5))
+	require.Equal(t, RecDoubling, tiny(8))
+	// n-1 whole vectors per rank lose once bytes count.
+	require.NotEqual(t, OneShot, Tune(Problem{Coll: CollAllReduce, NRanks: 4, Bytes: 1 << 20, Link: testLink}, AlgoAuto, 0, 0).Algo)
 	large := Tune(Problem{Coll: CollAllReduce, NRanks: 8, Bytes: 256 << 20, Link: testLink}, AlgoAuto, 0, 0)
 	require.Contains(t, []Algorithm{Ring, Rabenseifner}, large.Algo)
 	require.Equal(t, 4, large.Channels)
@@ -34,7 +47,7 @@ func TestTuneHonoursForcedChoices(t *testing.T) {
 func TestCost(t *testing.T) {
 	p := Problem{Coll: CollAllReduce, NRanks: 4, Bytes: 1 << 20, Link: testLink}
 	require.True(t, math.IsInf(Cost(p, Pairwise, 1), 1))
-	for _, a := range []Algorithm{Ring, Tree, RecDoubling, Rabenseifner} {
+	for _, a := range []Algorithm{Ring, Tree, RecDoubling, Rabenseifner, OneShot} {
 		c1 := Cost(p, a, 1)
 		q := p
 		q.Bytes *= 2

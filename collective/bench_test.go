@@ -30,7 +30,7 @@ var benchSizes = []int{8, 64 << 10, 1 << 20, 64 << 20}
 // bandwidth for all-reduce.
 func BenchmarkAllReduce(b *testing.B) {
 	for _, n := range []int{2, 4} {
-		for _, a := range []algorithms.Algorithm{algorithms.AlgoAuto, algorithms.Ring, algorithms.Tree, algorithms.RecDoubling, algorithms.Rabenseifner} {
+		for _, a := range []algorithms.Algorithm{algorithms.AlgoAuto, algorithms.Ring, algorithms.Tree, algorithms.RecDoubling, algorithms.Rabenseifner, algorithms.OneShot} {
 			for _, size := range benchSizes {
 				b.Run(fmt.Sprintf("nranks=%d/algo=%v/bytes=%s", n, a, sizeName(size)), func(b *testing.B) {
 					benchAllReduce(b, n, size, collective.WithAlgorithm(a))

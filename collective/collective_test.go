@@ -164,7 +164,7 @@ var allTypes = []collective.DataType{
 // TestAllReduceEveryTypeOpAlgorithm checks every type × operator ×
 // algorithm on rank counts that are and are not powers of two.
 func TestAllReduceEveryTypeOpAlgorithm(t *testing.T) {
-	algos := []algorithms.Algorithm{algorithms.Ring, algorithms.Tree, algorithms.RecDoubling, algorithms.Rabenseifner}
+	algos := []algorithms.Algorithm{algorithms.Ring, algorithms.Tree, algorithms.RecDoubling, algorithms.Rabenseifner, algorithms.OneShot}
 	for _, n := range []int{1, 2, 3, 4, 6} {
 		for _, a := range algos {
 			t.Run(fmt.Sprintf("nranks=%d/algo=%v", n, a), func(t *testing.T) {
@@ -214,7 +214,7 @@ func TestLargeAndPipelined(t *testing.T) {
 	if testing.Short() {
 		count = 1<<18 + 7
 	}
-	for _, a := range []algorithms.Algorithm{algorithms.Ring, algorithms.Tree, algorithms.Rabenseifner, algorithms.RecDoubling} {
+	for _, a := range []algorithms.Algorithm{algorithms.Ring, algorithms.Tree, algorithms.Rabenseifner, algorithms.RecDoubling, algorithms.OneShot} {
 		t.Run("algo="+a.String(), func(t *testing.T) {
 			comms := newGroup(t, 3, collective.WithAlgorithm(a), collective.WithChannels(2), collective.WithChunkSize(64<<10), collective.WithSlots(4, 16<<10))
 			check[float32](t, comms, caseSpec{coll: algorithms.CollAllReduce, op: collective.Sum, count: count, seed: 1})
@@ -310,7 +310,7 @@ func TestRanksAgreeBitForBit(t *testing.T) {
 	// Random floats are not exact; whatever the algorithm, every rank must
 	// end with the same bits.
 	ctx := context.Background()
-	for _, a := range []algorithms.Algorithm{algorithms.Ring, algorithms.Tree, algorithms.RecDoubling, algorithms.Rabenseifner} {
+	for _, a := range []algorithms.Algorithm{algorithms.Ring, algorithms.Tree, algorithms.RecDoubling, algorithms.Rabenseifner, algorithms.OneShot} {
 		comms := newGroup(t, 5, collective.WithAlgorithm(a))
 		outs := make([][]float32, 5)
 		errs := runRanks(t, comms, func(r int, c *collective.Comm) error {

@@ -225,7 +225,7 @@ func TestPeerAbortMidOperation(t *testing.T) {
 }
 
 func TestKilledPeer(t *testing.T) {
-	for _, a := range []algorithms.Algorithm{algorithms.Ring, algorithms.Tree, algorithms.RecDoubling, algorithms.Rabenseifner} {
+	for _, a := range []algorithms.Algorithm{algorithms.Ring, algorithms.Tree, algorithms.RecDoubling, algorithms.Rabenseifner, algorithms.OneShot} {
 		t.Run("algo="+a.String(), func(t *testing.T) {
 			comms, nw := newNet(t, 4, collective.WithAlgorithm(a), collective.WithSlots(4, 4096))
 			var posts atomic.Int64

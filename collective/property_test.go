@@ -31,7 +31,7 @@ func TestPropertyRandom(t *testing.T) {
 	if testing.Short() {
 		iters = 15
 	}
-	algos := []algorithms.Algorithm{algorithms.AlgoAuto, algorithms.Ring, algorithms.Tree, algorithms.RecDoubling, algorithms.Rabenseifner}
+	algos := []algorithms.Algorithm{algorithms.AlgoAuto, algorithms.Ring, algorithms.Tree, algorithms.RecDoubling, algorithms.Rabenseifner, algorithms.OneShot}
 	colls := []algorithms.Collective{algorithms.CollAllReduce, algorithms.CollAllReduce, algorithms.CollAllReduce,
 		algorithms.CollReduceScatter, algorithms.CollAllGather, algorithms.CollBroadcast, algorithms.CollReduce, algorithms.CollAllToAll}
 	for i := 0; i < iters; i++ {

@@ -220,7 +220,9 @@ func (s *sim) setup(given []*algorithms.Schedule) error {
 		l := rs.layout
 		inLen, outLen := l.InLen(), l.OutLen()
 		switch {
-		case !c.InPlace || inLen == 0 || outLen == 0:
+		case !c.InPlace || sched.CopyInPlace || inLen == 0 || outLen == 0:
+			// (The engine runs a CopyInPlace schedule on a copy of the
+			// input, so its buffers never alias.)
 			rs.mem = make([]val, inLen+outLen)
 			if inLen > 0 {
 				rs.in = 0
@@ -413,6 +415,8 @@ func (s *sim) advance(rs *rankSim) (ok bool, err error) {
 			x, err = s.reduce(rx[i], rs.mem[s.addr(rs, st.Src.Buf, srcOff+i)], st.Final)
 		case in != nil:
 			x = rx[i]
+		case st.Kind.Reduces(): // a local reduce into the running value
+			x, err = s.reduce(rs.mem[s.addr(rs, algorithms.Output, dstOff+i)], rs.mem[s.addr(rs, st.Src.Buf, srcOff+i)], st.Final)
 		default:
 			x, err = s.finish(rs.mem[s.addr(rs, st.Src.Buf, srcOff+i)], st.Final)
 		}

@@ -21,6 +21,7 @@ var everyAlgorithm = []collAlgo{
 	{algorithms.CollAllReduce, algorithms.Tree},
 	{algorithms.CollAllReduce, algorithms.RecDoubling},
 	{algorithms.CollAllReduce, algorithms.Rabenseifner},
+	{algorithms.CollAllReduce, algorithms.OneShot},
 	{algorithms.CollReduceScatter, algorithms.Ring},
 	{algorithms.CollAllGather, algorithms.Ring},
 	{algorithms.CollBroadcast, algorithms.Ring},
@@ -137,6 +138,23 @@ func TestSimulatorCatchesBrokenSchedules(t *testing.T) {
 			t.Log(err)
 		})
 	}
+}
+
+// TestOneShotNeedsItsCopyInPlace: run in place without the private copy
+// of the input, a OneShot rank past the first two overwrites its own
+// contribution (with rank 0's) before it folds it in.
+func TestOneShotNeedsItsCopyInPlace(t *testing.T) {
+	p := algorithms.Params{Coll: algorithms.CollAllReduce, Algo: algorithms.OneShot, NRanks: 4}
+	cfg := algotest.Config{Coll: p.Coll, Algo: p.Algo, NRanks: 4, Count: 8, InPlace: true}
+	scheds, err := algorithms.BuildAll(p)
+	require.NoError(t, err)
+	require.NoError(t, algotest.RunSchedules(cfg, scheds))
+	for _, s := range scheds {
+		s.CopyInPlace = false
+	}
+	err = algotest.RunSchedules(cfg, scheds)
+	require.Error(t, err)
+	t.Log(err)
 }
 
 func clearFinal(s *algorithms.Schedule) {

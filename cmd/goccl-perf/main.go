@@ -45,7 +45,7 @@ func run() int {
 		target  = flag.Duration("target", 0, "time each size for about this long instead of -n iterations")
 		root    = flag.Int("r", 0, "root for broadcast")
 		inplace = flag.Bool("inplace", false, "run in place")
-		algo    = flag.String("algo", "auto", "all-reduce algorithm: auto, ring, tree, recdoubling, rabenseifner")
+		algo    = flag.String("algo", "auto", "all-reduce algorithm: auto, ring, tree, recdoubling, rabenseifner, oneshot")
 		cpuProf = flag.String("cpuprofile", "", "write each rank's CPU profile to this file with .RANK appended (go tool pprof reads it)")
 	)
 	flag.Parse()

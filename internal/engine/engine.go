@@ -94,6 +94,10 @@ type Engine struct {
 	p2pSend  []uint64 // per peer: send operations so far
 	p2pRecv  []uint64
 	runs     []*chanRun // reused per channel
+	// An in-place operation whose schedule needs a copy of its input
+	// (algorithms.Schedule.CopyInPlace) runs as copyOp, on scratch.
+	scratch []byte
+	copyOp  Op
 }
 
 type schedKey struct {
@@ -339,6 +343,17 @@ func (e *Engine) Run(ctx context.Context, op *Op) (Plan, error) {
 		e.lastKey, e.lastPlan = k, &cp
 	}
 	pl.Seq = seq
+	if pl.Sched.CopyInPlace && op.In.Overlaps(op.Out) {
+		in := op.In.Bytes()
+		if cap(e.scratch) < len(in) {
+			e.scratch = make([]byte, len(in))
+		}
+		e.scratch = e.scratch[:len(in)]
+		copy(e.scratch, in)
+		e.copyOp = *op
+		e.copyOp.In = memory.HostBuffer(e.scratch)
+		op = &e.copyOp
+	}
 	// Connect every channel's peers first, from this goroutine, so that the
 	// channel goroutines only read the connection table.
 	chBase := 0

@@ -72,7 +72,7 @@ func runAll(t *testing.T, es []*Engine, op func(r int) *Op) []error {
 }
 
 func TestAllReduceEveryAlgorithmThroughTheEngine(t *testing.T) {
-	for _, a := range []algorithms.Algorithm{algorithms.Ring, algorithms.Tree, algorithms.RecDoubling, algorithms.Rabenseifner} {
+	for _, a := range []algorithms.Algorithm{algorithms.Ring, algorithms.Tree, algorithms.RecDoubling, algorithms.Rabenseifner, algorithms.OneShot} {
 		for _, n := range []int{1, 2, 3, 5} {
 			es, _ := engines(t, n, Config{Algo: a, Channels: 2}, mem.Options{Slots: 4, SlotSize: 4096})
 			const count = 10_007
