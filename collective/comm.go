@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	_ "unsafe" // for go:linkname
 
 	"github.com/goccl/goccl/algorithms"
 	"github.com/goccl/goccl/internal/engine"
@@ -33,6 +34,9 @@ type Comm struct {
 	// closed; it is the parent of every operation's context.
 	ctx    context.Context
 	cancel context.CancelCauseFunc
+	// ended is set once ctx has been cancelled: every operation looks at
+	// it, without the context's lock.
+	ended atomic.Bool
 
 	mu     sync.Mutex // guards closed, tail, seq
 	closed bool
@@ -45,7 +49,7 @@ type Comm struct {
 	// and one goroutine per communicator, started by newComm and stopped by
 	// Close, aborts the communicator when that operation has run too long.
 	op        atomic.Pointer[Request]
-	born      time.Time     // monotonic base for Request.start
+	bornNano  int64         // runtime nanotime at creation: the base of Request.start
 	stopWatch chan struct{} // closed by Close
 	watchDone chan struct{} // closed when the watchdog has returned
 }
@@ -160,7 +164,7 @@ func newComm(rank, size int, cfg Config, ep transport.Endpoint, link algorithms.
 	}
 	caps := ep.Caps()
 	cfg.Slots, cfg.SlotSize = caps.Slots, caps.SlotSize // report what is in effect
-	c := &Comm{rank: rank, size: size, cfg: cfg, eng: eng, ep: ep, born: time.Now(),
+	c := &Comm{rank: rank, size: size, cfg: cfg, eng: eng, ep: ep, bornNano: nanotime(),
 		stopWatch: make(chan struct{}), watchDone: make(chan struct{})}
 	c.ctx, c.cancel = context.WithCancelCause(context.Background())
 	go c.watch()
@@ -187,7 +191,7 @@ func (c *Comm) watch() {
 			t.Reset(c.cfg.Timeout)
 			continue
 		}
-		if left := time.Duration(op.start.Load()) + c.cfg.Timeout - time.Since(c.born); left > 0 {
+		if left := time.Duration(op.start.Load()-c.since()) + c.cfg.Timeout; left > 0 {
 			t.Reset(left)
 			continue
 		}
@@ -213,6 +217,7 @@ func (c *Comm) Abort(cause error) {
 
 func (c *Comm) abort(cause error) {
 	c.cancel(&abortedError{cause: cause})
+	c.ended.Store(true)
 	c.ep.Close(cause)
 }
 
@@ -244,6 +249,7 @@ func (c *Comm) Close() error {
 	<-c.watchDone
 	c.ep.Close(nil)
 	c.cancel(ErrClosed)
+	c.ended.Store(true)
 	return nil
 }
 
@@ -253,7 +259,7 @@ type Request struct {
 	c     *Comm
 	name  string
 	seq   uint64
-	start atomic.Int64 // when it began to run, since Comm.born (for the watchdog)
+	start atomic.Int64 // when it began to run, in ns since Comm.bornNano (for the watchdog)
 
 	// Guarded by c.mu. done is made when first needed: a blocking
 	// operation that nobody waits on needs no channel.
@@ -363,21 +369,40 @@ func (c *Comm) issue(ctx context.Context, name string, async bool) (r, prev *Req
 	if ctx == nil {
 		return nil, nil, c.argError(name, "nil context")
 	}
+	r = &Request{c: c, name: name}
+	if async {
+		r.done = make(chan struct{}) // the caller will wait on it
+	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.closed {
+		c.mu.Unlock()
 		return nil, nil, &ArgError{Rank: c.rank, Op: name, Err: ErrClosed}
 	}
-	r = &Request{c: c, name: name, seq: c.seq}
+	r.seq = c.seq
 	c.seq++
 	prev = c.tail
 	c.tail = r
 	if async {
-		r.done = make(chan struct{}) // the caller will wait on it
 		c.wg.Add(1)
 	}
+	c.mu.Unlock()
 	return r, prev, nil
 }
+
+// endCause returns why the communicator ended (closed or aborted), or nil.
+func (c *Comm) endCause() error {
+	if !c.ended.Load() {
+		return nil
+	}
+	return context.Cause(c.ctx)
+}
+
+// since returns the time since the communicator was made, from the
+// runtime's monotonic clock (time.Since also reads the wall clock).
+func (c *Comm) since() int64 { return nanotime() - c.bornNano }
+
+//go:linkname nanotime runtime.nanotime
+func nanotime() int64
 
 // exec runs one operation once its predecessor is done.
 func (c *Comm) exec(ctx context.Context, k *call, r *Request, prev *Request) error {
@@ -400,20 +425,20 @@ func (c *Comm) exec(ctx context.Context, k *call, r *Request, prev *Request) err
 			}
 		}
 	}
-	if cause := context.Cause(c.ctx); cause != nil {
+	if cause := c.endCause(); cause != nil {
 		return opErr(cause) // ErrClosed itself, or the abort's cause wrapped in ErrAborted
 	}
 	// The engine waits on the caller's context only: an abort (by Abort,
 	// the watchdog's timeout, or a failed operation) closes the endpoint,
 	// which fails every wait in the transports at once, so no context per
 	// operation needs to merge the caller's with the communicator's.
-	r.start.Store(int64(time.Since(c.born)))
+	r.start.Store(c.since())
 	c.op.Store(r)
 	defer c.op.Store(nil)
 
 	pl, err := c.eng.Run(ctx, &k.op)
 	if err == nil {
-		if cause := context.Cause(c.ctx); cause != nil {
+		if cause := c.endCause(); cause != nil {
 			// Aborted while running: the contract is that pending
 			// operations fail, even one whose data happened to arrive.
 			return opErr(cause)

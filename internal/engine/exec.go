@@ -46,18 +46,34 @@ type chanRun struct {
 	cached       [][][3][]algorithms.Span // Plan.spans
 	piece, stepI int                      // position, for errors
 	lastYield    int64                    // nanotime; see yield
+	steps        uint32                   // steps since the clock was last read
 }
 
-// yieldEvery is how often a channel's goroutine yields (see yield).
-const yieldEvery = time.Millisecond
+// yieldEvery is how often a channel's goroutine yields (see yield), and
+// yieldCheck how many steps pass between looks at the clock.
+const (
+	yieldEvery = 4 * time.Millisecond
+	yieldCheck = 32
+)
 
-// yield gives the goroutine back to the scheduler once a millisecond. A
-// rank whose peers keep up never blocks (the transports poll), and a
+// yield gives the goroutine back to the scheduler every few milliseconds.
+// A rank whose peers keep up never blocks (the transports poll), and a
 // goroutine that runs 10 ms without a scheduling point makes the
 // runtime's sysmon preempt it and retake its P from system calls, after
 // which sysmon polls every 20 µs and wakes threads on cores the peers need
-// (docs/performance.md measured 9% of the CPU in sysmon's wake-ups).
+// (docs/performance.md measured 9% of the CPU in sysmon's wake-ups). Not
+// more often than needed: each Gosched wakes an idle P's thread, which
+// spins, finds nothing and sleeps again (two futex calls and a context
+// switch; once a millisecond that was 8% of an oversubscribed 8-byte
+// all-reduce, docs/performance.md).
+//
+// The clock is read every yieldCheck steps only: a read costs about
+// 100 ns in this VM (vDSO clock_gettime), as much as a small step.
 func (x *chanRun) yield() {
+	if x.steps++; x.steps < yieldCheck {
+		return
+	}
+	x.steps = 0
 	if now := nanotime(); now-x.lastYield > int64(yieldEvery) {
 		x.lastYield = now
 		runtime.Gosched()
@@ -319,6 +335,8 @@ func (x *chanRun) lockstep(ctx context.Context, st *algorithms.Step) error {
 			red(out, in, src)
 		case algorithms.RecvReduceCopy:
 			redOut(dst, in, src)
+		case algorithms.Reduce:
+			redOut(dst, dst, src)
 		case algorithms.RecvReduceCopySend:
 			if x.stream {
 				// One pass: the output by streaming stores, the slot

@@ -22,9 +22,10 @@ import (
 //	pageSize         ring 0 (side 0 sends, side 1 receives)
 //	...              ring 1 (side 1 sends, side 0 receives)
 //
-// A ring is a control page, then Slots 64-byte slot descriptors (one
-// cache line each) rounded up to pages, then Slots data slots of SlotSize
-// bytes each, each starting on a page:
+// A ring is a control block, then Slots 64-byte slot descriptors (one
+// cache line each; in the control block's page when they fit, else from
+// the next page on), rounded up to pages, then Slots data slots of
+// SlotSize bytes each, each starting on a page:
 //
 //	ctrl+0    head   slices released (the receiver's line; the futex a
 //	          sender waiting for a free slot sleeps on)
@@ -64,6 +65,7 @@ const (
 	ctrlHead  = 0
 	ctrlRWait = 128
 	ctrlSWait = 256
+	ctrlLen   = 384
 
 	descSeq    = 0
 	descSize   = 4
@@ -86,8 +88,18 @@ type geometry struct {
 // stride is the distance between slots.
 func (g geometry) stride() int { return roundPage(g.slotSize) }
 
+// descOff is where a ring's descriptors start, from its control block:
+// in the control page itself when they fit (fewer pages per ring to touch
+// per message: each is a TLB entry), else on the pages after it.
+func (g geometry) descOff() int {
+	if ctrlLen+g.slots*descLen <= pageSize {
+		return ctrlLen
+	}
+	return pageSize
+}
+
 func (g geometry) ringSize() int {
-	return pageSize + roundPage(g.slots*descLen) + g.slots*g.stride()
+	return roundPage(g.descOff()+g.slots*descLen) + g.slots*g.stride()
 }
 
 func (g geometry) size() int { return pageSize + 2*g.ringSize() }
@@ -253,8 +265,8 @@ type ring struct {
 
 func (s *segment) ring(dir int, g geometry) ring {
 	base := pageSize + dir*g.ringSize()
-	descs := base + pageSize
-	data := descs + roundPage(g.slots*descLen)
+	descs := base + g.descOff()
+	data := base + roundPage(g.descOff()+g.slots*descLen)
 	return ring{
 		head:     s.u32(base + ctrlHead),
 		rwait:    s.u32(base + ctrlRWait),
