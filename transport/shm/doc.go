@@ -7,24 +7,38 @@
 // # Segments
 //
 // For each pair of ranks and channel, the lower rank creates an anonymous
-// memfd segment (one ring per direction: head and tail counters on cache
-// lines of their own, slot metadata, slot data) and hands its file
+// memfd segment (one ring per direction: control lines, slot descriptors,
+// slot data; see segment_linux.go) and hands its file
 // descriptor to the higher rank over an authenticated Unix socket
 // (SCM_RIGHTS; abstract socket names are derived from the job's secret).
 // Both map it and close the descriptor at once. The segment has no name,
 // so nothing can outlive the job: the kernel frees it when the last
 // mapping goes, crashed processes included.
 //
+// # Messages
+//
+// Each slot has a 64-byte descriptor (one cache line) holding the slice's
+// tag, size and a sequence flag written last; slices of up to 32 bytes
+// travel inside the descriptor itself, larger ones in the slot's data
+// pages. A receiver polls the one descriptor it expects, and one cache
+// line brings it the flag, the tag and a small payload together (NCCL's
+// LL protocol puts flags next to data for the same reason). The receiver
+// advances a head counter, on a cache line of its own, as it releases
+// slots; the sender reads it only when it runs out of slots.
+//
 // # Waiting
 //
-// Waits poll the counters for SpinFor, yielding the CPU every few polls
-// (so that ranks that outnumber cores, as 4 ranks on 2 here, still
-// progress: MPICH's pure busy-waiting turns an 8-byte all-reduce into 4 ms
-// in that case, ../shared/baselines/RESULTS.md), then sleep on a futex in
-// the segment, a few milliseconds at a time so that contexts, aborts and
-// dead peers are noticed. A rank that sleeps sets a flag; the other side
-// wakes it only when the flag is set, so the common path makes no system
-// call at all.
+// Waits poll the descriptor (or the head) with PAUSE for SpinFor, giving
+// the CPU away every 256 polls, then sleep on a futex in the segment, a
+// few milliseconds at a time so that contexts, aborts and dead peers are
+// noticed. A rank that sleeps sets a flag; the other side wakes it only
+// when the flag is set, so the common path makes no system call at all.
+// With Options.YieldWhenIdle (the collective layer sets it when a host has
+// more ranks than cores, as 4 ranks on 2 here) every failed poll yields:
+// the rank being waited for may need this very core. MPICH's pure
+// busy-waiting turns an 8-byte all-reduce into 4 ms in that case
+// (../shared/baselines/RESULTS.md). While waiting, Options.Progress lets a
+// communicator that mixes transports keep its TCP sends moving.
 //
 // # Failures
 //
