@@ -1,12 +1,18 @@
-// Command goccl-perf measures goccl's collectives in the manner of
-// nccl-tests' all_reduce_perf: a sweep over sizes, time per operation,
-// algorithm and bus bandwidth, and a check of every result.
+// Command goccl-perf measures goccl's collectives the way nccl-tests'
+// all_reduce_perf and its siblings measure NCCL's: a sweep over sizes,
+// time per operation, algorithm and bus bandwidth out of place and in
+// place, every result checked, in nccl-tests' table layout.
 //
-//	goccl-perf -np 2 -b 8 -e 64M -f 4          # starts 2 local ranks itself
-//	goccl-run -np 4 goccl-perf -b 1M -e 1G      # or under any launcher
-//	goccl-perf -local -np 4                    # 4 ranks in one process
+//	goccl-perf -np 2                                  # 2 local ranks, all_reduce, 8 B to 64 MiB
+//	goccl-perf reduce_scatter -np 4 -b 1K -e 1G -f 4   # another collective
+//	goccl-perf -np 3 -b 8 -e 4M -f 16 -d all -o all    # every type and operator
+//	goccl-run -np 4 goccl-perf -b 1M -e 1G             # or under any launcher
+//	goccl-perf -np 2 -J run.json --plot run.png        # machine-readable results and a plot
+//	goccl-perf plot a.json b.json -o cmp.png           # overlay runs (or nccl-tests text tables)
 //
-// Without -np it joins the job its launcher describes (collective.InitFromEnv).
+// Without -np it joins the job its launcher describes (collective.InitFromEnv),
+// so it runs unchanged under goccl-run, mpirun, srun, torchrun or a
+// Kubernetes Job. See the README and `goccl-perf -h` for the flags.
 package main
 
 import (
@@ -17,9 +23,13 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/pprof"
+	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/goccl/goccl/algorithms"
 	"github.com/goccl/goccl/bench"
@@ -28,97 +38,156 @@ import (
 )
 
 func main() {
-	os.Exit(run())
+	os.Exit(run(os.Args[1:]))
 }
 
-func run() int {
+// progressEnv tells ranks started by -np to draw progress on the terminal.
+const progressEnv = "GOCCL_PERF_PROGRESS"
+
+type config struct {
+	np       int
+	local    bool
+	opts     bench.Options
+	coll     []collective.Option
+	params   bench.Params
+	jsonPath string
+	plotPath string
+	cpuProf  string
+}
+
+func run(args []string) int {
+	if len(args) > 0 && args[0] == "plot" {
+		return plotCmd(args[1:])
+	}
+	coll := "all_reduce"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		coll, args = args[0], args[1:]
+	}
+	fs := flag.NewFlagSet("goccl-perf", flag.ContinueOnError)
+	fs.Usage = func() { usage(fs) }
 	var (
-		np      = flag.Int("np", 0, "start this many local ranks (processes, or goroutines with -local)")
-		local   = flag.Bool("local", false, "run the ranks in this process (with -np)")
-		coll    = flag.String("C", "all_reduce", "collective: all_reduce, reduce_scatter, all_gather, broadcast")
-		minB    = flag.String("b", "8", "smallest size in bytes (K, M, G suffixes)")
-		maxB    = flag.String("e", "64M", "largest size in bytes")
-		factor  = flag.Int64("f", 2, "size multiplication factor")
-		iters   = flag.Int("n", 20, "timed iterations per size")
-		warmup  = flag.Int("w", 5, "warmup iterations per size")
-		checkV  = flag.Int("c", 1, "check results (1) or not (0)")
-		target  = flag.Duration("target", 0, "time each size for about this long instead of -n iterations")
-		root    = flag.Int("r", 0, "root for broadcast")
-		inplace = flag.Bool("inplace", false, "run in place")
-		algo    = flag.String("algo", "auto", "all-reduce algorithm: auto, ring, tree, recdoubling, rabenseifner, oneshot")
-		cpuProf = flag.String("cpuprofile", "", "write each rank's CPU profile to this file with .RANK appended (go tool pprof reads it)")
+		np       = fs.Int("np", 0, "start this many local ranks (processes; goroutines with -local)")
+		local    = fs.Bool("local", false, "run the -np ranks as goroutines in this process")
+		collF    = fs.String("C", "", "collective: all_reduce, reduce_scatter, all_gather, broadcast, reduce, alltoall, sendrecv (or give it first, as a subcommand)")
+		minB     = fs.String("b", "8", "smallest size in bytes (K, M, G suffixes)")
+		maxB     = fs.String("e", "64M", "largest size in bytes (K, M, G suffixes)")
+		factor   = fs.Int64("f", 2, "multiply the size by this from one row to the next (1: add -i instead)")
+		step     = fs.String("i", "1M", "add this many bytes from one row to the next when -f is 1")
+		iters    = fs.Int("n", 20, "timed iterations per size and placement")
+		warmup   = fs.Int("w", 5, "untimed warmup iterations per size and placement")
+		checkN   = fs.Int("c", 1, "check each result this many times (0: no checking)")
+		ops      = fs.String("o", "sum", "reduction: sum, prod, min, max, avg, a comma-separated list, or all")
+		types    = fs.String("d", "float", "data type: int8, uint8, int32, uint32, int64, uint64, half, float, double, bfloat16, a list, or all")
+		root     = fs.String("r", "0", "root of broadcast and reduce, or all (-1) for every rank in turn")
+		blocking = fs.Int("z", 1, "1: each operation completes before the next starts; 0: start them asynchronously, wait once")
+		agg      = fs.Int("a", 1, "how the ranks' times combine: 0 rank 0, 1 average, 2 minimum, 3 maximum")
+		timeout  = fs.Int("T", 0, "fail an operation that takes longer than this many seconds (0: goccl's default, GOCCL_TIMEOUT)")
+		target   = fs.Duration("target", 0, "time each size for about this long instead of -n iterations (e.g. 0.5s)")
+		jsonPath = fs.String("J", "", "write the results as JSON to this file")
+		plotPath = fs.String("plot", "", "draw busbw and time against size into this PNG file")
+		tr       = fs.String("transport", "", "force the transport: shm or tcp (default: GOCCL_TRANSPORT, else auto)")
+		algo     = fs.String("algo", "", "force the all-reduce algorithm: ring, tree, recdoubling, rabenseifner, oneshot")
+		channels = fs.Int("channels", 0, "force the number of channels (1..32)")
+		chunk    = fs.String("chunk", "", "force the pipelining chunk size (K, M suffixes)")
+		cpuProf  = fs.String("cpuprofile", "", "write each rank's CPU profile to this file with .RANK appended (go tool pprof reads it)")
 	)
-	flag.Parse()
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		return fail(fmt.Errorf("unexpected argument %q (a collective goes first: goccl-perf reduce_scatter -np 2)", fs.Arg(0)))
+	}
+	if *collF != "" {
+		coll = *collF
+	}
+	cfg := config{np: *np, local: *local, jsonPath: *jsonPath, plotPath: *plotPath, cpuProf: *cpuProf}
+	o := &cfg.opts
+	var err error
+	if o.Coll, err = bench.ParseColl(coll); err != nil {
+		return fail(err)
+	}
+	if o.MinBytes, err = collective.ParseSize(*minB); err != nil {
+		return fail(fmt.Errorf("-b: %w", err))
+	}
+	if o.MaxBytes, err = collective.ParseSize(*maxB); err != nil {
+		return fail(fmt.Errorf("-e: %w", err))
+	}
+	if o.Step, err = collective.ParseSize(*step); err != nil {
+		return fail(fmt.Errorf("-i: %w", err))
+	}
+	o.Factor = *factor
+	o.Iters, o.Warmup, o.Check, o.Target = *iters, *warmup, *checkN, *target
+	if o.Warmup == 0 {
+		o.Warmup = -1 // none (bench's zero means its default)
+	}
+	if o.Iters == 0 && o.Target == 0 {
+		return fail(errors.New("-n 0 times nothing; give -n ≥ 1 or -target"))
+	}
+	if o.Types, err = bench.ParseTypes(*types); err != nil {
+		return fail(fmt.Errorf("-d: %w", err))
+	}
+	if o.Ops, err = bench.ParseOps(*ops); err != nil {
+		return fail(fmt.Errorf("-o: %w", err))
+	}
+	if o.Root, err = bench.ParseRoot(*root); err != nil {
+		return fail(fmt.Errorf("-r: %w", err))
+	}
+	if *blocking != 0 && *blocking != 1 {
+		return fail(fmt.Errorf("-z %d: want 0 or 1", *blocking))
+	}
+	o.Blocking = *blocking == 1
+	o.Agg = bench.Aggregation(*agg)
+	cfg.params = bench.ParamsOf(*o)
+	if *timeout < 0 {
+		return fail(fmt.Errorf("-T %d: want seconds ≥ 0", *timeout))
+	} else if *timeout > 0 {
+		cfg.coll = append(cfg.coll, collective.WithTimeout(time.Duration(*timeout)*time.Second))
+	}
+	if *tr != "" {
+		cfg.coll = append(cfg.coll, collective.WithTransport(*tr))
+		cfg.params.Transport = *tr
+	}
+	if *algo != "" && *algo != "auto" {
+		a, err := algorithms.ParseAlgorithm(*algo)
+		if err != nil {
+			return fail(fmt.Errorf("-algo: %w", err))
+		}
+		cfg.coll = append(cfg.coll, collective.WithAlgorithm(a))
+		cfg.params.Algo = a.String()
+	}
+	if *channels != 0 {
+		cfg.coll = append(cfg.coll, collective.WithChannels(*channels))
+		cfg.params.Channels = *channels
+	}
+	if *chunk != "" {
+		b, err := collective.ParseSize(*chunk)
+		if err != nil {
+			return fail(fmt.Errorf("-chunk: %w", err))
+		}
+		cfg.coll = append(cfg.coll, collective.WithChunkSize(b))
+		cfg.params.Chunk = b
+	}
+
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-
-	lo, err := collective.ParseSize(*minB)
-	if err != nil {
-		return fail(err)
-	}
-	hi, err := collective.ParseSize(*maxB)
-	if err != nil {
-		return fail(err)
-	}
-	a, err := algorithms.ParseAlgorithm(*algo)
-	if err != nil {
-		return fail(err)
-	}
-	o := bench.Options{Coll: bench.Coll(*coll), MinBytes: lo, MaxBytes: hi, Factor: *factor, Iters: *iters,
-		Warmup: *warmup, Target: *target, Check: *checkV != 0, Root: *root, InPlace: *inplace}
-	opts := []collective.Option{}
-	if a != algorithms.AlgoAuto {
-		opts = append(opts, collective.WithAlgorithm(a))
-	}
-
 	switch {
-	case *np > 0 && *local:
-		comms, err := collective.NewLocalGroup(*np, opts...)
-		if err != nil {
-			return fail(err)
-		}
-		defer func() {
-			for _, c := range comms {
-				c.Close()
-			}
-		}()
-		errs := make(chan error, len(comms))
-		for _, c := range comms {
-			go func() { errs <- sweep(ctx, c, o) }()
-		}
-		var first error
-		for range comms {
-			if err := <-errs; err != nil && first == nil {
-				first = err
-			}
-		}
-		if first != nil {
-			return fail(first)
-		}
-		return 0
-	case *np > 0:
-		self, err := os.Executable()
-		if err != nil {
-			return fail(err)
-		}
-		err = launch.Run(ctx, launch.Options{NP: *np, Program: self, Args: withoutNP(os.Args[1:]), Stdout: os.Stdout, Stderr: os.Stderr})
-		var ee *launch.ExitError
-		if errors.As(err, &ee) && ee.Code > 0 {
-			fmt.Fprintln(os.Stderr, "goccl-perf:", err)
-			return ee.Code
-		}
-		if err != nil {
-			return fail(err)
-		}
-		return 0
+	case cfg.np > 0 && cfg.local:
+		return runLocal(ctx, cfg)
+	case cfg.np > 0:
+		return runProcesses(ctx, cfg, args)
+	case cfg.local:
+		return fail(errors.New("-local needs -np N"))
 	}
-	c, err := collective.InitFromEnv(ctx, opts...)
+	c, err := collective.InitFromEnv(ctx, cfg.coll...)
 	if err != nil {
 		return fail(fmt.Errorf("%w\n(run under a launcher, or give -np N to start N local ranks)", err))
 	}
 	defer c.Close()
-	if *cpuProf != "" {
-		f, err := os.Create(fmt.Sprintf("%s.%d", *cpuProf, c.Rank()))
+	if cfg.cpuProf != "" {
+		f, err := os.Create(fmt.Sprintf("%s.%d", cfg.cpuProf, c.Rank()))
 		if err != nil {
 			return fail(err)
 		}
@@ -128,28 +197,205 @@ func run() int {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	if err := sweep(ctx, c, o); err != nil {
+	return sweep(ctx, c, cfg)
+}
+
+// runProcesses starts np copies of this program as the ranks.
+func runProcesses(ctx context.Context, cfg config, args []string) int {
+	self, err := os.Executable()
+	if err != nil {
+		return fail(err)
+	}
+	var env []string
+	if isTerminal(os.Stderr) {
+		env = append(env, progressEnv+"=tty")
+	}
+	coll := string(cfg.opts.Coll)
+	err = launch.Run(ctx, launch.Options{NP: cfg.np, Program: self, Args: append([]string{coll}, withoutNP(args)...),
+		Env: env, Stdout: os.Stdout, Stderr: os.Stderr, PlainStdout: true})
+	var ee *launch.ExitError
+	if errors.As(err, &ee) && ee.Code > 0 {
+		fmt.Fprintln(os.Stderr, "goccl-perf:", err)
+		return ee.Code
+	}
+	if err != nil {
 		return fail(err)
 	}
 	return 0
 }
 
-func sweep(ctx context.Context, c *collective.Comm, o bench.Options) error {
-	var out io.Writer // rank 0 prints
-	if c.Rank() == 0 {
-		out = os.Stdout
-		bench.Header(out, c, o)
+// runLocal runs the ranks as goroutines over in-process connections.
+func runLocal(ctx context.Context, cfg config) int {
+	comms, err := collective.NewLocalGroup(cfg.np, cfg.coll...)
+	if err != nil {
+		return fail(err)
 	}
-	start := time.Now()
-	rows, err := bench.Run(ctx, c, o, out)
-	if out != nil {
-		bench.Footer(out, rows, err)
-		fmt.Fprintf(out, "# Total time %.1fs\n", time.Since(start).Seconds())
+	defer func() {
+		for _, c := range comms {
+			c.Close()
+		}
+	}()
+	codes := make(chan int, len(comms))
+	for _, c := range comms {
+		go func() { codes <- sweep(ctx, c, cfg) }()
 	}
-	return err
+	code := 0
+	for range comms {
+		if c := <-codes; c != 0 && code == 0 {
+			code = c
+		}
+	}
+	return code
 }
 
-// withoutNP drops -np N (and -np=N) from the arguments for the children.
+// sweep runs the benchmark on c; rank 0 prints the table and writes the
+// files. It returns the exit status.
+func sweep(ctx context.Context, c *collective.Comm, cfg config) int {
+	rep := &bench.Report{Tool: "goccl-perf", Collective: cfg.opts.Coll, NRanks: c.Size(), Ranks: c.Ranks(), Params: cfg.params,
+		Date: time.Now().UTC()}
+	var sink bench.Sink
+	var prog *progress
+	if c.Rank() == 0 {
+		bench.Table{}.Header(os.Stdout, rep)
+		prog = newProgress()
+		sink = bench.Printer{W: os.Stdout, OnProgress: prog.show}
+	}
+	start := time.Now()
+	rows, err := bench.Run(ctx, c, cfg.opts, sink)
+	prog.clear()
+	rep.Rows = rows
+	rep.Summarise()
+	if err != nil && !errors.Is(err, bench.ErrWrong) {
+		rep.Error = err.Error()
+	}
+	if c.Rank() != 0 {
+		if err != nil && !errors.Is(err, bench.ErrWrong) {
+			fmt.Fprintln(os.Stderr, "goccl-perf:", err)
+		}
+		return exitCode(err)
+	}
+	bench.Table{}.Footer(os.Stdout, rep)
+	fmt.Fprintf(os.Stdout, "# Total time %.1fs\n", time.Since(start).Seconds())
+	if cfg.jsonPath != "" {
+		if werr := rep.WriteJSON(cfg.jsonPath); werr != nil {
+			fmt.Fprintln(os.Stderr, "goccl-perf: -J:", werr)
+			return 1
+		}
+	}
+	if cfg.plotPath != "" && len(rows) > 0 {
+		rep.Label = fmt.Sprintf("goccl %d ranks", c.Size())
+		if perr := bench.Plot(cfg.plotPath, fmt.Sprintf("goccl %s, %d ranks", cfg.opts.Coll, c.Size()), []*bench.Report{rep}, true); perr != nil {
+			fmt.Fprintln(os.Stderr, "goccl-perf: --plot:", perr)
+			return 1
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "goccl-perf:", err)
+	}
+	return exitCode(err)
+}
+
+func exitCode(err error) int {
+	if err != nil {
+		return 1
+	}
+	return 0
+}
+
+// plotCmd is `goccl-perf plot [-o out.png] [-title T] [-inplace] FILE...`.
+func plotCmd(args []string) int {
+	fs := flag.NewFlagSet("goccl-perf plot", flag.ContinueOnError)
+	out := fs.String("o", "goccl-perf.png", "PNG file to write")
+	title := fs.String("title", "", "plot title (default: the collective)")
+	inPlace := fs.Bool("inplace", false, "also draw the in-place results, dashed")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: goccl-perf plot [-o out.png] [-title T] [-inplace] FILE...\n\n"+
+			"Overlays runs: each FILE is a goccl-perf -J file, or a text table in nccl-tests' layout\n"+
+			"(goccl-perf's, nccl-tests' or the baseline tools' output), labelled by its name.")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() == 0 {
+		fs.Usage()
+		return 2
+	}
+	var reps []*bench.Report
+	for _, p := range fs.Args() {
+		r, err := bench.ReadReport(p)
+		if err != nil {
+			return fail(err)
+		}
+		if r.Label == p {
+			r.Label = strings.TrimSuffix(filepath.Base(p), filepath.Ext(p))
+		}
+		reps = append(reps, r)
+	}
+	t := *title
+	if t == "" {
+		t = string(reps[0].Collective)
+		if t == "" {
+			t = "comparison"
+		}
+	}
+	if err := bench.Plot(*out, t, reps, *inPlace); err != nil {
+		return fail(err)
+	}
+	fmt.Println("wrote", *out)
+	return 0
+}
+
+// progress draws "[i/total] what" on the terminal while rank 0 sweeps:
+// on stderr when it is a terminal, or on /dev/tty when the launching
+// goccl-perf -np said its stderr was one.
+type progress struct {
+	w    io.WriteCloser
+	last time.Time
+}
+
+func newProgress() *progress {
+	switch {
+	case os.Getenv(progressEnv) == "tty":
+		if f, err := os.OpenFile("/dev/tty", os.O_WRONLY, 0); err == nil {
+			return &progress{w: f}
+		}
+	case isTerminal(os.Stderr):
+		return &progress{w: nopCloser{os.Stderr}}
+	}
+	return nil
+}
+
+func (p *progress) show(i, total int, label string) {
+	if p == nil || time.Since(p.last) < 100*time.Millisecond {
+		return
+	}
+	p.last = time.Now()
+	fmt.Fprintf(p.w, "\r\033[K[%d/%d] %s", i+1, total, label)
+}
+
+func (p *progress) clear() {
+	if p == nil {
+		return
+	}
+	io.WriteString(p.w, "\r\033[K")
+	p.w.Close()
+}
+
+type nopCloser struct{ io.Writer }
+
+func (nopCloser) Close() error { return nil }
+
+func isTerminal(f *os.File) bool {
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}
+
+// withoutNP drops -np N (and -np=N), and a leading collective name, from
+// the arguments for the children.
 func withoutNP(args []string) []string {
 	var out []string
 	for i := 0; i < len(args); i++ {
@@ -157,12 +403,25 @@ func withoutNP(args []string) []string {
 		switch {
 		case a == "-np" || a == "--np":
 			i++
-		case len(a) > 4 && (a[:4] == "-np=" || (len(a) > 5 && a[:5] == "--np=")):
+		case strings.HasPrefix(a, "-np=") || strings.HasPrefix(a, "--np="):
 		default:
 			out = append(out, a)
 		}
 	}
 	return out
+}
+
+func usage(fs *flag.FlagSet) {
+	fmt.Fprintln(fs.Output(), `usage: goccl-perf [COLLECTIVE] [-np N [-local]] [flags]
+       goccl-perf plot [-o out.png] FILE...
+
+Measures a collective over a sweep of sizes, out of place and in place,
+checking every result, and prints nccl-tests' table. COLLECTIVE is
+all_reduce (default), reduce_scatter, all_gather, broadcast, reduce,
+alltoall or sendrecv. Exits non-zero when any element is wrong.
+
+Flags:`)
+	fs.PrintDefaults()
 }
 
 func fail(err error) int {

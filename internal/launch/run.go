@@ -47,6 +47,9 @@ type Options struct {
 	// safe for concurrent use. Write errors are ignored: the ranks' output
 	// is still drained, so that no rank blocks on a full pipe.
 	Stdout, Stderr io.Writer
+	// PlainStdout leaves standard output lines without the prefix, for
+	// programs where only one rank prints (goccl-perf's rank 0).
+	PlainStdout bool
 	// Grace is how long to wait after SIGTERM before SIGKILL; zero means
 	// DefaultGrace.
 	Grace time.Duration
@@ -319,7 +322,11 @@ func (j *job) start(r int) error {
 	j.readers = append(j.readers, outR, errR)
 	prefix := "[" + rs + "] "
 	j.pumps.Add(2)
-	go j.pump(outR, j.o.Stdout, prefix)
+	outPrefix := prefix
+	if j.o.PlainStdout {
+		outPrefix = ""
+	}
+	go j.pump(outR, j.o.Stdout, outPrefix)
 	go j.pump(errR, j.o.Stderr, prefix)
 	go func() {
 		err := cmd.Wait()

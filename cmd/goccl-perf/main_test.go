@@ -1,0 +1,138 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"image/png"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goccl/goccl/bench"
+)
+
+// The test binary doubles as goccl-perf (and as its ranks, which -np
+// starts from os.Executable) when this variable is set.
+const asMainEnv = "GOCCL_PERF_TEST_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(asMainEnv) == "1" {
+		os.Exit(run(os.Args[1:]))
+	}
+	os.Exit(m.Run())
+}
+
+// perf runs goccl-perf with args and returns its stdout, stderr and exit
+// status.
+func perf(t *testing.T, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), asMainEnv+"=1")
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	done := make(chan error, 1)
+	require.NoError(t, cmd.Start())
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(3 * time.Minute):
+		cmd.Process.Kill()
+		t.Fatalf("goccl-perf %v did not finish in 3 minutes\nstdout:\n%s\nstderr:\n%s", args, &out, &errb)
+	}
+	return out.String(), errb.String(), cmd.ProcessState.ExitCode()
+}
+
+// rows returns the table rows of out, each split on blanks.
+func rows(out string) [][]string {
+	var rs [][]string
+	for _, l := range strings.Split(out, "\n") {
+		if l == "" || strings.HasPrefix(l, "#") {
+			continue
+		}
+		rs = append(rs, strings.Fields(l))
+	}
+	return rs
+}
+
+// TestEveryTypeAndOperatorOnThreeRanks is the issue's acceptance run:
+// three rank processes, every type and operator, every result checked.
+func TestEveryTypeAndOperatorOnThreeRanks(t *testing.T) {
+	out, errs, code := perf(t, "-np", "3", "-b", "8", "-e", "4M", "-f", "16", "-d", "all", "-o", "all", "-c", "1")
+	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", out, errs)
+	rs := rows(out)
+	// 10 types × 5 operators × 5 sizes (8 B ... 512 KiB).
+	require.Len(t, rs, 250, out)
+	for _, f := range rs {
+		require.Len(t, f, 13, "row %v", f)
+		require.Equal(t, "0", f[8], "out-of-place #wrong in %v", f)
+		require.Equal(t, "0", f[12], "in-place #wrong in %v", f)
+	}
+	require.Contains(t, out, "# Out of bounds values : 0 OK")
+	require.Equal(t, 3, strings.Count(out, "#  Rank "), out)
+}
+
+func TestJSONPlotAndOverlay(t *testing.T) {
+	dir := t.TempDir()
+	js, pngPath := filepath.Join(dir, "run.json"), filepath.Join(dir, "run.png")
+	out, errs, code := perf(t, "broadcast", "-np", "2", "-b", "1K", "-e", "1M", "-f", "4", "-r", "all", "-J", js, "--plot", pngPath)
+	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", out, errs)
+	var rep bench.Report
+	b, err := os.ReadFile(js)
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(b, &rep))
+	require.Equal(t, bench.Broadcast, rep.Collective)
+	require.Equal(t, 2, rep.NRanks)
+	require.Len(t, rep.Rows, 12) // 6 sizes × 2 roots
+	require.Len(t, rep.Ranks, 2)
+	for _, p := range []string{pngPath} {
+		f, err := os.Open(p)
+		require.NoError(t, err)
+		_, err = png.Decode(f)
+		f.Close()
+		require.NoError(t, err, p)
+	}
+	// Overlay the JSON with the text table of the same run.
+	txt := filepath.Join(dir, "run.txt")
+	require.NoError(t, os.WriteFile(txt, []byte(out), 0o644))
+	cmp := filepath.Join(dir, "cmp.png")
+	pout, perrs, code := perf(t, "plot", "-o", cmp, js, txt)
+	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", pout, perrs)
+	f, err := os.Open(cmp)
+	require.NoError(t, err)
+	defer f.Close()
+	_, err = png.Decode(f)
+	require.NoError(t, err)
+}
+
+func TestTransportAndAlgorithmFlags(t *testing.T) {
+	out, errs, code := perf(t, "-np", "2", "-b", "8", "-e", "64K", "-f", "64", "--transport", "tcp", "--algo", "ring", "--channels", "2", "--chunk", "16K", "-z", "0", "-a", "3", "-T", "60")
+	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", out, errs)
+	require.Contains(t, out, "transport tcp")
+	require.Contains(t, out, "forced: transport tcp algo ring channels 2 chunk 16384")
+	require.Contains(t, out, "blocking: 0 aggregation: max")
+	require.Len(t, rows(out), 3)
+}
+
+func TestBadArgumentsSayWhatIsWrong(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-np", "2", "-d", "quad"}, `unknown data type "quad"`},
+		{[]string{"-np", "2", "-o", "xor"}, `unknown reduction "xor"`},
+		{[]string{"gather", "-np", "2"}, `unknown collective "gather"`},
+		{[]string{"-np", "2", "-b", "1Q"}, "-b"},
+		{[]string{"-np", "2", "-z", "7"}, "-z 7"},
+		{[]string{"-np", "2", "--transport", "carrier-pigeon"}, "carrier-pigeon"},
+		{[]string{"plot"}, "usage: goccl-perf plot"},
+	} {
+		out, errs, code := perf(t, c.args...)
+		require.NotEqual(t, 0, code, "%v: stdout:\n%s", c.args, out)
+		require.Contains(t, errs, c.want, "%v", c.args)
+	}
+}
