@@ -89,6 +89,7 @@ func run(args []string) int {
 		algo     = fs.String("algo", "", "force the all-reduce algorithm: ring, tree, recdoubling, rabenseifner, oneshot")
 		channels = fs.Int("channels", 0, "force the number of channels (1..32)")
 		chunk    = fs.String("chunk", "", "force the pipelining chunk size (K, M suffixes)")
+		oop      = fs.Bool("out-of-place-only", false, "skip the in-place runs (their columns print N/A)")
 		cpuProf  = fs.String("cpuprofile", "", "write each rank's CPU profile to this file with .RANK appended (go tool pprof reads it)")
 	)
 	if err := fs.Parse(args); err != nil {
@@ -139,6 +140,7 @@ func run(args []string) int {
 		return fail(fmt.Errorf("-z %d: want 0 or 1", *blocking))
 	}
 	o.Blocking = *blocking == 1
+	o.OutOfPlaceOnly = *oop
 	o.Agg = bench.Aggregation(*agg)
 	cfg.params = bench.ParamsOf(*o)
 	if *timeout < 0 {

@@ -157,14 +157,11 @@ func Run(ctx context.Context, o Options) error {
 var launchVars = []string{VarID, VarRoot, VarSecret, VarRank, VarWorldSize, VarLocalRank, VarLocalSize}
 
 // jobEnv returns the environment every rank shares: os.Environ() and
-// o.Env without launchVars, then the job's own variables, and GOMAXPROCS
-// unless one of those sets it (see ranksGOMAXPROCS).
+// o.Env without launchVars, then the job's own variables.
 func jobEnv(o Options, root, secret string) []string {
 	var env []string
-	procsSet := false
 	for _, kv := range append(os.Environ(), o.Env...) {
 		k, _, _ := strings.Cut(kv, "=")
-		procsSet = procsSet || k == "GOMAXPROCS"
 		owned := false
 		for _, v := range launchVars {
 			owned = owned || k == v
@@ -173,21 +170,9 @@ func jobEnv(o Options, root, secret string) []string {
 			env = append(env, kv)
 		}
 	}
-	if !procsSet {
-		env = append(env, "GOMAXPROCS="+strconv.Itoa(ranksGOMAXPROCS(runtime.NumCPU(), o.NP)))
-	}
 	n := strconv.Itoa(o.NP)
 	return append(env, VarWorldSize+"="+n, VarLocalSize+"="+n, VarRoot+"="+root, VarSecret+"="+secret)
 }
-
-// ranksGOMAXPROCS shares the host's CPUs among np local ranks: each Go
-// rank would otherwise size its scheduler for the whole machine, and with
-// ranks outnumbering cores its idle Ps' threads wake, spin and sleep
-// again on every runtime.Gosched, taking the CPU from ranks that have work
-// (docs/performance.md: 8-byte all-reduce of 4 ranks on 2 cores). The
-// same reason makes torchrun set OMP_NUM_THREADS=1 per rank and Open MPI
-// bind each rank to its own core.
-func ranksGOMAXPROCS(cpus, np int) int { return max(1, cpus/max(1, np)) }
 
 // job is one call of Run. Its fields are owned by Run's goroutine except
 // where noted.

@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"regexp"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -388,29 +387,4 @@ func TestFreePort(t *testing.T) {
 	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
 	require.NoError(t, err, "port %d from FreePort is not free", p)
 	require.NoError(t, l.Close())
-}
-
-func TestJobEnvSharesCPUsUnlessGOMAXPROCSIsSet(t *testing.T) {
-	get := func(env []string) []string {
-		var vs []string
-		for _, kv := range env {
-			if v, ok := strings.CutPrefix(kv, "GOMAXPROCS="); ok {
-				vs = append(vs, v)
-			}
-		}
-		return vs
-	}
-	t.Setenv("GOMAXPROCS", "")
-	os.Unsetenv("GOMAXPROCS")
-	env := jobEnv(Options{NP: 4}, "127.0.0.1:1", "s")
-	require.Equal(t, []string{strconv.Itoa(ranksGOMAXPROCS(runtime.NumCPU(), 4))}, get(env))
-	env = jobEnv(Options{NP: 4, Env: []string{"GOMAXPROCS=3"}}, "127.0.0.1:1", "s")
-	require.Equal(t, []string{"3"}, get(env), "the caller's setting wins")
-	t.Setenv("GOMAXPROCS", "5")
-	require.Equal(t, []string{"5"}, get(jobEnv(Options{NP: 4}, "127.0.0.1:1", "s")))
-
-	require.Equal(t, 1, ranksGOMAXPROCS(2, 4))
-	require.Equal(t, 1, ranksGOMAXPROCS(2, 2))
-	require.Equal(t, 4, ranksGOMAXPROCS(16, 4))
-	require.Equal(t, 3, ranksGOMAXPROCS(7, 2))
 }

@@ -1,0 +1,414 @@
+// Command compare runs goccl-perf side by side with its peers (Open MPI,
+// MPICH, Gloo) over the same collectives, sizes and rank counts, on
+// shared memory and on TCP, alternating the runs so that drift on a noisy
+// machine hits every tool alike, and prints per size the ratio goccl/peer
+// of time and of bus bandwidth (medians over the repetitions), with one
+// overlay plot per setting. See README.md here for how to read it.
+//
+//	go run ./bench/compare                                  # Open MPI, 2 ranks, all-reduce, shm and tcp
+//	go run ./bench/compare -peers ompi,mpich,gloo -np 2,4 -colls all_reduce,all_gather -reps 5
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/goccl/goccl/bench"
+	"github.com/goccl/goccl/collective"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "compare:", err)
+		os.Exit(1)
+	}
+}
+
+// A peer is a library goccl is measured against.
+type peer struct {
+	name   string // as in -peers
+	label  string
+	binary string   // in the build directory
+	shm    []string // command prefix for shared memory (nil: not offered)
+	tcp    []string // command prefix for TCP on loopback
+	// env is extra environment per transport.
+	tcpEnv []string
+	// ops maps goccl-perf's collective names to the binary's -o names.
+	ops map[bench.Coll]string
+	// nArg is how the rank count is passed when the binary forks its own
+	// ranks (gloo); empty for MPI, where mpirun's -np does it.
+	nArg string
+}
+
+var mpiOps = map[bench.Coll]string{bench.AllReduce: "allreduce", bench.ReduceScatter: "reduce_scatter",
+	bench.AllGather: "allgather", bench.Broadcast: "bcast"}
+
+func peers() []peer {
+	return []peer{
+		{name: "ompi", label: "Open MPI", binary: "mpi_allreduce_perf",
+			shm: []string{"mpirun.openmpi", "-np", "{np}", "--oversubscribe", "--mca", "pml", "ob1", "--mca", "btl", "self,vader"},
+			tcp: []string{"mpirun.openmpi", "-np", "{np}", "--oversubscribe", "--mca", "pml", "ob1", "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo"},
+			ops: mpiOps},
+		{name: "mpich", label: "MPICH", binary: "mpi_allreduce_perf.mpich",
+			shm:    []string{"mpirun.mpich", "-np", "{np}"},
+			tcp:    []string{"mpirun.mpich", "-np", "{np}"},
+			tcpEnv: []string{"UCX_TLS=tcp,self", "UCX_NET_DEVICES=lo", "MPIR_CVAR_NOLOCAL=1"},
+			ops:    mpiOps},
+		{name: "gloo", label: "Gloo", binary: "gloo_perf", tcp: []string{}, nArg: "-n", ops: mpiOps},
+	}
+}
+
+type setting struct {
+	np        int
+	transport string // shm or tcp
+	coll      bench.Coll
+}
+
+func (s setting) String() string { return fmt.Sprintf("%s, %d ranks, %s", s.coll, s.np, s.transport) }
+
+func (s setting) file() string { return fmt.Sprintf("%s_np%d_%s", s.coll, s.np, s.transport) }
+
+func run() error {
+	var (
+		peersF = flag.String("peers", "ompi", "peers to compare with: ompi, mpich, gloo (comma-separated)")
+		npF    = flag.String("np", "2", "rank counts (comma-separated)")
+		trF    = flag.String("transports", "shm,tcp", "transports: shm, tcp (comma-separated)")
+		collsF = flag.String("colls", "all_reduce", "collectives: all_reduce, reduce_scatter, all_gather, broadcast (comma-separated)")
+		minB   = flag.String("b", "8", "smallest size")
+		maxB   = flag.String("e", "256M", "largest size")
+		factor = flag.Int64("f", 8, "size factor")
+		sizesF = flag.String("sizes", "", "measure exactly these sizes (comma-separated, e.g. 8,1M,64M,256M) instead of -b/-e/-f")
+		reps   = flag.Int("reps", 3, "repetitions of every run (medians are reported)")
+		target = flag.Float64("T", 0.3, "seconds of timed operations per size and run")
+		out    = flag.String("out", "compare-out", "directory for logs, JSON and plots")
+		binDir = flag.String("bin", "", "directory with the built peers (default: OUT/bin, built by setup.sh)")
+		setup  = flag.Bool("setup", true, "run setup.sh (apt-get install and build the peers) when a peer binary is missing")
+		perfF  = flag.String("goccl-perf", "", "goccl-perf binary (default: built from this module into OUT/bin)")
+	)
+	flag.Parse()
+	if *reps < 1 {
+		return errors.New("-reps must be at least 1")
+	}
+	lo, err := collective.ParseSize(*minB)
+	if err != nil {
+		return fmt.Errorf("-b: %w", err)
+	}
+	hi, err := collective.ParseSize(*maxB)
+	if err != nil {
+		return fmt.Errorf("-e: %w", err)
+	}
+	if lo < 1 || hi < lo || *factor < 2 {
+		return fmt.Errorf("want 1 ≤ -b ≤ -e and -f ≥ 2, got %d, %d, %d", lo, hi, *factor)
+	}
+	if err := os.MkdirAll(*out, 0o755); err != nil {
+		return err
+	}
+	if *binDir == "" {
+		*binDir = filepath.Join(*out, "bin")
+	}
+	var chosen []peer
+	for _, name := range split(*peersF) {
+		i := slices.IndexFunc(peers(), func(p peer) bool { return p.name == name })
+		if i < 0 {
+			return fmt.Errorf("unknown peer %q (want ompi, mpich or gloo)", name)
+		}
+		chosen = append(chosen, peers()[i])
+	}
+	var settings []setting
+	for _, c := range split(*collsF) {
+		coll, err := bench.ParseColl(c)
+		if err != nil {
+			return err
+		}
+		if _, ok := mpiOps[coll]; !ok {
+			return fmt.Errorf("the peers do not measure %s", coll)
+		}
+		for _, n := range split(*npF) {
+			np, err := strconv.Atoi(n)
+			if err != nil || np < 2 {
+				return fmt.Errorf("bad rank count %q", n)
+			}
+			for _, tr := range split(*trF) {
+				if tr != "shm" && tr != "tcp" {
+					return fmt.Errorf("bad transport %q (want shm or tcp)", tr)
+				}
+				settings = append(settings, setting{np: np, transport: tr, coll: coll})
+			}
+		}
+	}
+
+	// Binaries.
+	perf := *perfF
+	if perf == "" {
+		perf = filepath.Join(*binDir, "goccl-perf")
+		if err := os.MkdirAll(*binDir, 0o755); err != nil {
+			return err
+		}
+		fmt.Fprintln(os.Stderr, "compare: go build -o", perf, "./cmd/goccl-perf")
+		cmd := exec.Command("go", "build", "-o", perf, "./cmd/goccl-perf")
+		cmd.Dir = moduleRoot()
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("building goccl-perf: %w", err)
+		}
+	}
+	missing := false
+	for _, p := range chosen {
+		if _, err := os.Stat(filepath.Join(*binDir, p.binary)); err != nil {
+			missing = true
+		}
+	}
+	if missing && *setup {
+		cmd := exec.Command(filepath.Join(moduleRoot(), "bench", "compare", "setup.sh"), *binDir)
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("setup.sh: %w", err)
+		}
+	}
+	var avail []peer
+	for _, p := range chosen {
+		if _, err := os.Stat(filepath.Join(*binDir, p.binary)); err != nil {
+			fmt.Fprintf(os.Stderr, "compare: %s left out: %s not built\n", p.label, p.binary)
+			continue
+		}
+		avail = append(avail, p)
+	}
+	logs, err := os.Create(filepath.Join(*out, "runs.log"))
+	if err != nil {
+		return err
+	}
+	defer logs.Close()
+
+	// Runs, alternating: every repetition runs every setting with goccl
+	// and each peer in turn.
+	type key struct {
+		s    setting
+		tool string
+	}
+	results := map[key][][]bench.Row{}
+	ctx := context.Background()
+	sweeps := [][]string{{"-b", *minB, "-e", *maxB, "-f", strconv.FormatInt(*factor, 10)}}
+	if *sizesF != "" {
+		sweeps = nil
+		for _, sz := range split(*sizesF) {
+			if _, err := collective.ParseSize(sz); err != nil {
+				return fmt.Errorf("-sizes: %w", err)
+			}
+			sweeps = append(sweeps, []string{"-b", sz, "-e", sz, "-f", "2"})
+		}
+	}
+	jsonTmp := filepath.Join(*out, "last-goccl.json")
+	for rep := 0; rep < *reps; rep++ {
+		for _, s := range settings {
+			for _, sweep := range sweeps {
+				tools := append([]string{"goccl"}, names(avail)...)
+				for _, tool := range tools {
+					var argv, env []string
+					if tool == "goccl" {
+						argv = append([]string{perf, string(s.coll), "-np", strconv.Itoa(s.np), "--transport", s.transport,
+							"-target", fmt.Sprintf("%gs", *target), "-a", "3", "-c", "1", "-out-of-place-only", "-J", jsonTmp}, sweep...)
+					} else {
+						p := avail[slices.IndexFunc(avail, func(p peer) bool { return p.name == tool })]
+						prefix := p.shm
+						if s.transport == "tcp" {
+							prefix, env = p.tcp, p.tcpEnv
+						}
+						if prefix == nil {
+							continue // this peer has no such transport
+						}
+						for _, a := range prefix {
+							argv = append(argv, strings.ReplaceAll(a, "{np}", strconv.Itoa(s.np)))
+						}
+						argv = append(argv, filepath.Join(*binDir, p.binary))
+						if p.nArg != "" {
+							argv = append(argv, p.nArg, strconv.Itoa(s.np), "-a", "127.0.0.1")
+						}
+						argv = append(argv, "-o", p.ops[s.coll], "-T", fmt.Sprint(*target))
+						argv = append(argv, sweep...)
+					}
+					fmt.Fprintf(os.Stderr, "compare: [%d/%d] %s, %s: %s\n", rep+1, *reps, s, strings.Join(sweep, " "), tool)
+					rows, err := runTool(ctx, logs, argv, env)
+					if err == nil && tool == "goccl" {
+						// The JSON has full precision (the table rounds
+						// bandwidths to 2 decimals).
+						var r *bench.Report
+						if r, err = bench.ReadReport(jsonTmp); err == nil {
+							rows = r.Rows
+						}
+					}
+					if err != nil {
+						fmt.Fprintf(os.Stderr, "compare:   %s failed: %v (see %s)\n", tool, err, logs.Name())
+						continue
+					}
+					results[key{s, tool}] = append(results[key{s, tool}], rows)
+				}
+			}
+		}
+	}
+
+	// Report.
+	for _, s := range settings {
+		fmt.Printf("\n## %s (medians of %d runs; ratio < 1 in time and > 1 in busbw favour goccl)\n\n", s, *reps)
+		gm := medianRows(results[key{s, "goccl"}], s)
+		var reports []*bench.Report
+		if len(gm) > 0 {
+			reports = append(reports, &bench.Report{Tool: "goccl-perf", Label: "goccl", Collective: s.coll, NRanks: s.np, Rows: gm})
+		}
+		for _, p := range avail {
+			pm := medianRows(results[key{s, p.name}], s)
+			if len(pm) == 0 {
+				continue
+			}
+			reports = append(reports, &bench.Report{Tool: p.name, Label: p.label, Collective: s.coll, NRanks: s.np, Rows: pm})
+			fmt.Printf("%-12s %14s %14s %8s %12s %12s %8s\n", "size", "goccl us", p.name+" us", "time x", "goccl GB/s", p.name+" GB/s", "busbw x")
+			for _, g := range gm {
+				q, ok := nearest(pm, g.Bytes)
+				if !ok {
+					continue
+				}
+				fmt.Printf("%-12s %14.2f %14.2f %8.2f %12.3f %12.3f %8.2f\n", sizeName(g.Bytes), g.OutOfPlace.TimeUs, q.OutOfPlace.TimeUs,
+					ratio(g.OutOfPlace.TimeUs, q.OutOfPlace.TimeUs), g.OutOfPlace.BusBW, q.OutOfPlace.BusBW, ratio(g.OutOfPlace.BusBW, q.OutOfPlace.BusBW))
+			}
+			fmt.Println()
+		}
+		for _, r := range reports {
+			r.Summarise()
+			if err := r.WriteJSON(filepath.Join(*out, s.file()+"_"+r.Tool+".json")); err != nil {
+				return err
+			}
+		}
+		if len(reports) > 0 {
+			png := filepath.Join(*out, s.file()+".png")
+			if err := bench.Plot(png, s.String(), reports, false); err != nil {
+				return err
+			}
+			fmt.Printf("plot: %s\n", png)
+		}
+	}
+	return nil
+}
+
+// runTool runs one benchmark command, logs its output and parses its table.
+func runTool(ctx context.Context, log io.Writer, argv, env []string) ([]bench.Row, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Env = append(os.Environ(), "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
+	cmd.Env = append(cmd.Env, env...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	fmt.Fprintf(log, "### %s\n%s\n", strings.Join(argv, " "), out.String())
+	if err != nil {
+		return nil, err
+	}
+	rows, err := bench.ParseTable(&out)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range rows {
+		if r.OutOfPlace.Wrong > 0 {
+			return nil, fmt.Errorf("%d wrong elements at %d bytes", r.OutOfPlace.Wrong, r.Bytes)
+		}
+	}
+	return rows, nil
+}
+
+// medianRows combines repetitions: per size, the median time, and the
+// bandwidths recomputed from it with nccl-tests' factor, at full precision
+// (the peers print 3 decimals of GB/s, which is 0.001 at 8 bytes).
+func medianRows(runs [][]bench.Row, s setting) []bench.Row {
+	bySize := map[int64][]bench.Row{}
+	for _, rows := range runs {
+		for _, r := range rows {
+			bySize[r.Bytes] = append(bySize[r.Bytes], r)
+		}
+	}
+	var out []bench.Row
+	for size, rs := range bySize {
+		sort.Slice(rs, func(i, j int) bool { return rs[i].OutOfPlace.TimeUs < rs[j].OutOfPlace.TimeUs })
+		m := rs[len(rs)/2]
+		if len(rs)%2 == 0 {
+			m.OutOfPlace.TimeUs = (rs[len(rs)/2-1].OutOfPlace.TimeUs + rs[len(rs)/2].OutOfPlace.TimeUs) / 2
+		}
+		if t := m.OutOfPlace.TimeUs; t > 0 {
+			m.OutOfPlace.AlgBW = float64(size) / t / 1e3
+			m.OutOfPlace.BusBW = m.OutOfPlace.AlgBW * bench.BusFactor(s.coll, s.np)
+		}
+		m.Bytes = size
+		m.InPlace = nil
+		out = append(out, m)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Bytes < out[j].Bytes })
+	return out
+}
+
+// nearest finds the peer's row for a size: the same size, or within 10%
+// (the tools round sizes to whole blocks per rank differently).
+func nearest(rows []bench.Row, size int64) (bench.Row, bool) {
+	for _, r := range rows {
+		if d := float64(r.Bytes-size) / float64(size); d > -0.1 && d < 0.1 {
+			return r, true
+		}
+	}
+	return bench.Row{}, false
+}
+
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
+}
+
+func sizeName(b int64) string {
+	switch {
+	case b >= 1<<30 && b%(1<<30) == 0:
+		return fmt.Sprintf("%d GiB", b>>30)
+	case b >= 1<<20 && b%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", b>>20)
+	case b >= 1<<10 && b%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", b>>10)
+	}
+	return fmt.Sprintf("%d B", b)
+}
+
+func names(ps []peer) []string {
+	var out []string
+	for _, p := range ps {
+		out = append(out, p.name)
+	}
+	return out
+}
+
+func split(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// moduleRoot is the goccl checkout this program was built from.
+func moduleRoot() string {
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		return "."
+	}
+	return filepath.Dir(filepath.Dir(filepath.Dir(file)))
+}
