@@ -1,0 +1,166 @@
+package topology
+
+import (
+	"fmt"
+	"math"
+)
+
+// NCCL's latency model (src/graph/tuning.cc at 5067397), µs, for the
+// Simple protocol: a base per operation, then a hardware latency per step
+// by link kind.
+const (
+	baseLatRing                = 8.4
+	baseLatTree                = 8.4
+	hwLatNVLRing, hwLatNVLTree = 3.4, 4.0
+	hwLatPCIRing, hwLatPCITree = 5.7, 4.0
+	hwLatNetRing, hwLatNetTree = 14.0, 14.0
+	netOverhead                = 1.0 * 3 // per intra step on multi-node rings (Intel; ×3 for Simple)
+	treeEfficiency             = 0.92
+)
+
+// perChMaxTreeBw caps a tree channel (GB/s) by generation (Volta, Ampere,
+// Hopper, Blackwell) and node count (1, 2, more): tuning.cc.
+var perChMaxTreeBw = [4][3]float64{{26.5, 18.5, 10}, {24, 23.6, 17.8}, {38.7, 41.4, 36}, {70, 42.8, 24}}
+
+// Layout is a job shape: identical hosts, each running GPUsPerNode ranks.
+type Layout struct {
+	Nodes, GPUsPerNode int
+}
+
+// Model is the simulation of all-reduce on a layout: the rings and the
+// bandwidths and latencies NCCL's tuner would use.
+type Model struct {
+	Layout    Layout
+	Ring      Ring
+	Tree      Tree
+	NICs      int     // network ports per host the channels use
+	NetBW     float64 // per port, GB/s, after the GPU-to-NIC path
+	InterBW   float64 // per channel across hosts, GB/s
+	Channels  int
+	RingBus   float64 // ring busbw asymptote, GB/s
+	TreeBus   float64 // tree busbw asymptote, GB/s (multi-node)
+	RingLatUs float64
+	TreeLatUs float64
+}
+
+// Prediction is the simulated result at one size.
+type Prediction struct {
+	Bytes  int64
+	Algo   string // ring or tree, whichever is faster
+	TimeUs float64
+	BusBW  float64 // GB/s, nccl-tests' definition
+}
+
+// Simulate predicts all-reduce on l, every host shaped like the first
+// host of t (its first GPUsPerNode GPUs and its NICs), as NCCL's
+// ncclTopoGetAlgoTime would: time = latency + bytes / algorithm
+// bandwidth, for the ring and (across hosts) the tree, the faster winning.
+func Simulate(t *Topo, l Layout) (*Model, error) {
+	if l.Nodes < 1 || l.GPUsPerNode < 1 {
+		return nil, fmt.Errorf("topology: layout %d×%d: want at least one node and one GPU per node", l.Nodes, l.GPUsPerNode)
+	}
+	hosts := t.Sys.Hosts()
+	gpus := t.GPUsOf(hosts[0])
+	if len(gpus) < l.GPUsPerNode {
+		return nil, fmt.Errorf("topology: layout wants %d GPUs per node, the first host has %d", l.GPUsPerNode, len(gpus))
+	}
+	gpus = gpus[:l.GPUsPerNode]
+	ring, err := t.SearchRing(gpus)
+	if err != nil {
+		return nil, err
+	}
+	m := &Model{Layout: l, Ring: ring, Tree: TreeFor(ring, l.Nodes), Channels: ring.Channels}
+	nRanks := l.Nodes * l.GPUsPerNode
+	intraLat := hwLatPCIRing
+	intraTree := hwLatPCITree
+	if ring.Type <= NVL {
+		intraLat, intraTree = hwLatNVLRing, hwLatNVLTree
+	}
+	busBW := ring.Total()
+	if l.Nodes > 1 {
+		// Across hosts each channel leaves a host through one network
+		// port and enters through another; the ports of a host carry
+		// all channels together.
+		var ports []float64
+		for _, nic := range t.NICs {
+			if nic.Host != hosts[0] || len(nic.NICs) == 0 {
+				continue
+			}
+			best := 0.0
+			for _, g := range gpus {
+				best = max(best, t.Path(g, nic).BW)
+			}
+			for _, net := range nic.NICs {
+				bw := math.Min(best, t.Path(nic, net).BW)
+				ports = append(ports, bw)
+			}
+		}
+		if len(ports) == 0 {
+			return nil, fmt.Errorf("topology: %d nodes need network ports, and the first host has none with a known speed", l.Nodes)
+		}
+		m.NICs = min(len(ports), l.GPUsPerNode)
+		m.NetBW = ports[0]
+		for _, p := range ports[:m.NICs] {
+			m.NetBW = math.Min(m.NetBW, p)
+		}
+		var sp float64
+		for _, s := range speeds(ring.MinSM, true) {
+			if s <= m.NetBW+1e-9 {
+				sp = s
+				break
+			}
+		}
+		if sp == 0 {
+			sp = m.NetBW
+		}
+		m.InterBW = sp
+		interCh := int(math.Floor(float64(m.NICs)*m.NetBW/sp + 1e-9))
+		m.Channels = max(1, min(interCh, maxChannels))
+		busBW = math.Min(busBW, float64(m.Channels)*sp)
+		intraLat = math.Max(intraLat, netOverhead)
+	}
+	m.RingBus = busBW
+	nsteps := 2 * (nRanks - 1)
+	nInter := 2 * (l.Nodes - 1)
+	m.RingLatUs = baseLatRing + float64(nsteps-nInter)*intraLat + float64(nInter)*hwLatNetRing
+	if l.Nodes > 1 {
+		gen := 2 // Hopper
+		switch {
+		case ring.MinSM >= 100:
+			gen = 3
+		case ring.MinSM < 80:
+			gen = 0
+		case ring.MinSM < 90:
+			gen = 1
+		}
+		col := min(l.Nodes-1, 2)
+		m.TreeBus = math.Min(treeEfficiency*busBW, float64(m.Channels)*perChMaxTreeBw[gen][col])
+		m.TreeLatUs = baseLatTree + 2*(float64(l.GPUsPerNode-1)*intraTree+math.Log2(float64(l.Nodes))*hwLatNetTree)
+	}
+	return m, nil
+}
+
+// Predict returns the model's all-reduce time and bus bandwidth at size
+// bytes.
+func (m *Model) Predict(bytes int64) Prediction {
+	n := m.Layout.Nodes * m.Layout.GPUsPerNode
+	p := Prediction{Bytes: bytes, Algo: "ring"}
+	factor := 1.0
+	if n > 1 {
+		factor = 2 * float64(n-1) / float64(n)
+	}
+	if n == 1 {
+		p.TimeUs = baseLatRing
+		return p
+	}
+	// Ring: algbw = busbw · n / (2(n-1)).
+	p.TimeUs = m.RingLatUs + float64(bytes)/(1000*m.RingBus/factor)
+	if m.TreeBus > 0 {
+		// Tree all-reduce: algbw = busbw / 2.
+		if t := m.TreeLatUs + float64(bytes)/(1000*m.TreeBus*0.5); t < p.TimeUs {
+			p.TimeUs, p.Algo = t, "tree"
+		}
+	}
+	p.BusBW = float64(bytes) / p.TimeUs / 1000 * factor
+	return p
+}

@@ -1,0 +1,107 @@
+package topology
+
+import (
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// dgx builds a DGX-like host: 2 sockets, 4 PCIe switches each, a GPU and
+// a NIC port of nicMbps under every switch, every GPU with links NVLinks
+// to the NVSwitches.
+func dgx(sm, links, nicMbps int, speed string) *System {
+	s := &System{Version: 1}
+	for c := 0; c < 2; c++ {
+		cpu := &CPU{NUMA: c, Arch: "x86_64", Vendor: "GenuineIntel", Family: 6, Model: 0x8F, Affinity: "ffff"}
+		for k := 0; k < 4; k++ {
+			i := c*4 + k
+			sw := &PCI{BusID: fmt.Sprintf("0000:%02x:00.0", 0x10*(i+1)), Class: "0x060400", LinkSpeed: speed, LinkWidth: 16}
+			gpu := &PCI{BusID: fmt.Sprintf("0000:%02x:00.0", 0x10*(i+1)+1), Class: "0x030200", LinkSpeed: speed, LinkWidth: 16,
+				GPU: &GPU{Dev: i, SM: sm, Rank: -1, GDR: true, NVLinks: []*NVLink{{Target: "fffffff:ffff:ff", Count: links, TClass: "0x068000"}}}}
+			nic := &PCI{BusID: fmt.Sprintf("0000:%02x:00.0", 0x10*(i+1)+2), Class: "0x020700", LinkSpeed: speed, LinkWidth: 16,
+				NIC: &NIC{Nets: []*Net{{Name: fmt.Sprintf("mlx5_%d", i), Dev: i, Speed: nicMbps, Port: 1, GDR: true}}}}
+			sw.Children = []*PCI{gpu, nic}
+			cpu.PCI = append(cpu.PCI, sw)
+		}
+		s.CPUs = append(s.CPUs, cpu)
+	}
+	return s
+}
+
+// published all-reduce bus bandwidths (GB/s) from NVIDIA/nccl-tests
+// issues 149, 212 and 290, as the issue quotes them.
+var published = []struct {
+	name   string
+	sys    *System
+	layout Layout
+	want   float64 // busbw at large sizes; per NIC where perNIC
+	perNIC bool
+}{
+	{"8×A100 NVSwitch", dgx(80, 12, 200000, "16.0 GT/s PCIe"), Layout{1, 8}, 230, false},
+	{"8×H100 NVSwitch", dgx(90, 18, 400000, "32.0 GT/s PCIe"), Layout{1, 8}, 370, false},
+	{"2×8 H100, one 400 Gb/s NIC per GPU", dgx(90, 18, 400000, "32.0 GT/s PCIe"), Layout{2, 8}, 47, true},
+}
+
+// TestSimulationAgainstPublishedFigures predicts large all-reduce bus
+// bandwidth for systems whose NCCL figures are published, and bounds the
+// error (it is quoted in the issue's closing note).
+func TestSimulationAgainstPublishedFigures(t *testing.T) {
+	for _, p := range published {
+		tp := build(t, p.sys)
+		m, err := Simulate(tp, p.layout)
+		require.NoError(t, err, p.name)
+		big := m.Predict(8 << 30)
+		got := big.BusBW
+		if p.perNIC {
+			got /= float64(m.NICs)
+		}
+		errPct := 100 * (got - p.want) / p.want
+		t.Logf("%s: ring %v; predicted busbw at 8 GiB %.1f GB/s%s (%s), published %.0f: error %+.1f%%",
+			p.name, m.Ring, got, map[bool]string{true: " per NIC", false: ""}[p.perNIC], big.Algo, p.want, errPct)
+		for _, sz := range []int64{8, 1 << 20, 64 << 20, 1 << 30} {
+			q := m.Predict(sz)
+			t.Logf("    %10d B: %9.1f us  busbw %7.2f GB/s (%s)", sz, q.TimeUs, q.BusBW, q.Algo)
+		}
+		require.Less(t, math.Abs(errPct), 10.0, p.name)
+	}
+}
+
+func TestRingSearchOnPCIeAndNVLinkPairs(t *testing.T) {
+	// azure-ndv4 without NVLink: the best ring keeps each switch's pair
+	// adjacent and crosses sockets only four times.
+	tp := build(t, load(t, "azure-ndv4.xml"))
+	r, err := tp.SearchRing(tp.GPUs)
+	require.NoError(t, err)
+	require.Equal(t, SYS, r.Type)
+	for i := 0; i < len(r.Order); i += 2 {
+		a, b := r.Order[i], r.Order[(i+1)%len(r.Order)]
+		if tp.Path(a, b).Type != PIX {
+			// The pairs may start at an odd position.
+			a, b = r.Order[(i+1)%len(r.Order)], r.Order[(i+2)%len(r.Order)]
+			require.Equal(t, PIX, tp.Path(a, b).Type, "ring %v", r)
+		}
+	}
+	require.Greater(t, r.Total(), 0.0)
+
+	// Two GPUs with a direct 4-link NVLink (multihost.xml, host 2).
+	tp = build(t, load(t, "multihost.xml"))
+	r, err = tp.SearchRing(tp.GPUsOf("0x5678"))
+	require.NoError(t, err)
+	require.Equal(t, NVL, r.Type)
+	require.InDelta(t, 4*20.6, float64(r.Channels)*r.BW+0.4, 2, "4 × 20.6 GB/s, in whole channels of NCCL's speeds")
+	_, err = tp.SearchRing(tp.GPUs)
+	require.ErrorContains(t, err, "not connected")
+}
+
+func TestSimulateRejectsImpossibleLayouts(t *testing.T) {
+	tp := build(t, dgx(90, 18, 400000, "32.0 GT/s PCIe"))
+	_, err := Simulate(tp, Layout{1, 9})
+	require.ErrorContains(t, err, "9 GPUs per node")
+	_, err = Simulate(tp, Layout{0, 8})
+	require.Error(t, err)
+	noNIC := build(t, load(t, "azure-ndv2.xml"))
+	_, err = Simulate(noNIC, Layout{2, 8})
+	require.ErrorContains(t, err, "network ports")
+}
