@@ -3,6 +3,8 @@ package topology
 import (
 	"fmt"
 	"math"
+
+	"github.com/goccl/goccl/algorithms"
 )
 
 // NCCL's latency model (src/graph/tuning.cc at 5067397), µs, for the
@@ -163,4 +165,21 @@ func (m *Model) Predict(bytes int64) Prediction {
 	}
 	p.BusBW = float64(bytes) / p.TimeUs / 1000 * factor
 	return p
+}
+
+// LinkModel is what the tuner needs from a ring search: per-channel
+// bandwidth, channel count and the per-hop latency NCCL's model charges
+// for the ring's worst link kind (Simple protocol).
+func (r Ring) LinkModel() algorithms.LinkModel {
+	lat := hwLatPCIRing
+	if r.Type <= NVL {
+		lat = hwLatNVLRing
+	}
+	return algorithms.LinkModel{
+		Latency:      lat * 1e-6,
+		Bandwidth:    r.BW * 1e9,
+		MaxChannels:  max(1, r.Channels),
+		ChannelBytes: 1 << 20,
+		ChunkBytes:   512 << 10,
+	}
 }

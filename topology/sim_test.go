@@ -105,3 +105,14 @@ func TestSimulateRejectsImpossibleLayouts(t *testing.T) {
 	_, err = Simulate(noNIC, Layout{2, 8})
 	require.ErrorContains(t, err, "network ports")
 }
+
+func TestRingFeedsTheTuner(t *testing.T) {
+	tp := build(t, dgx(90, 18, 400000, "32.0 GT/s PCIe"))
+	r, err := tp.SearchRing(tp.GPUs)
+	require.NoError(t, err)
+	lm := r.LinkModel()
+	require.NoError(t, lm.Validate())
+	require.Equal(t, r.Channels, lm.MaxChannels)
+	require.InDelta(t, r.BW*1e9, lm.Bandwidth, 1)
+	require.InDelta(t, 3.4e-6, lm.Latency, 1e-12, "NVLink hops")
+}

@@ -1,0 +1,62 @@
+package topology
+
+import (
+	"bytes"
+	"os"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestSysfsFakeTree discovers testdata/sysfs-2gpu: two NUMA nodes, a GPU
+// and a 400 Gb/s InfiniBand NIC behind one PCIe switch on node 0, a second
+// GPU on node 1, and a virtio NIC whose net device sits below its PCI
+// device (IPoIB and loopback must not count).
+func TestSysfsFakeTree(t *testing.T) {
+	s, err := DiscoverSysfs("testdata/sysfs-2gpu", nil)
+	require.NoError(t, err)
+	require.Len(t, s.CPUs, 2)
+	require.Equal(t, "GenuineIntel", s.CPUs[0].Vendor)
+	require.Equal(t, 143, s.CPUs[0].Model)
+	require.Equal(t, "00000000,0000ffff", s.CPUs[0].Affinity)
+	tp := build(t, s)
+	require.Len(t, tp.GPUs, 2)
+	require.Equal(t, "0000:03:00.0", tp.GPUs[0].Name)
+	require.Equal(t, "0000:81:00.0", tp.GPUs[1].Name)
+	var names []string
+	for _, n := range tp.NICs {
+		names = append(names, NICName(n))
+	}
+	require.ElementsMatch(t, []string{"mlx5_0", "eth0"}, names)
+	mlx := tp.NearestNICs(tp.GPUs[0])
+	require.Len(t, mlx, 1)
+	require.Equal(t, "mlx5_0", NICName(mlx[0]))
+	require.Equal(t, PXB, tp.Path(tp.GPUs[0], mlx[0]).Type)
+	require.Equal(t, 400000, mlx[0].NICs[0].Net.Speed)
+	require.Equal(t, 1, mlx[0].NICs[0].Net.Port)
+	require.Equal(t, SYS, tp.Path(tp.GPUs[0], tp.GPUs[1]).Type)
+	require.InDelta(t, 22.0, tp.Path(tp.GPUs[0], tp.GPUs[1]).BW, 1e-9, "Sapphire Rapids UPI")
+	require.InDelta(t, 48.0, tp.Path(tp.GPUs[0], mlx[0]).BW, 1e-9, "PCIe gen5 x16")
+	// It writes XML that reads back the same.
+	var x bytes.Buffer
+	require.NoError(t, s.WriteXML(&x))
+	back, err := ReadXML(&x)
+	require.NoError(t, err)
+	require.Equal(t, clearLines(s), clearLines(back))
+	// A GPU bus id that is not there is an error.
+	_, err = DiscoverSysfs("testdata/sysfs-2gpu", []string{"0000:55:00.0"})
+	require.ErrorContains(t, err, "0000:55:00.0")
+}
+
+// TestSysfsThisMachine runs discovery on the live /sys: it must not fail,
+// and finds at least one CPU.
+func TestSysfsThisMachine(t *testing.T) {
+	if _, err := os.Stat("/sys/devices"); err != nil {
+		t.Skip("no /sys on this system:", err)
+	}
+	s, err := DiscoverSysfs("/", nil)
+	require.NoError(t, err)
+	require.NotEmpty(t, s.CPUs)
+	_, err = Build(s)
+	require.NoError(t, err)
+}
