@@ -169,7 +169,9 @@ func (m *Model) Predict(bytes int64) Prediction {
 
 // LinkModel is what the tuner needs from a ring search: per-channel
 // bandwidth, channel count and the per-hop latency NCCL's model charges
-// for the ring's worst link kind (Simple protocol).
+// for the ring's worst link kind (Simple protocol). A GPU channel keeps
+// its whole buffer in flight (NCCL's DEFAULT_BUFFSIZE, 4 MiB, for
+// Simple), so the pipeline pays a hop's latency per 4 MiB, not per slice.
 func (r Ring) LinkModel() algorithms.LinkModel {
 	lat := hwLatPCIRing
 	if r.Type <= NVL {
@@ -180,6 +182,28 @@ func (r Ring) LinkModel() algorithms.LinkModel {
 		Bandwidth:    r.BW * 1e9,
 		MaxChannels:  max(1, r.Channels),
 		ChannelBytes: 1 << 20,
-		ChunkBytes:   512 << 10,
+		ChunkBytes:   4 << 20,
 	}
+}
+
+// CorePredict is the same prediction from goccl's own cost model
+// (algorithms.Cost, a ring over the model's channels with the ring's link
+// model, its bandwidth limited by the network across hosts and its hop
+// latency the mean of NCCL's model for this ring).
+func (m *Model) CorePredict(bytes int64) Prediction {
+	n := m.Layout.Nodes * m.Layout.GPUsPerNode
+	lm := m.Ring.LinkModel()
+	lm.MaxChannels = m.Channels
+	lm.Bandwidth = m.RingBus / float64(m.Channels) * 1e9
+	if n > 1 {
+		// The mean hop latency of NCCL's model for this ring (network
+		// hops are few in a multi-node ring, but slow).
+		lm.Latency = (m.RingLatUs - baseLatRing) / float64(2*(n-1)) * 1e-6
+	}
+	secs := algorithms.Cost(algorithms.Problem{Coll: algorithms.CollAllReduce, NRanks: n, Bytes: bytes, Link: lm}, algorithms.Ring, m.Channels)
+	p := Prediction{Bytes: bytes, Algo: "ring", TimeUs: secs * 1e6}
+	if n > 1 && secs > 0 {
+		p.BusBW = float64(bytes) / secs / 1e9 * 2 * float64(n-1) / float64(n)
+	}
+	return p
 }

@@ -61,10 +61,17 @@ func TestSimulationAgainstPublishedFigures(t *testing.T) {
 		t.Logf("%s: ring %v; predicted busbw at 8 GiB %.1f GB/s%s (%s), published %.0f: error %+.1f%%",
 			p.name, m.Ring, got, map[bool]string{true: " per NIC", false: ""}[p.perNIC], big.Algo, p.want, errPct)
 		for _, sz := range []int64{8, 1 << 20, 64 << 20, 1 << 30} {
-			q := m.Predict(sz)
-			t.Logf("    %10d B: %9.1f us  busbw %7.2f GB/s (%s)", sz, q.TimeUs, q.BusBW, q.Algo)
+			q, c := m.Predict(sz), m.CorePredict(sz)
+			t.Logf("    %10d B: NCCL model %9.1f us busbw %7.2f GB/s (%s); goccl cost model %9.1f us busbw %7.2f GB/s",
+				sz, q.TimeUs, q.BusBW, q.Algo, c.TimeUs, c.BusBW)
 		}
 		require.Less(t, math.Abs(errPct), 10.0, p.name)
+		core := m.CorePredict(8 << 30).BusBW
+		if p.perNIC {
+			core /= float64(m.NICs)
+		}
+		t.Logf("    goccl's cost model at 8 GiB: %.1f GB/s, error %+.1f%%", core, 100*(core-p.want)/p.want)
+		require.Less(t, math.Abs(100*(core-p.want)/p.want), 10.0, p.name)
 	}
 }
 
