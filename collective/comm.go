@@ -13,6 +13,7 @@ import (
 	"github.com/goccl/goccl/algorithms"
 	"github.com/goccl/goccl/internal/engine"
 	"github.com/goccl/goccl/internal/wire"
+	"github.com/goccl/goccl/memory"
 	"github.com/goccl/goccl/transport"
 	"github.com/goccl/goccl/transport/mem"
 )
@@ -38,11 +39,14 @@ type Comm struct {
 	// it, without the context's lock.
 	ended atomic.Bool
 
-	mu     sync.Mutex // guards closed, tail, seq
+	mu     sync.Mutex // guards closed, tail, seq, cseq, flight
 	closed bool
 	tail   *Request // the last operation issued
 	seq    uint64
-	wg     sync.WaitGroup // goroutines of asynchronous operations
+	cseq   uint64              // collectives issued (the engine's sequence numbers)
+	flight [flightOps]*Request // the flight recorder: the last operations, by seq
+	dumped sync.Once           // the dump on a failure is written once
+	wg     sync.WaitGroup      // goroutines of asynchronous operations
 
 	// The watchdog enforces Config.Timeout without a timer per operation:
 	// the operation in flight (one at a time) publishes its Request in op,
@@ -168,6 +172,7 @@ func newComm(rank, size int, cfg Config, ep transport.Endpoint, link algorithms.
 		stopWatch: make(chan struct{}), watchDone: make(chan struct{})}
 	c.ctx, c.cancel = context.WithCancelCause(context.Background())
 	go c.watch()
+	registerDump(c)
 	return c, nil
 }
 
@@ -195,7 +200,8 @@ func (c *Comm) watch() {
 			t.Reset(left)
 			continue
 		}
-		c.abort(&timeoutError{op: op.name, seq: op.seq, d: c.cfg.Timeout})
+		c.abort(&timeoutError{op: op.name, seq: op.cseq, d: c.cfg.Timeout, progress: c.eng.Progress(),
+			bytes: int64(op.op.Count) * int64(op.op.Coll.Majors(c.size)) * int64(op.op.Type.Size())})
 		return
 	}
 }
@@ -216,6 +222,7 @@ func (c *Comm) Abort(cause error) {
 }
 
 func (c *Comm) abort(cause error) {
+	c.dumpOnFailure(cause)
 	c.cancel(&abortedError{cause: cause})
 	c.ended.Store(true)
 	c.ep.Close(cause)
@@ -247,6 +254,7 @@ func (c *Comm) Close() error {
 	}
 	c.mu.Unlock()
 	<-c.watchDone
+	unregisterDump(c)
 	c.ep.Close(nil)
 	c.cancel(ErrClosed)
 	c.ended.Store(true)
@@ -260,6 +268,14 @@ type Request struct {
 	name  string
 	seq   uint64
 	start atomic.Int64 // when it began to run, in ns since Comm.bornNano (for the watchdog)
+
+	// What the flight recorder shows: the operation (without its
+	// buffers), its collective sequence number, and times in ns since
+	// Comm.bornNano.
+	op       engine.Op
+	cseq     uint64
+	issued   int64
+	finishNs int64 // guarded by c.mu
 
 	// Guarded by c.mu. done is made when first needed: a blocking
 	// operation that nobody waits on needs no channel.
@@ -291,6 +307,7 @@ func (c *Comm) finish(r *Request, err error) {
 	if c.tail == r {
 		c.tail = nil // nothing left to wait for
 	}
+	r.finishNs = c.since()
 	c.mu.Unlock()
 }
 
@@ -341,7 +358,7 @@ func (c *Comm) argError(name, format string, args ...any) error {
 // once its predecessor is done. k does not escape, so a blocking
 // operation allocates only its Request.
 func (c *Comm) run(ctx context.Context, k *call) error {
-	r, prev, err := c.issue(ctx, k.name, false)
+	r, prev, err := c.issue(ctx, k, false)
 	if err != nil {
 		return err
 	}
@@ -352,7 +369,7 @@ func (c *Comm) run(ctx context.Context, k *call) error {
 
 // start issues an asynchronous operation and runs it in a goroutine.
 func (c *Comm) start(ctx context.Context, k call) (*Request, error) {
-	r, prev, err := c.issue(ctx, k.name, true)
+	r, prev, err := c.issue(ctx, &k, true)
 	if err != nil {
 		return nil, err
 	}
@@ -365,11 +382,13 @@ func (c *Comm) start(ctx context.Context, k call) (*Request, error) {
 
 // issue gives an operation the communicator's next sequence number and
 // returns its Request and its predecessor's.
-func (c *Comm) issue(ctx context.Context, name string, async bool) (r, prev *Request, err error) {
+func (c *Comm) issue(ctx context.Context, k *call, async bool) (r, prev *Request, err error) {
+	name := k.name
 	if ctx == nil {
 		return nil, nil, c.argError(name, "nil context")
 	}
-	r = &Request{c: c, name: name}
+	r = &Request{c: c, name: name, op: k.op, issued: c.since()}
+	r.op.In, r.op.Out = memory.Buffer{}, memory.Buffer{} // the recorder keeps no buffer alive
 	if async {
 		r.done = make(chan struct{}) // the caller will wait on it
 	}
@@ -380,6 +399,13 @@ func (c *Comm) issue(ctx context.Context, name string, async bool) (r, prev *Req
 	}
 	r.seq = c.seq
 	c.seq++
+	if k.op.Coll != algorithms.CollSend && k.op.Coll != algorithms.CollRecv {
+		r.cseq = c.cseq
+		c.cseq++
+	} else {
+		r.cseq = r.seq
+	}
+	c.flight[r.seq%flightOps] = r
 	prev = c.tail
 	c.tail = r
 	if async {

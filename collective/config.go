@@ -76,6 +76,11 @@ type Config struct {
 	// (parking and waking a thread costs tens of microseconds); 0 means
 	// DefaultSpin, a negative value never polls.
 	Spin time.Duration
+	// DebugDump, when set, is a directory: on a timeout or an abort each
+	// rank writes its flight recorder there as JSON (package flight), and
+	// on SIGUSR1 every communicator of the process does. Comm.DebugDump
+	// writes it on demand either way.
+	DebugDump string
 }
 
 // Option changes a Config.
@@ -155,6 +160,12 @@ func WithTransport(t string) Option {
 	return func(s *settings) { s.cfg.Transport = t; s.mark("Transport") }
 }
 
+// WithDebugDump names the directory the flight recorder is written to on
+// a timeout or an abort, and on SIGUSR1 (see Config.DebugDump).
+func WithDebugDump(dir string) Option {
+	return func(s *settings) { s.cfg.DebugDump = dir; s.mark("DebugDump") }
+}
+
 // WithHostID overrides the host identity.
 func WithHostID(id string) Option {
 	return func(s *settings) { s.cfg.HostID = id; s.mark("HostID") }
@@ -166,7 +177,7 @@ func WithConfig(c Config) Option {
 	return func(s *settings) {
 		s.cfg = c
 		for _, f := range []string{"Algorithm", "Channels", "MaxChannels", "ChunkSize", "Timeout", "Slots", "SlotSize",
-			"InitTimeout", "NSocks", "SocketIfname", "HostID", "Spin", "Transport"} {
+			"InitTimeout", "NSocks", "SocketIfname", "HostID", "Spin", "Transport", "DebugDump"} {
 			s.mark(f)
 		}
 	}
@@ -195,8 +206,9 @@ const (
 	EnvNSocks      = "GOCCL_NSOCKS"        // TCP sockets per connection, 1..64
 	EnvSocketIf    = "GOCCL_SOCKET_IFNAME"
 	EnvHostID      = "GOCCL_HOSTID"
-	EnvSpin        = "GOCCL_SPIN"      // a duration ("1ms", "200us"); 0 never polls
-	EnvTransport   = "GOCCL_TRANSPORT" // auto, tcp or shm
+	EnvSpin        = "GOCCL_SPIN"       // a duration ("1ms", "200us"); 0 never polls
+	EnvTransport   = "GOCCL_TRANSPORT"  // auto, tcp or shm
+	EnvDebugDump   = "GOCCL_DEBUG_DUMP" // a directory for flight recorder dumps
 )
 
 // resolve builds the Config: defaults, then the environment, then
@@ -238,6 +250,8 @@ func resolve(opts []Option) (Config, func(string) (string, bool), error) {
 			cfg.Spin = s.cfg.Spin
 		case "Transport":
 			cfg.Transport = s.cfg.Transport
+		case "DebugDump":
+			cfg.DebugDump = s.cfg.DebugDump
 		}
 	}
 	if err := cfg.validate(); err != nil {
@@ -302,6 +316,9 @@ func fromEnv(lookup func(string) (string, bool)) (Config, error) {
 	}
 	if v, ok := lookup(EnvHostID); ok {
 		c.HostID = v
+	}
+	if v, ok := lookup(EnvDebugDump); ok {
+		c.DebugDump = strings.TrimSpace(v)
 	}
 	if v, ok := lookup(EnvTransport); ok && v != "" {
 		c.Transport = strings.ToLower(strings.TrimSpace(v))

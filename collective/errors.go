@@ -3,6 +3,7 @@ package collective
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/goccl/goccl/internal/engine"
@@ -94,13 +95,33 @@ func (e *ArgError) Unwrap() error { return e.Err }
 // timeoutError is the cause of an operation's context when it runs past the
 // timeout. It is formatted only when reported.
 type timeoutError struct {
-	op  string
-	seq uint64
-	d   time.Duration
+	op       string
+	seq      uint64
+	bytes    int64
+	d        time.Duration
+	progress []engine.Progress // where each channel was
 }
 
 func (e *timeoutError) Error() string {
-	return fmt.Sprintf("%v: %s#%d ran past the %v timeout", ErrTimeout, e.op, e.seq, e.d)
+	var b strings.Builder
+	fmt.Fprintf(&b, "%v: %s#%d (%d bytes) ran past the %v timeout", ErrTimeout, e.op, e.seq, e.bytes, e.d)
+	for i, p := range e.progress {
+		if i == 0 {
+			b.WriteString(";")
+		} else {
+			b.WriteString(",")
+		}
+		if p.Step < 0 {
+			fmt.Fprintf(&b, " channel %d not started", p.Channel)
+			continue
+		}
+		fmt.Fprintf(&b, " channel %d at piece %d step %d (%v", p.Channel, p.Piece, p.Step, p.Kind)
+		if p.Peer >= 0 {
+			fmt.Fprintf(&b, " with rank %d", p.Peer)
+		}
+		b.WriteString(")")
+	}
+	return b.String()
 }
 
 func (e *timeoutError) Unwrap() error { return ErrTimeout }

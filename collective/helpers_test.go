@@ -22,7 +22,10 @@ func TestMain(m *testing.M) {
 	if scenario := os.Getenv(childEnv); scenario != "" {
 		os.Exit(childMain(scenario))
 	}
-	goleak.VerifyTestMain(m)
+	// The SIGUSR1 handler of communicators with a dump directory lives as
+	// long as the process, by design (collective/flight.go).
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/goccl/goccl/collective.registerDump.func1.1"),
+		goleak.IgnoreAnyFunction("os/signal.signal_recv"))
 }
 
 // runRanks runs f for every rank on its own goroutine and returns each

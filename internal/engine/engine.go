@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sync/errgroup"
 
@@ -94,6 +95,12 @@ type Engine struct {
 	p2pSend  []uint64 // per peer: send operations so far
 	p2pRecv  []uint64
 	runs     []*chanRun // reused per channel
+
+	// What Progress reports, written by Run: the running plan's schedule
+	// and channel count, and each channel's position.
+	curSched    atomic.Pointer[algorithms.Schedule]
+	curChannels atomic.Int32
+	prog        [maxProgress]atomic.Int64
 	// An in-place operation whose schedule needs a copy of its input
 	// (algorithms.Schedule.CopyInPlace) runs as copyOp, on scratch.
 	scratch []byte
@@ -361,7 +368,8 @@ func (e *Engine) Run(ctx context.Context, op *Op) (Plan, error) {
 		chBase = e.cfg.MaxChannels
 	}
 	for len(e.runs) < pl.Channels {
-		e.runs = append(e.runs, &chanRun{conns: make([]transport.Conn, e.nranks), sent: make([]uint32, e.nranks), recvd: make([]uint32, e.nranks)})
+		e.runs = append(e.runs, &chanRun{conns: make([]transport.Conn, e.nranks), sent: make([]uint32, e.nranks), recvd: make([]uint32, e.nranks),
+			prog: &e.prog[min(len(e.runs), maxProgress-1)]})
 	}
 	for c := 0; c < pl.Channels; c++ {
 		x := e.runs[c]
@@ -381,6 +389,12 @@ func (e *Engine) Run(ctx context.Context, op *Op) (Plan, error) {
 		}
 		x.setup(e, op, &pl, c)
 	}
+	for c := 0; c < min(pl.Channels, maxProgress); c++ {
+		e.prog[c].Store(0)
+	}
+	e.curChannels.Store(int32(pl.Channels))
+	e.curSched.Store(pl.Sched)
+	defer e.curSched.Store(nil)
 	if pl.Channels == 1 {
 		return pl, e.runs[0].run(ctx)
 	}
@@ -403,6 +417,48 @@ func (e *Engine) connect(ctx context.Context, peer, ch int) (transport.Conn, err
 	}
 	e.conns[k] = c
 	return c, nil
+}
+
+// maxProgress bounds the channels Progress reports.
+const maxProgress = 64
+
+// Progress is where one channel of the running operation is.
+type Progress struct {
+	Channel, Piece, Step int
+	Kind                 algorithms.Kind
+	Peer                 int // the step's incoming peer, else its outgoing one, else -1
+}
+
+// Progress reports how far each channel of the operation running now has
+// got (nil when none runs). Any goroutine may call it, for diagnostics: a
+// channel that is waiting shows the step it waits in.
+func (e *Engine) Progress() []Progress {
+	s := e.curSched.Load()
+	if s == nil {
+		return nil
+	}
+	n := min(int(e.curChannels.Load()), maxProgress)
+	out := make([]Progress, 0, n)
+	for c := 0; c < n; c++ {
+		v := e.prog[c].Load()
+		if v == 0 {
+			out = append(out, Progress{Channel: c, Step: -1, Peer: -1})
+			continue
+		}
+		p := Progress{Channel: c, Piece: int(v >> 32), Step: int(v&0xffffffff) - 1, Peer: -1}
+		if p.Step >= 0 && p.Step < len(s.Steps) {
+			st := s.Steps[p.Step]
+			p.Kind = st.Kind
+			switch {
+			case st.RecvPeer >= 0:
+				p.Peer = int(st.RecvPeer)
+			case st.SendPeer >= 0:
+				p.Peer = int(st.SendPeer)
+			}
+		}
+		out = append(out, p)
+	}
+	return out
 }
 
 // StepError says where an operation failed.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -45,6 +46,7 @@ type chanRun struct {
 	spans        [3][]algorithms.Span
 	cached       [][][3][]algorithms.Span // Plan.spans
 	piece, stepI int                      // position, for errors
+	prog         *atomic.Int64            // position for Engine.Progress: piece<<32 | step+1
 	lastYield    int64                    // nanotime; see yield
 	steps        uint32                   // steps since the clock was last read
 }
@@ -128,6 +130,7 @@ func (x *chanRun) run(ctx context.Context) error {
 		x.piece = p
 		for i := range x.sched.Steps {
 			x.stepI = i
+			x.prog.Store(int64(p)<<32 | int64(i+1))
 			x.yield()
 			st := &x.sched.Steps[i]
 			var err error

@@ -1,0 +1,121 @@
+package collective_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goccl/goccl/collective"
+	"github.com/goccl/goccl/flight"
+)
+
+func TestDebugDumpRecordsOperations(t *testing.T) {
+	comms := newGroup(t, 2)
+	errs := runRanks(t, comms, func(r int, c *collective.Comm) error {
+		buf := make([]float32, 1000)
+		for i := 0; i < 3; i++ {
+			if err := collective.AllReduce(context.Background(), c, buf, buf, collective.Max); err != nil {
+				return err
+			}
+		}
+		return collective.Broadcast(context.Background(), c, buf[:10], buf[:10], 1)
+	})
+	noErrors(t, errs)
+	var b bytes.Buffer
+	require.NoError(t, comms[0].DebugDump(&b))
+	var d flight.Dump
+	require.NoError(t, json.Unmarshal(b.Bytes(), &d))
+	require.Equal(t, 0, d.Rank)
+	require.Equal(t, 2, d.Size)
+	require.Len(t, d.Ops, 4)
+	for i, e := range d.Ops[:3] {
+		require.Equal(t, uint64(i), e.Seq)
+		require.Equal(t, "allreduce(float32×1000, max)", e.What())
+		require.Equal(t, flight.Done, e.State)
+		require.Equal(t, int64(4000), e.Bytes)
+		require.NotEmpty(t, e.Algo)
+		require.GreaterOrEqual(t, e.FinishedUs, e.StartedUs)
+	}
+	require.Equal(t, "broadcast(float32×10, root 1)", d.Ops[3].What())
+}
+
+// TestTimeoutDumpsAndNamesWhereItWaited: rank 1 never joins; rank 0 times
+// out, its error says which step and peer it waited on, and its flight
+// recorder lands in the dump directory, from which the analyzer names
+// rank 1 as the one that never arrived.
+func TestTimeoutDumpsAndNamesWhereItWaited(t *testing.T) {
+	dir := t.TempDir()
+	comms, _ := newNet(t, 2, collective.WithTimeout(300*time.Millisecond), collective.WithDebugDump(dir))
+	buf := make([]float32, 64)
+	err := collective.AllReduce(context.Background(), comms[0], buf, buf, collective.Sum)
+	require.ErrorIs(t, err, collective.ErrTimeout)
+	require.Contains(t, err.Error(), "allreduce#0 (256 bytes) ran past the 300ms timeout")
+	require.Contains(t, err.Error(), "with rank 1")
+	dumps, err := flight.ReadDir(dir)
+	require.NoError(t, err)
+	require.Len(t, dumps, 1)
+	d := dumps[0]
+	require.Equal(t, "timeout", d.Reason)
+	require.Len(t, d.Ops, 1)
+	require.Equal(t, flight.Running, d.Ops[0].State)
+	require.NotEmpty(t, d.Ops[0].Progress)
+	require.Equal(t, 1, d.Ops[0].Progress[0].Peer)
+	// Rank 1 writes its (empty) recorder on demand.
+	f, err := os.Create(filepath.Join(dir, flight.FileName(1, 0)))
+	require.NoError(t, err)
+	require.NoError(t, comms[1].DebugDump(f))
+	f.Close()
+	dumps, err = flight.ReadDir(dir)
+	require.NoError(t, err)
+	finding := flight.Analyze(dumps)
+	require.Equal(t, "missing", finding.Kind)
+	require.Equal(t, []int{1}, finding.Ranks)
+	t.Log(finding.Summary)
+}
+
+// TestMismatchIsNamedFromTheDumps: two ranks call all-reduce, the third a
+// broadcast; the operation fails, every rank dumps on the abort, and the
+// analyzer names rank 2 and both calls.
+func TestMismatchIsNamedFromTheDumps(t *testing.T) {
+	dir := t.TempDir()
+	comms, _ := newNet(t, 3, collective.WithDebugDump(dir))
+	errs := runRanks(t, comms, func(r int, c *collective.Comm) error {
+		buf := make([]float32, 256)
+		if r == 2 {
+			return collective.Broadcast(context.Background(), c, buf, buf, 0)
+		}
+		return collective.AllReduce(context.Background(), c, buf, buf, collective.Sum)
+	})
+	for r, err := range errs {
+		require.Error(t, err, "rank %d", r)
+	}
+	dumps, err := flight.ReadDir(dir)
+	require.NoError(t, err)
+	require.Len(t, dumps, 3)
+	f := flight.Analyze(dumps)
+	require.Equal(t, "diverge", f.Kind)
+	require.Equal(t, []int{2}, f.Ranks)
+	require.Contains(t, f.Summary, "ranks [0 1] called allreduce(float32×256, sum)")
+	require.Contains(t, f.Summary, "ranks [2] called broadcast(float32×256, root 0)")
+}
+
+func TestSIGUSR1Dumps(t *testing.T) {
+	dir := t.TempDir()
+	comms, _ := newNet(t, 2, collective.WithDebugDump(dir))
+	errs := runRanks(t, comms, func(r int, c *collective.Comm) error {
+		return c.Barrier(context.Background())
+	})
+	noErrors(t, errs)
+	require.NoError(t, syscall.Kill(os.Getpid(), syscall.SIGUSR1))
+	require.Eventually(t, func() bool {
+		d, err := flight.ReadDir(dir)
+		return err == nil && len(d) == 2 && d[0].Reason == "signal" && len(d[0].Ops) == 1
+	}, 5*time.Second, 10*time.Millisecond)
+}

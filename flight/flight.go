@@ -1,0 +1,274 @@
+// Package flight is goccl's flight recorder format and its analyzer. Each
+// communicator keeps its last operations (sequence number, collective,
+// type, count, root, operator, state, times, and for the running one how
+// far each channel got); it writes them as a Dump on a timeout or an
+// abort, on demand (collective's Comm.DebugDump) and on SIGUSR1 when
+// GOCCL_DEBUG_DUMP names a directory. Analyze reads every rank's dump of
+// one job and names the first operation where the ranks disagree, or the
+// rank that never arrived: what NCCL users otherwise reconstruct by hand
+// from a hang (NVIDIA/nccl issues 1324, 968, 1260).
+package flight
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+)
+
+// Dump is one rank's flight recorder.
+type Dump struct {
+	Rank   int     `json:"rank"`
+	Size   int     `json:"size"`
+	PID    int     `json:"pid"`
+	Host   string  `json:"host,omitempty"`
+	Reason string  `json:"reason"` // why it was written: timeout, abort, request, signal
+	Error  string  `json:"error,omitempty"`
+	Ops    []Entry `json:"ops"` // oldest first
+	// Dropped is how many older operations the ring no longer holds.
+	Dropped uint64 `json:"dropped"`
+}
+
+// Entry is one operation.
+type Entry struct {
+	Seq      uint64 `json:"seq"`
+	Op       string `json:"op"`   // allreduce, broadcast, send, ...
+	Type     string `json:"type"` // element type
+	Count    int    `json:"count"`
+	Bytes    int64  `json:"bytes"`
+	Root     int    `json:"root"` // -1 where there is none; the peer of send/recv
+	RedOp    string `json:"redop,omitempty"`
+	Algo     string `json:"algo,omitempty"`
+	Channels int    `json:"channels,omitempty"`
+	State    string `json:"state"` // issued, running, done, failed
+	// Times in µs since the communicator was created; 0 when not yet.
+	IssuedUs   float64    `json:"issuedUs"`
+	StartedUs  float64    `json:"startedUs,omitempty"`
+	FinishedUs float64    `json:"finishedUs,omitempty"`
+	Err        string     `json:"error,omitempty"`
+	Progress   []Progress `json:"progress,omitempty"`
+}
+
+// Progress is where one channel of a running operation is.
+type Progress struct {
+	Channel int    `json:"channel"`
+	Piece   int    `json:"piece"`
+	Step    int    `json:"step"`
+	Kind    string `json:"kind,omitempty"` // the step's primitive
+	Peer    int    `json:"peer"`           // the rank the step receives from (or sends to), -1 none
+}
+
+// States.
+const (
+	Issued  = "issued"
+	Running = "running"
+	Done    = "done"
+	Failed  = "failed"
+)
+
+// What describes the operation as the ranks must agree on it.
+func (e Entry) What() string {
+	s := fmt.Sprintf("%s(%s×%d", e.Op, e.Type, e.Count)
+	if e.RedOp != "" {
+		s += ", " + e.RedOp
+	}
+	if e.Root >= 0 {
+		s += fmt.Sprintf(", root %d", e.Root)
+	}
+	return s + ")"
+}
+
+// Write writes d as JSON.
+func (d *Dump) Write(w io.Writer) error {
+	e := json.NewEncoder(w)
+	e.SetIndent("", "  ")
+	return e.Encode(d)
+}
+
+// FileName is the name a rank's dump gets in a dump directory.
+func FileName(rank, pid int) string { return fmt.Sprintf("goccl-flight-rank%d-pid%d.json", rank, pid) }
+
+// WriteFile writes d into dir under FileName and returns the path.
+func (d *Dump) WriteFile(dir string) (string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	p := filepath.Join(dir, FileName(d.Rank, d.PID))
+	f, err := os.Create(p)
+	if err != nil {
+		return "", err
+	}
+	if err := d.Write(f); err != nil {
+		f.Close()
+		return "", err
+	}
+	return p, f.Close()
+}
+
+// ReadDir reads every dump in dir (the latest per rank when a rank wrote
+// several).
+func ReadDir(dir string) ([]*Dump, error) {
+	paths, err := filepath.Glob(filepath.Join(dir, "goccl-flight-rank*.json"))
+	if err != nil {
+		return nil, err
+	}
+	byRank := map[int]*Dump{}
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return nil, err
+		}
+		var d Dump
+		if err := json.Unmarshal(b, &d); err != nil {
+			return nil, fmt.Errorf("%s: %w", p, err)
+		}
+		if old := byRank[d.Rank]; old == nil || lastSeq(&d) >= lastSeq(old) {
+			byRank[d.Rank] = &d
+		}
+	}
+	var out []*Dump
+	for _, d := range byRank {
+		out = append(out, d)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Rank < out[j].Rank })
+	return out, nil
+}
+
+func lastSeq(d *Dump) uint64 {
+	if len(d.Ops) == 0 {
+		return 0
+	}
+	return d.Ops[len(d.Ops)-1].Seq
+}
+
+// Finding is what Analyze concludes.
+type Finding struct {
+	// Kind: "diverge" (ranks issued different operations with the same
+	// sequence number), "missing" (ranks never issued an operation others
+	// are running), "stuck" (all issued it, some never finished), "none".
+	Kind    string
+	Seq     uint64
+	Ranks   []int // the ranks at fault: the odd ones out, the absent, the unfinished
+	Summary string
+}
+
+// Analyze compares the dumps of one job's ranks (collectives only:
+// point-to-point operations are numbered per peer and are left out) and
+// returns the first problem: the earliest sequence number at which the
+// ranks' operations differ, else the earliest operation some rank has not
+// reached while others have, else an operation some ranks have not
+// finished.
+func Analyze(dumps []*Dump) Finding {
+	if len(dumps) == 0 {
+		return Finding{Kind: "none", Summary: "no dumps"}
+	}
+	type rankOps struct {
+		rank int
+		ops  map[uint64]Entry
+		max  uint64
+		has  bool
+	}
+	var rs []rankOps
+	for _, d := range dumps {
+		ro := rankOps{rank: d.Rank, ops: map[uint64]Entry{}}
+		for _, e := range d.Ops {
+			if e.Op == "send" || e.Op == "recv" {
+				continue
+			}
+			ro.ops[e.Seq] = e
+			if !ro.has || e.Seq > ro.max {
+				ro.max, ro.has = e.Seq, true
+			}
+		}
+		rs = append(rs, ro)
+	}
+	// Sequence numbers every rank could report (the rings overlap).
+	var seqs []uint64
+	seen := map[uint64]bool{}
+	for _, r := range rs {
+		for s := range r.ops {
+			if !seen[s] {
+				seen[s] = true
+				seqs = append(seqs, s)
+			}
+		}
+	}
+	sort.Slice(seqs, func(i, j int) bool { return seqs[i] < seqs[j] })
+	for _, s := range seqs {
+		// Divergence: the same sequence number, different operations.
+		groups := map[string][]int{}
+		var order []string
+		for _, r := range rs {
+			e, ok := r.ops[s]
+			if !ok {
+				continue
+			}
+			w := e.What()
+			if _, ok := groups[w]; !ok {
+				order = append(order, w)
+			}
+			groups[w] = append(groups[w], r.rank)
+		}
+		if len(groups) > 1 {
+			sort.Slice(order, func(i, j int) bool { return len(groups[order[i]]) > len(groups[order[j]]) })
+			var parts []string
+			for _, w := range order {
+				parts = append(parts, fmt.Sprintf("ranks %v called %s", groups[w], w))
+			}
+			var odd []int
+			for _, w := range order[1:] {
+				odd = append(odd, groups[w]...)
+			}
+			sort.Ints(odd)
+			return Finding{Kind: "diverge", Seq: s, Ranks: odd,
+				Summary: fmt.Sprintf("ranks diverge at operation #%d: %s", s, strings.Join(parts, "; "))}
+		}
+	}
+	for _, s := range seqs {
+		// Missing: some ranks are at s, others have not issued it.
+		var present, absent []int
+		var what string
+		for _, r := range rs {
+			if e, ok := r.ops[s]; ok {
+				present = append(present, r.rank)
+				what = e.What()
+			} else if !r.has || r.max < s {
+				absent = append(absent, r.rank)
+			}
+		}
+		if len(absent) > 0 && len(present) > 0 {
+			var last []string
+			for _, a := range absent {
+				for _, r := range rs {
+					if r.rank == a {
+						if r.has {
+							last = append(last, fmt.Sprintf("rank %d's last was #%d %s (%s)", a, r.max, r.ops[r.max].What(), r.ops[r.max].State))
+						} else {
+							last = append(last, fmt.Sprintf("rank %d recorded no operation", a))
+						}
+					}
+				}
+			}
+			return Finding{Kind: "missing", Seq: s, Ranks: absent,
+				Summary: fmt.Sprintf("rank(s) %v never arrived at operation #%d %s, which ranks %v issued; %s", absent, s, what, present, strings.Join(last, "; "))}
+		}
+	}
+	for _, s := range seqs {
+		var stuck []int
+		var what string
+		for _, r := range rs {
+			if e, ok := r.ops[s]; ok && e.State != Done {
+				stuck = append(stuck, r.rank)
+				what = e.What()
+			}
+		}
+		if len(stuck) > 0 {
+			return Finding{Kind: "stuck", Seq: s, Ranks: stuck,
+				Summary: fmt.Sprintf("every rank issued operation #%d %s; ranks %v did not finish it", s, what, stuck)}
+		}
+	}
+	return Finding{Kind: "none", Summary: "the ranks agree on every recorded operation, and all finished"}
+}
