@@ -12,6 +12,7 @@ import (
 
 	"github.com/goccl/goccl/algorithms"
 	"github.com/goccl/goccl/flight"
+	"github.com/goccl/goccl/internal/engine"
 )
 
 // flightOps is how many operations the flight recorder keeps.
@@ -30,23 +31,29 @@ func (c *Comm) record(reason string, cause error) *flight.Dump {
 	c.mu.Lock()
 	n := min(c.seq, flightOps)
 	d.Dropped = c.seq - n
+	// Copy under the lock: a blocking operation's Request is reused once
+	// the recorder drops it.
 	type snap struct {
-		r        *Request
-		finished bool
-		finishNs int64
-		err      error
+		r             *Request // identity only
+		name          string
+		op            engine.Op
+		cseq          uint64
+		issued, start int64
+		finished      bool
+		finishNs      int64
+		err           error
 	}
 	snaps := make([]snap, 0, n)
 	for s := c.seq - n; s < c.seq; s++ {
 		r := c.flight[s%flightOps]
-		snaps = append(snaps, snap{r, r.finished, r.finishNs, r.err})
+		snaps = append(snaps, snap{r: r, name: r.name, op: engine.Op{Coll: r.coll, Type: r.typ, Red: r.red, Count: r.count, Root: r.root},
+			cseq: r.cseq, issued: r.issued, start: r.start.Load(), finished: r.finished, finishNs: r.finishNs, err: r.err})
 	}
 	c.mu.Unlock()
 	for _, sn := range snaps {
-		r := sn.r
-		op := r.op
-		e := flight.Entry{Seq: r.cseq, Op: r.name, Type: DataType(op.Type).String(), Count: op.Count, Root: -1,
-			IssuedUs: float64(r.issued) / 1e3}
+		op := sn.op
+		e := flight.Entry{Seq: sn.cseq, Op: sn.name, Type: DataType(op.Type).String(), Count: op.Count, Root: -1,
+			IssuedUs: float64(sn.issued) / 1e3}
 		e.Bytes = int64(op.Count) * int64(op.Coll.Majors(c.size)) * int64(op.Type.Size())
 		switch op.Coll {
 		case algorithms.CollBroadcast, algorithms.CollReduce, algorithms.CollSend, algorithms.CollRecv:
@@ -60,8 +67,8 @@ func (c *Comm) record(reason string, cause error) *flight.Dump {
 				e.Algo, e.Channels = pl.Algo.String(), pl.Channels
 			}
 		}
-		if st := r.start.Load(); st != 0 {
-			e.StartedUs = float64(st) / 1e3
+		if sn.start != 0 {
+			e.StartedUs = float64(sn.start) / 1e3
 		}
 		switch {
 		case sn.finished && sn.err == nil:
@@ -76,7 +83,7 @@ func (c *Comm) record(reason string, cause error) *flight.Dump {
 		if sn.finished {
 			e.FinishedUs = float64(sn.finishNs) / 1e3
 		}
-		if r == running && !sn.finished {
+		if sn.r == running && !sn.finished {
 			for _, p := range c.eng.Progress() {
 				e.Progress = append(e.Progress, flight.Progress{Channel: p.Channel, Piece: p.Piece, Step: p.Step, Kind: p.Kind.String(), Peer: p.Peer})
 			}

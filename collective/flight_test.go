@@ -119,3 +119,26 @@ func TestSIGUSR1Dumps(t *testing.T) {
 		return err == nil && len(d) == 2 && d[0].Reason == "signal" && len(d[0].Ops) == 1
 	}, 5*time.Second, 10*time.Millisecond)
 }
+
+// TestBlockingCallsDoNotAllocate: once the flight recorder is full, a loop
+// of blocking calls reuses its Requests (1 rank, so only goccl's own code
+// runs).
+func TestBlockingCallsDoNotAllocate(t *testing.T) {
+	comms := newGroup(t, 1)
+	buf := make([]float32, 8)
+	ctx := context.Background()
+	for i := 0; i < 300; i++ {
+		require.NoError(t, collective.AllReduce(ctx, comms[0], buf, buf, collective.Sum))
+	}
+	n := testing.AllocsPerRun(1000, func() { collective.AllReduce(ctx, comms[0], buf, buf, collective.Sum) })
+	require.Zero(t, n, "allocations per blocking all-reduce")
+	// The recorder still shows the last operations, in order.
+	var b bytes.Buffer
+	require.NoError(t, comms[0].DebugDump(&b))
+	var d flight.Dump
+	require.NoError(t, json.Unmarshal(b.Bytes(), &d))
+	require.Len(t, d.Ops, 256)
+	for i := 1; i < len(d.Ops); i++ {
+		require.Equal(t, d.Ops[i-1].Seq+1, d.Ops[i].Seq)
+	}
+}
