@@ -8,8 +8,11 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
+	"time"
 
+	"github.com/goccl/goccl/flight"
 	"github.com/goccl/goccl/internal/launch"
 )
 
@@ -22,6 +25,14 @@ Every output line is prefixed with "[rank] ". SIGINT and SIGTERM reach the
 ranks as SIGTERM; when a rank fails, the others are stopped the same way,
 and SIGKILL follows after the grace period.
 
+Each rank writes its flight recorder (its last operations) to the -dump
+directory when its communicator aborts or times out; when a rank fails,
+the others get SIGUSR1 to write theirs before they are stopped, and
+goccl-run prints what the recorders show: the first operation where the
+ranks called different collectives, or the rank that never arrived.
+goccl-run -analyze DIR reads such a directory again (exit status 3 when
+it finds a problem).
+
 Exit status: 0 if every rank exited 0; else the failing rank's exit status
 (1 if it had none), 130/143 when interrupted by SIGINT/SIGTERM, 2 for bad
 usage.
@@ -29,6 +40,7 @@ usage.
 Examples:
   goccl-run -np 4 ./train -epochs 3
   go build -o train ./cmd/train && goccl-run -np 2 -grace 10s -- ./train -v
+  goccl-run -np 8 -dump /tmp/flight ./train; goccl-run -analyze /tmp/flight
 
 Flags:
 `
@@ -43,6 +55,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("goccl-run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	np := fs.Int("np", 0, "number of ranks to start (required, at least 1)")
+	dumpDir := fs.String("dump", "", "directory for the ranks' flight recorders (GOCCL_DEBUG_DUMP); default: $GOCCL_DEBUG_DUMP, else a temporary one kept only if the job fails")
+	analyze := fs.String("analyze", "", "analyze the flight recorders in this directory and exit (no job is run)")
 	grace := fs.Duration("grace", launch.DefaultGrace, "how long ranks have to exit after SIGTERM before SIGKILL")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), usageText)
@@ -53,6 +67,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 0
 		}
 		return 2
+	}
+	if *analyze != "" {
+		return analyzeDir(*analyze, stdout, stderr)
 	}
 	if *np < 1 {
 		fmt.Fprintf(stderr, "goccl-run: -np is %d: expected the number of ranks, at least 1 (e.g. goccl-run -np 4 ./train); see goccl-run -h\n", *np)
@@ -82,19 +99,69 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 	}()
 
+	// Every rank writes its flight recorder here when its communicator
+	// aborts, and on the SIGUSR1 sent to the survivors when a rank fails.
+	dir, temp := *dumpDir, false
+	if dir == "" {
+		dir = os.Getenv("GOCCL_DEBUG_DUMP")
+	}
+	if dir == "" {
+		d, err := os.MkdirTemp("", "goccl-flight-")
+		if err != nil {
+			fmt.Fprintf(stderr, "goccl-run: %v\n", err)
+			return 1
+		}
+		dir, temp = d, true
+	}
 	err := launch.Run(ctx, launch.Options{
-		NP:      *np,
-		Program: fs.Arg(0),
-		Args:    fs.Args()[1:],
-		Stdout:  stdout,
-		Stderr:  stderr,
-		Grace:   *grace,
+		NP:         *np,
+		Program:    fs.Arg(0),
+		Args:       fs.Args()[1:],
+		Env:        []string{"GOCCL_DEBUG_DUMP=" + dir},
+		Stdout:     stdout,
+		Stderr:     stderr,
+		Grace:      *grace,
+		DumpSignal: syscall.SIGUSR1,
+		DumpWait:   500 * time.Millisecond,
 	})
 	if err == nil {
+		if temp {
+			os.RemoveAll(dir)
+		}
 		return 0
 	}
 	fmt.Fprintf(stderr, "goccl-run: %v\n", err)
+	if dumps, derr := flight.ReadDir(dir); derr == nil && len(dumps) > 0 {
+		f := flight.Analyze(dumps)
+		fmt.Fprintf(stderr, "goccl-run: flight recorders of %d ranks in %s: %s\n", len(dumps), dir, f.Summary)
+	} else if temp {
+		os.RemoveAll(dir)
+	}
 	return exitStatus(err)
+}
+
+// analyzeDir is goccl-run -analyze DIR.
+func analyzeDir(dir string, stdout, stderr io.Writer) int {
+	dumps, err := flight.ReadDir(dir)
+	if err != nil {
+		fmt.Fprintf(stderr, "goccl-run: %v\n", err)
+		return 1
+	}
+	if len(dumps) == 0 {
+		fmt.Fprintf(stderr, "goccl-run: no flight recorders (goccl-flight-rank*.json) in %s\n", dir)
+		return 1
+	}
+	var ranks []string
+	for _, d := range dumps {
+		ranks = append(ranks, fmt.Sprintf("%d (%s, %d ops)", d.Rank, d.Reason, len(d.Ops)))
+	}
+	fmt.Fprintf(stdout, "flight recorders: ranks %s\n", strings.Join(ranks, ", "))
+	f := flight.Analyze(dumps)
+	fmt.Fprintln(stdout, f.Summary)
+	if f.Kind != "none" {
+		return 3
+	}
+	return 0
 }
 
 // exitStatus maps Run's error to goccl-run's exit status.

@@ -199,3 +199,31 @@ func TestBuiltBinary(t *testing.T) {
 	// The first rank to fail stops the other, possibly before it printed.
 	require.Contains(t, stdout, "] hi\n")
 }
+
+// TestFlightRecordersNameTheCulprit runs a real goccl job whose rank 1
+// hangs or calls the wrong collective; goccl-run gathers every rank's
+// flight recorder and its analysis names rank 1.
+func TestFlightRecordersNameTheCulprit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a goccl program; skipped in -short mode")
+	}
+	job := filepath.Join(t.TempDir(), "flightjob")
+	build := exec.Command("go", "build", "-o", job, "./testdata/flightjob")
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	for _, c := range []struct{ mode, want string }{
+		{"hang", "rank(s) [1] never arrived at operation #1 allreduce(float32×1024, sum)"},
+		{"mismatch", "ranks [0 2] called allreduce(float32×1024, sum); ranks [1] called broadcast(float32×1024, root 0)"},
+	} {
+		t.Run(c.mode, func(t *testing.T) {
+			dir := t.TempDir()
+			code, _, stderr := result(t, gocclRun(t, "-np", "3", "-dump", dir, job, c.mode))
+			require.NotEqual(t, 0, code)
+			require.Contains(t, stderr, "flight recorders of 3 ranks in "+dir, stderr)
+			require.Contains(t, stderr, c.want, stderr)
+			code, stdout, _ := result(t, gocclRun(t, "-analyze", dir))
+			require.Equal(t, 3, code)
+			require.Contains(t, stdout, c.want)
+		})
+	}
+}

@@ -53,6 +53,11 @@ type Options struct {
 	// Grace is how long to wait after SIGTERM before SIGKILL; zero means
 	// DefaultGrace.
 	Grace time.Duration
+	// DumpSignal, when not zero, is sent to every rank still running when
+	// another fails, DumpWait before they are stopped, so that they can
+	// write diagnostics (goccl's flight recorder dumps on SIGUSR1).
+	DumpSignal syscall.Signal
+	DumpWait   time.Duration
 }
 
 // ExitError is Run's error when a rank failed: the first rank, by time, to
@@ -229,6 +234,12 @@ func (j *job) run(ctx context.Context) error {
 	stop := func(cause error) {
 		result = cause
 		stopping = true
+		if j.o.DumpSignal != 0 && done != nil && ctx.Err() == nil {
+			for _, c := range j.cmds {
+				c.Process.Signal(j.o.DumpSignal) // ranks that have exited just refuse it
+			}
+			time.Sleep(j.o.DumpWait)
+		}
 		done = nil
 		j.signalAll(syscall.SIGTERM)
 		kill = time.NewTimer(j.o.Grace)

@@ -1,0 +1,40 @@
+// flightjob is a goccl job that goes wrong on purpose, for goccl-run's
+// flight recorder test: every rank runs one all-reduce, then rank 1
+// stops taking part (hang) or calls a broadcast instead (mismatch).
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/goccl/goccl/collective"
+)
+
+func main() {
+	ctx := context.Background()
+	c, err := collective.InitFromEnv(ctx, collective.WithTimeout(2*time.Second))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	defer c.Close()
+	buf := make([]float32, 1024)
+	if err := collective.AllReduce(ctx, c, buf, buf, collective.Sum); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	switch {
+	case c.Rank() == 1 && os.Args[1] == "hang":
+		time.Sleep(time.Hour)
+	case c.Rank() == 1 && os.Args[1] == "mismatch":
+		err = collective.Broadcast(ctx, c, buf, buf, 0)
+	default:
+		err = collective.AllReduce(ctx, c, buf, buf, collective.Sum)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
