@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -46,6 +47,7 @@ type Comm struct {
 	cseq   uint64              // collectives issued (the engine's sequence numbers)
 	flight [flightOps]*Request // the flight recorder: the last operations, by seq
 	dumped sync.Once           // the dump on a failure is written once
+	opLog  *slog.Logger        // TRACE per operation, nil when off
 	wg     sync.WaitGroup      // goroutines of asynchronous operations
 
 	// The watchdog enforces Config.Timeout without a timer per operation:
@@ -154,6 +156,7 @@ func newLocalGroup(n int, opts []Option) ([]*Comm, *mem.Network, error) {
 			return nil, nil, err
 		}
 		comms[r] = c
+		c.logReady()
 	}
 	return comms, nw, nil
 }
@@ -173,6 +176,9 @@ func newComm(rank, size int, cfg Config, ep transport.Endpoint, link algorithms.
 	c.ctx, c.cancel = context.WithCancelCause(context.Background())
 	go c.watch()
 	registerDump(c)
+	if l := c.logger(SubsysColl); l.Enabled(context.Background(), LevelTrace) {
+		c.opLog = l
+	}
 	return c, nil
 }
 
@@ -483,6 +489,7 @@ func (c *Comm) exec(ctx context.Context, k *call, r *Request, prev *Request) err
 	defer c.op.Store(nil)
 
 	pl, err := c.eng.Run(ctx, &k.op)
+	c.logOp(r, pl, err)
 	if err == nil {
 		if cause := c.endCause(); cause != nil {
 			// Aborted while running: the contract is that pending

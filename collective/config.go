@@ -2,6 +2,7 @@ package collective
 
 import (
 	"fmt"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -76,6 +77,12 @@ type Config struct {
 	// (parking and waking a thread costs tens of microseconds); 0 means
 	// DefaultSpin, a negative value never polls.
 	Spin time.Duration
+	// DebugLevel is the level of goccl's log on stderr (GOCCL_DEBUG: WARN
+	// by default, INFO for a summary of each new communicator, TRACE for a
+	// line per operation).
+	DebugLevel slog.Level
+	// debugSubsys is the set of subsystems logged (GOCCL_DEBUG_SUBSYS).
+	debugSubsys map[string]bool
 	// DebugDump, when set, is a directory: on a timeout or an abort each
 	// rank writes its flight recorder there as JSON (package flight), and
 	// on SIGUSR1 every communicator of the process does. Comm.DebugDump
@@ -206,9 +213,11 @@ const (
 	EnvNSocks      = "GOCCL_NSOCKS"        // TCP sockets per connection, 1..64
 	EnvSocketIf    = "GOCCL_SOCKET_IFNAME"
 	EnvHostID      = "GOCCL_HOSTID"
-	EnvSpin        = "GOCCL_SPIN"       // a duration ("1ms", "200us"); 0 never polls
-	EnvTransport   = "GOCCL_TRANSPORT"  // auto, tcp or shm
-	EnvDebugDump   = "GOCCL_DEBUG_DUMP" // a directory for flight recorder dumps
+	EnvSpin        = "GOCCL_SPIN"         // a duration ("1ms", "200us"); 0 never polls
+	EnvTransport   = "GOCCL_TRANSPORT"    // auto, tcp or shm
+	EnvDebugDump   = "GOCCL_DEBUG_DUMP"   // a directory for flight recorder dumps
+	EnvDebug       = "GOCCL_DEBUG"        // WARN, INFO, DEBUG, TRACE or NONE
+	EnvDebugSubsys = "GOCCL_DEBUG_SUBSYS" // INIT,COLL,NET or ALL; ^ excludes
 )
 
 // resolve builds the Config: defaults, then the environment, then
@@ -320,6 +329,16 @@ func fromEnv(lookup func(string) (string, bool)) (Config, error) {
 	if v, ok := lookup(EnvDebugDump); ok {
 		c.DebugDump = strings.TrimSpace(v)
 	}
+	v, _ := lookup(EnvDebug)
+	lvl, _, err := parseLevel(v)
+	if err != nil {
+		return c, bad(EnvDebug, v, "WARN, INFO, DEBUG, TRACE or NONE")
+	}
+	c.DebugLevel = lvl
+	v, _ = lookup(EnvDebugSubsys)
+	if c.debugSubsys, err = parseSubsys(v); err != nil {
+		return c, bad(EnvDebugSubsys, v, "a list of INIT, COLL, NET or ALL, optionally after ^")
+	}
 	if v, ok := lookup(EnvTransport); ok && v != "" {
 		c.Transport = strings.ToLower(strings.TrimSpace(v))
 		if c.Transport != TransportAuto && c.Transport != TransportTCP && c.Transport != TransportShm {
@@ -411,6 +430,9 @@ func (c Config) validate() error {
 }
 
 func (c Config) withDefaults() Config {
+	if c.debugSubsys == nil {
+		c.debugSubsys, _ = parseSubsys("")
+	}
 	if c.Timeout == 0 {
 		c.Timeout = DefaultTimeout
 	}

@@ -107,3 +107,22 @@ func TestTypesAndOps(t *testing.T) {
 	require.Equal(t, float32(-2), collective.BFloat16From(-2).Float32())
 	require.True(t, errors.Is(&collective.ArgError{}, collective.ErrInvalidArgument))
 }
+
+func TestDebugLevelAndSubsystems(t *testing.T) {
+	env := func(kv ...string) func(string) (string, bool) {
+		m := map[string]string{}
+		for i := 0; i+1 < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+	}
+	_, err := collective.NewLocalGroup(1, collective.WithEnv(env("GOCCL_DEBUG", "LOUD")))
+	require.ErrorContains(t, err, "GOCCL_DEBUG")
+	_, err = collective.NewLocalGroup(1, collective.WithEnv(env("GOCCL_DEBUG_SUBSYS", "INIT,DISK")))
+	require.ErrorContains(t, err, "DISK")
+	for _, v := range []string{"WARN", "info", "TRACE", "NONE"} {
+		comms, err := collective.NewLocalGroup(1, collective.WithEnv(env("GOCCL_DEBUG", v, "GOCCL_DEBUG_SUBSYS", "^NET")))
+		require.NoError(t, err, v)
+		comms[0].Close()
+	}
+}

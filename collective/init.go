@@ -311,6 +311,7 @@ func initProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, l
 	}
 	c.peers = table.Peers
 	c.routes = route
+	c.logReady()
 	return c, nil
 }
 

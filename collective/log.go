@@ -1,0 +1,150 @@
+package collective
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"sort"
+	"strings"
+
+	"github.com/goccl/goccl/algorithms"
+	"github.com/goccl/goccl/internal/engine"
+	"github.com/goccl/goccl/internal/kernels"
+)
+
+// LevelTrace is below slog's Debug: one line per operation.
+const LevelTrace = slog.LevelDebug - 4
+
+// Logging subsystems, for GOCCL_DEBUG_SUBSYS (as NCCL_DEBUG_SUBSYS).
+const (
+	SubsysInit = "INIT" // communicator creation: peers, transports, plans
+	SubsysColl = "COLL" // each operation (at TRACE)
+	SubsysNet  = "NET"  // transports
+)
+
+// parseLevel reads GOCCL_DEBUG: WARN (the default), INFO, DEBUG, TRACE,
+// or NONE.
+func parseLevel(v string) (slog.Level, bool, error) {
+	switch strings.ToUpper(strings.TrimSpace(v)) {
+	case "", "WARN":
+		return slog.LevelWarn, true, nil
+	case "INFO":
+		return slog.LevelInfo, true, nil
+	case "DEBUG":
+		return slog.LevelDebug, true, nil
+	case "TRACE":
+		return LevelTrace, true, nil
+	case "NONE", "OFF":
+		return slog.LevelError + 4, false, nil
+	}
+	return 0, false, fmt.Errorf("want WARN, INFO, DEBUG, TRACE or NONE")
+}
+
+// parseSubsys reads GOCCL_DEBUG_SUBSYS: a comma-separated list of INIT,
+// COLL, NET or ALL; a leading ^ excludes the listed ones instead.
+func parseSubsys(v string) (map[string]bool, error) {
+	v = strings.ToUpper(strings.TrimSpace(v))
+	all := []string{SubsysInit, SubsysColl, SubsysNet}
+	out := map[string]bool{}
+	if v == "" || v == "ALL" {
+		for _, s := range all {
+			out[s] = true
+		}
+		return out, nil
+	}
+	exclude := strings.HasPrefix(v, "^")
+	if exclude {
+		for _, s := range all {
+			out[s] = true
+		}
+		v = v[1:]
+	}
+	for _, f := range strings.Split(v, ",") {
+		f = strings.TrimSpace(f)
+		known := f == "ALL"
+		for _, s := range all {
+			known = known || f == s
+		}
+		if !known {
+			return nil, fmt.Errorf("unknown subsystem %q (want INIT, COLL, NET or ALL)", f)
+		}
+		if f == "ALL" {
+			for _, s := range all {
+				out[s] = !exclude
+			}
+			continue
+		}
+		out[f] = !exclude
+	}
+	return out, nil
+}
+
+// logger is a communicator's logger for one subsystem: text on stderr at
+// Config.DebugLevel, or a logger that drops everything when the subsystem
+// is off.
+func (c *Comm) logger(subsys string) *slog.Logger {
+	if !c.cfg.debugSubsys[subsys] {
+		return slog.New(discardHandler{})
+	}
+	h := slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: c.cfg.DebugLevel, ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+		if a.Key == slog.LevelKey && a.Value.Any() == LevelTrace {
+			a.Value = slog.StringValue("TRACE")
+		}
+		return a
+	}})
+	return slog.New(h).With("subsys", subsys, "rank", c.rank)
+}
+
+type discardHandler struct{}
+
+func (discardHandler) Enabled(context.Context, slog.Level) bool  { return false }
+func (discardHandler) Handle(context.Context, slog.Record) error { return nil }
+func (d discardHandler) WithAttrs([]slog.Attr) slog.Handler      { return d }
+func (d discardHandler) WithGroup(string) slog.Handler           { return d }
+
+// logReady writes the INFO summary of a new communicator: ranks, hosts,
+// transports to the peers, and the algorithms the tuner picks for a small
+// and a large all-reduce.
+func (c *Comm) logReady() {
+	log := c.logger(SubsysInit)
+	if !log.Enabled(context.Background(), slog.LevelInfo) {
+		return
+	}
+	hosts := map[string]bool{}
+	for _, p := range c.peers {
+		hosts[p.HostID] = true
+	}
+	counts := map[string]int{}
+	for r, t := range c.routes {
+		if r != c.rank {
+			counts[t]++
+		}
+	}
+	if c.routes == nil && c.size > 1 {
+		counts[c.transport] = c.size - 1
+	}
+	var tr []string
+	for t, n := range counts {
+		tr = append(tr, fmt.Sprintf("%s:%d", t, n))
+	}
+	sort.Strings(tr)
+	algo := func(bytes int) string {
+		pl, err := c.eng.Plan(&engine.Op{Coll: algorithms.CollAllReduce, Type: kernels.Float32, Red: kernels.Sum, Count: bytes / 4})
+		if err != nil {
+			return "?"
+		}
+		return fmt.Sprintf("%v/%dch", pl.Algo, pl.Channels)
+	}
+	log.Info("goccl: communicator ready", "nranks", c.size, "hosts", max(1, len(hosts)), "transports", strings.Join(tr, ","),
+		"allreduce_8B", algo(8), "allreduce_64MiB", algo(64<<20), "timeout", c.cfg.Timeout)
+}
+
+// logOp writes one TRACE line per operation (COLL).
+func (c *Comm) logOp(r *Request, pl engine.Plan, err error) {
+	if c.opLog == nil {
+		return
+	}
+	c.opLog.Log(context.Background(), LevelTrace, "goccl: op", "op", r.name, "seq", r.cseq, "count", r.count,
+		"algo", pl.Algo.String(), "channels", pl.Channels, "err", err)
+}
