@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/goccl/goccl/algorithms"
 	"github.com/goccl/goccl/collective"
 	"github.com/goccl/goccl/flight"
 )
@@ -140,5 +141,45 @@ func TestBlockingCallsDoNotAllocate(t *testing.T) {
 	require.Len(t, d.Ops, 256)
 	for i := 1; i < len(d.Ops); i++ {
 		require.Equal(t, d.Ops[i-1].Seq+1, d.Ops[i].Seq)
+	}
+}
+
+// TestMismatchErrorNamesBothCalls: the slice header (tag signature)
+// encodes collective, type, operator, algorithm and channels, so the rank
+// that receives a slice of another operation names the sender's call and
+// its own.
+func TestMismatchErrorNamesBothCalls(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		odd  func(c *collective.Comm, buf []float32) error
+		want string
+	}{
+		{"collective", func(c *collective.Comm, buf []float32) error {
+			return collective.Broadcast(context.Background(), c, buf, buf, 0)
+		}, "the ranks called different operations: it called "},
+		{"operator", func(c *collective.Comm, buf []float32) error {
+			return collective.AllReduce(context.Background(), c, buf, buf, collective.Max)
+		}, "called allreduce(float32, "},
+		{"count", func(c *collective.Comm, buf []float32) error {
+			return collective.AllReduce(context.Background(), c, buf[:100], buf[:100], collective.Sum)
+		}, "both called allreduce(float32, sum), with a different count, root or slot setting"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			comms, _ := newNet(t, 2, collective.WithAlgorithm(algorithms.Ring))
+			errs := runRanks(t, comms, func(r int, cm *collective.Comm) error {
+				buf := make([]float32, 1000)
+				if r == 1 {
+					return c.odd(cm, buf)
+				}
+				return collective.AllReduce(context.Background(), cm, buf, buf, collective.Sum)
+			})
+			found := false
+			for r, err := range errs {
+				require.Error(t, err, "rank %d", r)
+				found = found || bytes.Contains([]byte(err.Error()), []byte(c.want))
+				t.Logf("rank %d: %v", r, err)
+			}
+			require.True(t, found, "no rank's error says %q", c.want)
+		})
 	}
 }

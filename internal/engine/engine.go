@@ -253,10 +253,15 @@ func unwrittenAfter(s *algorithms.Schedule) []bool {
 	return out
 }
 
-// signature hashes (FNV-1a) what the ranks of an operation must agree on.
-// Send and Recv hash alike and leave out the peer, which is the other
-// rank on each side; collectives without a reduction or a root leave those
-// out, since their values are not required to match.
+// signature is the operation header every slice carries (in its tag):
+// what the ranks of an operation must agree on, encoded so that a rank
+// that receives a slice of a different operation can say what the sender
+// was doing. Bits 0-3: collective; 4-7: element type; 8-10: operator;
+// 11-13: algorithm; 14-19: channels-1; 20-31: a hash (FNV-1a) of the
+// count, the root and the slicing. Send and Recv encode alike and leave
+// out the peer, which is the other rank on each side; collectives without
+// a reduction or a root leave those out, since their values need not
+// match.
 func signature(op *Op, pl algorithms.Plan, pieces, slice int) uint32 {
 	coll, red, root := op.Coll, op.Red, op.Root
 	switch coll {
@@ -269,14 +274,52 @@ func signature(op *Op, pl algorithms.Plan, pieces, slice int) uint32 {
 		red = 0
 	}
 	h := uint32(2166136261)
-	for _, v := range []uint64{uint64(coll), uint64(op.Type), uint64(red), uint64(op.Count), uint64(root),
-		uint64(pl.Algo), uint64(pl.Channels), uint64(pieces), uint64(slice)} {
+	for _, v := range []uint64{uint64(op.Count), uint64(root), uint64(pieces), uint64(slice)} {
 		for i := 0; i < 8; i++ {
 			h ^= uint32(v >> (8 * i) & 0xff)
 			h *= 16777619
 		}
 	}
-	return h
+	return uint32(coll)&0xf | uint32(op.Type)&0xf<<4 | uint32(red)&0x7<<8 | uint32(pl.Algo)&0x7<<11 |
+		uint32(pl.Channels-1)&0x3f<<14 | (h^h>>12^h>>24)&0xfff<<20
+}
+
+// sigFields decodes a signature's leading fields.
+type sigFields struct {
+	coll     algorithms.Collective
+	typ      kernels.Type
+	red      kernels.Op
+	algo     algorithms.Algorithm
+	channels int
+	rest     uint32
+}
+
+func decodeSig(s uint32) sigFields {
+	return sigFields{coll: algorithms.Collective(s & 0xf), typ: kernels.Type(s >> 4 & 0xf), red: kernels.Op(s >> 8 & 0x7),
+		algo: algorithms.Algorithm(s >> 11 & 0x7), channels: int(s>>14&0x3f) + 1, rest: s >> 20}
+}
+
+func (f sigFields) call() string {
+	s := fmt.Sprintf("%v(%v", f.coll, f.typ)
+	if f.coll.Reduces() {
+		s += ", " + f.red.String()
+	}
+	return s + ")"
+}
+
+// describe says how two signatures differ.
+func describeMismatch(got, want uint32) string {
+	g, w := decodeSig(got), decodeSig(want)
+	switch {
+	case g.coll != w.coll || g.typ != w.typ || g.red != w.red:
+		return fmt.Sprintf("it called %s, this rank %s", g.call(), w.call())
+	case g.algo != w.algo || g.channels != w.channels:
+		return fmt.Sprintf("both called %s, but with %v on %d channels against this rank's %v on %d (different settings: GOCCL_ALGO, GOCCL_NCHANNELS?)",
+			w.call(), g.algo, g.channels, w.algo, w.channels)
+	case g.rest != w.rest:
+		return fmt.Sprintf("both called %s, with a different count, root or slot setting", w.call())
+	}
+	return "same call, out of order"
 }
 
 // Slicing of small blocks; see plan.
@@ -490,6 +533,13 @@ type MismatchError struct {
 }
 
 func (e *MismatchError) Error() string {
-	return fmt.Sprintf("rank %d sent %d bytes as %v, this rank expected %d bytes as %v: the ranks disagree about the operation (different collective, type, operator, count, root, configuration or order)",
-		e.Peer, e.GotBytes, e.Got, e.WantBytes, e.Want)
+	what := "the ranks disagree about the operation"
+	switch {
+	case e.Got.Sig != e.Want.Sig:
+		what = "the ranks called different operations: " + describeMismatch(e.Got.Sig, e.Want.Sig)
+	case e.Got.Op != e.Want.Op:
+		what = "the ranks are at different operations (one issued more collectives than the other)"
+	}
+	return fmt.Sprintf("rank %d sent %d bytes as %v, this rank expected %d bytes as %v: %s",
+		e.Peer, e.GotBytes, e.Got, e.WantBytes, e.Want, what)
 }
