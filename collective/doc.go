@@ -47,21 +47,37 @@
 // root are caught by a signature every slice carries (ErrMismatch), at the
 // first slice a rank receives from a disagreeing peer: in the operation
 // itself, or, when the disagreement leaves nobody receiving (every rank a
-// broadcast root), in the next one. Once an
+// broadcast root), in the next one. The signature encodes the collective,
+// type, operator, algorithm and channels, so the error names what both
+// ranks called. Once an
 // operation has started, any failure (its context cancelled, the timeout,
 // a peer that aborted or died, disagreeing ranks) returns an *OpError that
 // names this rank, the operation and its sequence number, and the peer it
 // was waiting for; it also aborts the communicator, which makes the
 // peers' dependent operations fail promptly instead of hanging. Every
 // operation is bounded by Config.Timeout (default 10 minutes) as well as
-// its context.
+// its context; a timeout says, per channel, the step and the peer it was
+// at.
+//
+// # Diagnostics
+//
+// Each communicator keeps a flight recorder of its last 256 operations
+// (package flight): Comm.DebugDump writes it as JSON, and with
+// Config.DebugDump (GOCCL_DEBUG_DUMP) set to a directory every rank writes
+// it there when its communicator aborts or times out, and on SIGUSR1.
+// flight.Analyze (goccl-run does it for a failed job) names the first
+// operation where the ranks called different collectives, or the rank
+// that never arrived. GOCCL_DEBUG=INFO logs a summary of each new
+// communicator on stderr (log/slog), TRACE a line per operation;
+// GOCCL_DEBUG_SUBSYS picks INIT, COLL or NET.
 //
 // # Configuration
 //
 // Config, set with Options, has a zero value meaning defaults. The
 // environment variables GOCCL_ALGO, GOCCL_NCHANNELS, GOCCL_MAX_NCHANNELS,
 // GOCCL_CHUNK_SIZE, GOCCL_TIMEOUT, GOCCL_INIT_TIMEOUT, GOCCL_NSOCKS,
-// GOCCL_SOCKET_IFNAME, GOCCL_HOSTID and GOCCL_SPIN are read once, when a
+// GOCCL_SOCKET_IFNAME, GOCCL_HOSTID, GOCCL_SPIN, GOCCL_TRANSPORT,
+// GOCCL_DEBUG, GOCCL_DEBUG_SUBSYS and GOCCL_DEBUG_DUMP are read once, when a
 // communicator is made; options override them; an invalid value is an
 // error. The launchers' variables are read by InitFromEnv only.
 //
