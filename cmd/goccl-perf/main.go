@@ -316,7 +316,25 @@ func plotCmd(args []string) int {
 			"(goccl-perf's, nccl-tests' or the baseline tools' output), labelled by its name.")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	// Flags may follow the files (goccl-perf plot a.json b.json -o c.png):
+	// move them first, for the flag package.
+	var flagArgs, files []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "-o" || a == "--o" || a == "-title" || a == "--title":
+			flagArgs = append(flagArgs, a)
+			if i+1 < len(args) {
+				flagArgs = append(flagArgs, args[i+1])
+				i++
+			}
+		case strings.HasPrefix(a, "-") && a != "-":
+			flagArgs = append(flagArgs, a)
+		default:
+			files = append(files, a)
+		}
+	}
+	if err := fs.Parse(append(flagArgs, files...)); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}

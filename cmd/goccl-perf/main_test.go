@@ -100,7 +100,7 @@ func TestJSONPlotAndOverlay(t *testing.T) {
 	txt := filepath.Join(dir, "run.txt")
 	require.NoError(t, os.WriteFile(txt, []byte(out), 0o644))
 	cmp := filepath.Join(dir, "cmp.png")
-	pout, perrs, code := perf(t, "plot", "-o", cmp, js, txt)
+	pout, perrs, code := perf(t, "plot", js, txt, "-o", cmp) // flags after the files, as the README shows
 	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", pout, perrs)
 	f, err := os.Open(cmp)
 	require.NoError(t, err)
