@@ -12,6 +12,7 @@ import (
 	_ "unsafe" // for go:linkname
 
 	"github.com/goccl/goccl/algorithms"
+	"github.com/goccl/goccl/internal/bootstrap"
 	"github.com/goccl/goccl/internal/engine"
 	"github.com/goccl/goccl/internal/kernels"
 	"github.com/goccl/goccl/internal/wire"
@@ -48,7 +49,13 @@ type Comm struct {
 	flight [flightOps]*Request // the flight recorder: the last operations, by seq
 	dumped sync.Once           // the dump on a failure is written once
 	opLog  *slog.Logger        // TRACE per operation, nil when off
-	wg     sync.WaitGroup      // goroutines of asynchronous operations
+
+	// The bootstrap watch (watch.go); nil in a local group.
+	rootWatch *bootstrap.Watch
+	watchExit chan struct{}
+	notified  atomic.Bool    // the abort came from the root's notice
+	told      sync.Once      // the root is told of this rank's abort once
+	wg        sync.WaitGroup // goroutines of asynchronous operations
 
 	// The watchdog enforces Config.Timeout without a timer per operation:
 	// the operation in flight (one at a time) publishes its Request in op,
@@ -232,6 +239,7 @@ func (c *Comm) abort(cause error) {
 	c.cancel(&abortedError{cause: cause})
 	c.ended.Store(true)
 	c.ep.Close(cause)
+	c.told.Do(func() { c.tellRoot(cause) })
 }
 
 // Close waits for this rank's pending operations to finish, then releases
@@ -261,6 +269,7 @@ func (c *Comm) Close() error {
 	c.mu.Unlock()
 	<-c.watchDone
 	unregisterDump(c)
+	c.leaveWatch()
 	c.ep.Close(nil)
 	c.cancel(ErrClosed)
 	c.ended.Store(true)

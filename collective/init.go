@@ -99,7 +99,7 @@ func NewUniqueID(opts ...Option) (UniqueID, error) {
 		return UniqueID{}, err
 	}
 	r, err := bootstrap.StartRoot(net.JoinHostPort(addrs[0].Host(), "0"), bootstrap.RootOptions{
-		Secret: id.secret[:], Version: Version, Timeout: cfg.InitTimeout})
+		Secret: id.secret[:], Version: Version, Timeout: cfg.InitTimeout, Watch: true})
 	if err != nil {
 		return UniqueID{}, err
 	}
@@ -216,10 +216,15 @@ func initProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, l
 	}
 	info := wire.PeerInfo{Rank: uint32(rank), NRanks: uint32(nranks), PID: uint32(os.Getpid()),
 		HostID: hostID, DataAddr: ln.Addr().String(), Version: Version, Topology: summary.encode()}
-	table, err := bootstrap.Join(ctx, id.addr, id.secret[:], info)
+	table, watch, err := bootstrap.JoinWatch(ctx, id.addr, id.secret[:], info)
 	if err != nil {
 		closeListeners()
 		return fail(err)
+	}
+	baseFail := fail
+	fail = func(err error) (*Comm, error) {
+		watch.Close()
+		return baseFail(err)
 	}
 	route, anyTCP, err := routes(table.Peers, rank, mode)
 	if err != nil {
@@ -311,6 +316,7 @@ func initProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, l
 	}
 	c.peers = table.Peers
 	c.routes = route
+	c.startWatch(watch)
 	c.logReady()
 	return c, nil
 }
@@ -360,7 +366,7 @@ func InitFromEnv(ctx context.Context, opts ...Option) (*Comm, error) {
 		if env.Rank == 0 {
 			_, port, _ := net.SplitHostPort(env.Root)
 			r, err := bootstrap.StartRoot(net.JoinHostPort("", port), bootstrap.RootOptions{
-				Secret: id.secret[:], Version: Version, Timeout: cfg.InitTimeout})
+				Secret: id.secret[:], Version: Version, Timeout: cfg.InitTimeout, Watch: true})
 			if err != nil {
 				return nil, fmt.Errorf("goccl: rank 0 hosts the root at %s: %w", env.Root, err)
 			}

@@ -256,6 +256,28 @@ func TestMultiProcessKilledRank(t *testing.T) {
 	}
 }
 
+// TestMultiProcessIdleRankDeath: a rank dies while every rank is idle;
+// the others learn it through the bootstrap root's watch within 3 s.
+func TestMultiProcessIdleRankDeath(t *testing.T) {
+	const n, victim = 4, 3 // not rank 0, which hosts the root
+	res := spawn(t, "idlekill", gocclEnvs(t, n, "GOCCL_TEST_VICTIM="+strconv.Itoa(victim)), nil)
+	for _, r := range res {
+		if r.rank == victim {
+			require.NotEqual(t, 0, r.code)
+			continue
+		}
+		require.Equal(t, 0, r.code, "rank %d:\n%s\nall: %+v", r.rank, r.output, res)
+		rest, ok := strings.CutPrefix(strings.TrimSpace(r.output), "learned after ")
+		require.True(t, ok, r.output)
+		tok, _, _ := strings.Cut(rest, ":")
+		d, err := time.ParseDuration(tok)
+		require.NoError(t, err, r.output)
+		t.Logf("rank %d: %s", r.rank, strings.TrimSpace(r.output))
+		require.Greater(t, d, 100*time.Millisecond, "the victim sleeps 200 ms before it dies")
+		require.Less(t, d, 3*time.Second, "rank %d", r.rank)
+	}
+}
+
 func TestMultiProcessMissingRank(t *testing.T) {
 	envs := gocclEnvs(t, 3)
 	for r := range envs {
@@ -396,6 +418,29 @@ func childMain(scenario string) int {
 		if err != nil {
 			return fail("%v", err)
 		}
+	case "idlekill":
+		// Every rank is idle when the victim dies; the others must learn
+		// it from the root within 3 s (their contexts end, naming it).
+		victim, _ := strconv.Atoi(os.Getenv("GOCCL_TEST_VICTIM"))
+		if err := c.Barrier(ctx); err != nil {
+			return fail("barrier: %v", err)
+		}
+		if c.Rank() == victim {
+			time.Sleep(200 * time.Millisecond)
+			syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		}
+		start := time.Now()
+		select {
+		case <-c.Context().Done():
+		case <-time.After(20 * time.Second):
+			return fail("no news of rank %d's death after 20 s", victim)
+		}
+		cause := context.Cause(c.Context())
+		if !strings.Contains(cause.Error(), fmt.Sprintf("rank %d", victim)) {
+			return fail("the cause does not name rank %d: %v", victim, cause)
+		}
+		fmt.Printf("learned after %v: %v\n", time.Since(start), cause)
+		return 0
 	case "kill":
 		victim, _ := strconv.Atoi(os.Getenv("GOCCL_TEST_VICTIM"))
 		buf := make([]float32, 2<<20)

@@ -22,6 +22,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -53,6 +54,13 @@ type RootOptions struct {
 	Version string        // the library version ranks must have
 	Timeout time.Duration // how long to serve at most; 0 means DefaultRootTimeout
 	Logger  *slog.Logger  // nil means slog.Default()
+	// Watch keeps every rank's connection after the table, as a failure
+	// detector: a rank that aborts says so (Watch.Abort) and the root
+	// tells every other rank; a rank whose connection closes without a
+	// goodbye (Watch.Bye) has died, and the root tells the others that.
+	// Every rank must then join with JoinWatch. The root serves until
+	// every rank has said goodbye or gone, or until Close.
+	Watch bool
 }
 
 // Root serves one job's rendezvous.
@@ -75,6 +83,12 @@ type Root struct {
 	finished bool
 	err      error
 	conns    map[net.Conn]struct{} // open connections, closed on finish
+
+	// Watch mode, after the table: which ranks said goodbye, aborted or
+	// went away.
+	watching bool
+	left     []bool // goodbye, abort or gone: no death notice for it
+	gone     int
 }
 
 type registration struct {
@@ -125,6 +139,12 @@ func (r *Root) Err() error {
 // for the root's goroutines and is idempotent.
 func (r *Root) Close() error {
 	r.fail(errors.New("the root was closed before every rank registered"))
+	r.mu.Lock()
+	r.watching = false // the connections end: the ranks just stop watching
+	for c := range r.conns {
+		c.Close()
+	}
+	r.mu.Unlock()
 	r.wg.Wait()
 	return nil
 }
@@ -202,19 +222,80 @@ func (r *Root) handle(c net.Conn) {
 		return
 	}
 	// Registered: wait for the table without a deadline, but notice if the
-	// rank goes away (its process died) before everyone has arrived.
+	// rank goes away (its process died) before everyone has arrived; in
+	// watch mode, keep reading its notices after the table.
 	c.SetDeadline(time.Time{})
-	var b [1]byte
-	_, err = c.Read(b[:])
-	r.mu.Lock()
-	finished := r.finished
-	r.mu.Unlock()
-	if !finished {
-		if err == nil {
-			err = errors.New("sent data while waiting for the table")
+	for {
+		typ, payload, err := handshake.ReadFrame(c, wire.MaxFrame)
+		r.mu.Lock()
+		finished, watching := r.finished, r.watching
+		r.mu.Unlock()
+		if !finished {
+			if err == nil {
+				err = errors.New("sent data while waiting for the table")
+			}
+			r.fail(fmt.Errorf("rank %d (pid %d on %s) left before every rank had registered: %v", info.Rank, info.PID, info.HostID, err))
+			return
 		}
-		r.fail(fmt.Errorf("rank %d (pid %d on %s) left before every rank had registered: %v", info.Rank, info.PID, info.HostID, err))
+		if !watching {
+			return
+		}
+		if err != nil {
+			r.rankGone(int(info.Rank), fmt.Errorf("its connection to the root closed without a goodbye (%v): its process exited or was killed", err))
+			return
+		}
+		switch typ {
+		case wire.FrameAbort:
+			a, _, err := wire.ParseAbort(payload)
+			if err != nil {
+				r.rankGone(int(info.Rank), fmt.Errorf("it sent a malformed abort notice: %v", err))
+				c.Close()
+				return
+			}
+			r.relay(wire.Abort{Rank: info.Rank, Reason: a.Reason})
+		case wire.FrameBye:
+			r.mu.Lock()
+			r.left[info.Rank] = true
+			r.mu.Unlock()
+		default:
+			r.rankGone(int(info.Rank), fmt.Errorf("it sent a %v frame to the root", typ))
+			c.Close()
+			return
+		}
 	}
+}
+
+// relay tells every rank but a.Rank that a.Rank failed, once.
+func (r *Root) relay(a wire.Abort) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.left[a.Rank] {
+		return
+	}
+	r.left[a.Rank] = true
+	frame := wire.AppendFrame(nil, wire.FrameAbort, a.Append(nil))
+	// Ranks in this process last: one of them may exit as soon as it hears
+	// the news, taking the root (and the notices not yet sent) with it.
+	self := uint32(os.Getpid())
+	for _, local := range []bool{false, true} {
+		for i, g := range r.regs {
+			if i == int(a.Rank) || g == nil || (g.info.PID == self) != local {
+				continue
+			}
+			g.conn.SetWriteDeadline(time.Now().Add(time.Second))
+			g.conn.Write(frame) // a rank that is gone already just misses it
+		}
+	}
+}
+
+// rankGone notes that a rank's watch connection ended; unless the rank
+// said goodbye or aborted, the others learn that it died. The root
+// finishes serving when every rank is gone.
+func (r *Root) rankGone(rank int, why error) {
+	r.relay(wire.Abort{Rank: uint32(rank), Died: true, Reason: why.Error()})
+	r.mu.Lock()
+	r.gone++
+	r.mu.Unlock()
 }
 
 func (r *Root) register(reg *registration) error {
@@ -312,6 +393,13 @@ func (r *Root) sendTableLocked() {
 		if _, err := g.conn.Write(frame); err != nil {
 			r.log.Warn("goccl: bootstrap root could not send the table", "rank", g.info.Rank, "err", err)
 		}
+		g.conn.SetWriteDeadline(time.Time{})
+	}
+	if r.opts.Watch {
+		r.watching = true
+		r.left = make([]bool, r.nranks)
+		r.finishRegistrationLocked(nil)
+		return
 	}
 	r.finishLocked(nil)
 }
@@ -335,12 +423,18 @@ func (r *Root) fail(err error) {
 }
 
 func (r *Root) finishLocked(err error) {
-	r.finished = true
-	r.err = err
-	r.ln.Close()
+	r.finishRegistrationLocked(err)
 	for c := range r.conns {
 		c.Close()
 	}
+}
+
+// finishRegistrationLocked ends the rendezvous: no more connections, no
+// more reports; the ranks' connections stay open (in watch mode).
+func (r *Root) finishRegistrationLocked(err error) {
+	r.finished = true
+	r.err = err
+	r.ln.Close()
 	if r.report != nil {
 		r.report.Stop()
 	}
@@ -353,8 +447,77 @@ func (r *Root) finishLocked(err error) {
 // up yet), and tells the root how long it will wait, so that the root can
 // name the ranks that never arrived before this rank gives up.
 func Join(ctx context.Context, addr string, secret []byte, info wire.PeerInfo) (wire.Table, error) {
+	t, c, err := join(ctx, addr, secret, info)
+	if c != nil {
+		c.Close()
+	}
+	return t, err
+}
+
+// JoinWatch is Join for a root in watch mode (RootOptions.Watch): the
+// connection stays open as a Watch.
+func JoinWatch(ctx context.Context, addr string, secret []byte, info wire.PeerInfo) (wire.Table, *Watch, error) {
+	t, c, err := join(ctx, addr, secret, info)
+	if err != nil {
+		if c != nil {
+			c.Close()
+		}
+		return t, nil, err
+	}
+	return t, &Watch{c: c}, nil
+}
+
+// Watch is a rank's end of its watched connection to the root.
+type Watch struct {
+	c  net.Conn
+	mu sync.Mutex // serialises writes
+}
+
+// Next waits for the root's next failure notice. It returns an error when
+// the connection ends (the root went away, or Close).
+func (w *Watch) Next() (wire.Abort, error) {
+	for {
+		typ, payload, err := handshake.ReadFrame(w.c, wire.MaxFrame)
+		if err != nil {
+			return wire.Abort{}, err
+		}
+		if typ != wire.FrameAbort {
+			return wire.Abort{}, fmt.Errorf("unexpected %v frame from the root", typ)
+		}
+		a, _, err := wire.ParseAbort(payload)
+		if err != nil {
+			return wire.Abort{}, fmt.Errorf("malformed abort notice from the root: %w", err)
+		}
+		return a, nil
+	}
+}
+
+// Abort tells the root (and through it every other rank) that this rank
+// aborts, and why. It waits at most a second.
+func (w *Watch) Abort(reason string) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.c.SetWriteDeadline(time.Now().Add(time.Second))
+	a := wire.Abort{Reason: reason}
+	return handshake.WriteFrame(w.c, wire.FrameAbort, a.Append(nil))
+}
+
+// Bye tells the root this rank leaves cleanly, then closes the connection.
+func (w *Watch) Bye() error {
+	w.mu.Lock()
+	w.c.SetWriteDeadline(time.Now().Add(time.Second))
+	err := handshake.WriteFrame(w.c, wire.FrameBye, nil)
+	w.mu.Unlock()
+	w.c.Close()
+	return err
+}
+
+// Close closes the connection without a goodbye.
+func (w *Watch) Close() error { return w.c.Close() }
+
+func join(ctx context.Context, addr string, secret []byte, info wire.PeerInfo) (wire.Table, net.Conn, error) {
 	if err := info.Validate(); err != nil {
-		return wire.Table{}, err
+		return wire.Table{}, nil, err
 	}
 	// The registration is built once the root has proved itself, so that
 	// the wait it announces is what is left now, not before the retries.
@@ -365,49 +528,52 @@ func Join(ctx context.Context, addr string, secret []byte, info wire.PeerInfo) (
 		return wire.FramePeerInfo, info.Append(nil)
 	})
 	if err != nil {
-		return wire.Table{}, err
+		return wire.Table{}, nil, err
 	}
-	defer c.Close()
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
-	defer stop()
+	defer func() {
+		if !stop() {
+			c.SetDeadline(time.Time{}) // ctx ended as we returned: undo its deadline
+		}
+	}()
 	c.SetDeadline(time.Time{})
 	if ctx.Err() != nil {
-		return wire.Table{}, context.Cause(ctx)
+		return wire.Table{}, c, context.Cause(ctx)
 	}
 	typ, payload, err := handshake.ReadFrame(c, wire.MaxFrame)
 	if err != nil {
 		if ctx.Err() != nil {
-			return wire.Table{}, fmt.Errorf("waiting for the other ranks at the root %s: %w", addr, context.Cause(ctx))
+			return wire.Table{}, c, fmt.Errorf("waiting for the other ranks at the root %s: %w", addr, context.Cause(ctx))
 		}
 		if errors.Is(err, io.EOF) {
 			err = errors.New("the root closed the connection (did its process exit?)")
 		}
-		return wire.Table{}, fmt.Errorf("waiting for the other ranks at the root %s: %w", addr, err)
+		return wire.Table{}, c, fmt.Errorf("waiting for the other ranks at the root %s: %w", addr, err)
 	}
 	switch typ {
 	case wire.FrameReject:
 		rej, _, err := wire.ParseReject(payload)
 		if err != nil {
-			return wire.Table{}, fmt.Errorf("malformed reject from the root: %w", err)
+			return wire.Table{}, c, fmt.Errorf("malformed reject from the root: %w", err)
 		}
-		return wire.Table{}, fmt.Errorf("the root refused: %s", rej.Reason)
+		return wire.Table{}, c, fmt.Errorf("the root refused: %s", rej.Reason)
 	case wire.FrameTable:
 	default:
-		return wire.Table{}, fmt.Errorf("expected the table from the root, got a %v frame", typ)
+		return wire.Table{}, c, fmt.Errorf("expected the table from the root, got a %v frame", typ)
 	}
 	t, _, err := wire.ParseTable(payload)
 	if err != nil {
-		return wire.Table{}, fmt.Errorf("malformed table from the root: %w", err)
+		return wire.Table{}, c, fmt.Errorf("malformed table from the root: %w", err)
 	}
 	if len(t.Peers) != int(info.NRanks) {
-		return wire.Table{}, fmt.Errorf("the root's table has %d ranks, want %d", len(t.Peers), info.NRanks)
+		return wire.Table{}, c, fmt.Errorf("the root's table has %d ranks, want %d", len(t.Peers), info.NRanks)
 	}
 	for i, p := range t.Peers {
 		if int(p.Rank) != i || p.Version != info.Version {
-			return wire.Table{}, fmt.Errorf("the root's table is inconsistent at rank %d", i)
+			return wire.Table{}, c, fmt.Errorf("the root's table is inconsistent at rank %d", i)
 		}
 	}
-	return t, nil
+	return t, c, nil
 }
 
 // dialRoot connects and authenticates (sending first as the

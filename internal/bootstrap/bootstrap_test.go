@@ -281,3 +281,54 @@ func TestHandshakeHonoursTheContext(t *testing.T) {
 	require.Error(t, err)
 	require.Less(t, time.Since(start), 2*time.Second)
 }
+
+// TestWatchRelaysAbortsAndDeaths: after the table, a rank's abort notice
+// reaches every other rank once; a rank whose connection ends without a
+// goodbye is reported dead; one that says goodbye is not; the root
+// finishes when every rank is gone.
+func TestWatchRelaysAbortsAndDeaths(t *testing.T) {
+	r, err := StartRoot("127.0.0.1:0", RootOptions{Secret: secret, Version: "v1", Logger: quiet(), Watch: true})
+	require.NoError(t, err)
+	defer r.Close()
+	const n = 4
+	watches := make([]*Watch, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for rank := 0; rank < n; rank++ {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, watches[rank], errs[rank] = JoinWatch(ctx, r.Addr().String(), secret, info(rank, n))
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	// Rank 1 aborts: ranks 0, 2, 3 hear it.
+	require.NoError(t, watches[1].Abort("rank 1 lost its GPU"))
+	for _, rank := range []int{0, 2, 3} {
+		a, err := watches[rank].Next()
+		require.NoError(t, err)
+		require.Equal(t, wire.Abort{Rank: 1, Reason: "rank 1 lost its GPU"}, a)
+	}
+	// Rank 1 then exits (no notice: it aborted already); rank 3 says
+	// goodbye (no notice); rank 2 dies.
+	watches[1].Close()
+	require.NoError(t, watches[3].Bye())
+	watches[2].Close()
+	a, err := watches[0].Next()
+	require.NoError(t, err)
+	require.Equal(t, uint32(2), a.Rank)
+	require.True(t, a.Died)
+	require.Contains(t, a.Reason, "without a goodbye")
+	// Rank 0 leaves too: the root has nobody left and finishes serving.
+	require.NoError(t, watches[0].Bye())
+	done := make(chan struct{})
+	go func() { r.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the root kept serving after every rank had gone")
+	}
+}

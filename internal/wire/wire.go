@@ -192,6 +192,12 @@ const (
 	FrameConnSetup FrameType = 4 // dialer → listener of a data connection
 	FrameChallenge FrameType = 5 // server → client, after a Hello
 	FrameResponse  FrameType = 6 // client → server, after a Challenge
+	// After the table, a rank's bootstrap connection watches for
+	// failures: a rank tells the root it aborts, the root tells every
+	// other rank which rank aborted or died (FrameAbort); a rank closing
+	// its communicator says goodbye first (FrameBye, empty).
+	FrameAbort FrameType = 7
+	FrameBye   FrameType = 8
 )
 
 func (t FrameType) String() string {
@@ -208,6 +214,10 @@ func (t FrameType) String() string {
 		return "challenge"
 	case FrameResponse:
 		return "response"
+	case FrameAbort:
+		return "abort"
+	case FrameBye:
+		return "bye"
 	}
 	return fmt.Sprintf("frame(%d)", uint8(t))
 }
@@ -380,6 +390,46 @@ func (r *Reject) Append(b []byte) []byte {
 func ParseReject(b []byte) (Reject, int, error) {
 	s, n, err := parseString(b)
 	return Reject{Reason: s}, n, err
+}
+
+// Abort says that a rank failed: it aborted with Reason, or (from the
+// root) its process went away without saying goodbye.
+type Abort struct {
+	Rank   uint32
+	Died   bool // the root lost the rank's connection without a goodbye
+	Reason string
+}
+
+func (a *Abort) Len() int { return 5 + 2 + len(a.Reason) }
+
+func (a *Abort) Append(b []byte) []byte {
+	b = binary.BigEndian.AppendUint32(b, a.Rank)
+	died := byte(0)
+	if a.Died {
+		died = 1
+	}
+	b = append(b, died)
+	s := a.Reason
+	if len(s) > MaxString {
+		s = s[:MaxString]
+	}
+	return appendString(b, s)
+}
+
+func ParseAbort(b []byte) (Abort, int, error) {
+	if len(b) < 5 {
+		return Abort{}, 0, ErrShort
+	}
+	a := Abort{Rank: binary.BigEndian.Uint32(b), Died: b[4] != 0}
+	if b[4] > 1 {
+		return Abort{}, 0, fmt.Errorf("wire: abort flag %d, want 0 or 1", b[4])
+	}
+	s, n, err := parseString(b[5:])
+	if err != nil {
+		return Abort{}, 0, err
+	}
+	a.Reason = s
+	return a, 5 + n, nil
 }
 
 // ConnSetup opens a data connection: which ranks and channel it joins,

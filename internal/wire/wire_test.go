@@ -44,6 +44,7 @@ func samples() []codec {
 		{"table", &Table{Peers: []PeerInfo{*info, {Rank: 1, NRanks: 8, HostID: "x"}}}, wrap(ParseTable)},
 		{"table-empty", &Table{}, wrap(ParseTable)},
 		{"reject", &Reject{Reason: "protocol version 2, want 1"}, wrap(ParseReject)},
+		{"abort", &Abort{Rank: 3, Died: true, Reason: "rank 3 lost its GPU"}, wrap(ParseAbort)},
 		{"connsetup", &ConnSetup{From: 1, To: 6, Channel: 2, Socket: 1, NSocks: 4}, wrap(ParseConnSetup)},
 		{"sliceheader", &SliceHeader{Op: 1 << 40, Sig: 0xdeadbeef, Msg: 7, Slice: 9, Size: 4096}, wrap(ParseSliceHeader)},
 	}
@@ -156,6 +157,7 @@ func FuzzResponse(f *testing.F)    { fuzzCodec(f, "response") }
 func FuzzPeerInfo(f *testing.F)    { fuzzCodec(f, "peerinfo") }
 func FuzzTable(f *testing.F)       { fuzzCodec(f, "table") }
 func FuzzReject(f *testing.F)      { fuzzCodec(f, "reject") }
+func FuzzAbort(f *testing.F)       { fuzzCodec(f, "abort") }
 func FuzzConnSetup(f *testing.F)   { fuzzCodec(f, "connsetup") }
 func FuzzSliceHeader(f *testing.F) { fuzzCodec(f, "sliceheader") }
 
