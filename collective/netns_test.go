@@ -95,3 +95,40 @@ func TestMultiHostNamespaces(t *testing.T) {
 		})
 	}
 }
+
+// TestChaosNamespaces runs every collective between two "hosts" whose
+// links lose 1% of packets, delay them 5 ms ± 2 ms and reorder a quarter
+// of them (tc netem on both ends): TCP repairs it all, so the results
+// must stay exact and nothing may hang.
+func TestChaosNamespaces(t *testing.T) {
+	if testing.Short() {
+		t.Skip("skipping in -short mode: the netem delays make it take seconds")
+	}
+	if _, err := exec.LookPath("tc"); err != nil {
+		t.Skip("skipping: the tc command (iproute2) is not installed")
+	}
+	ns, addrs := hosts(t, 2)
+	for _, n := range ns {
+		out, err := exec.Command("ip", "netns", "exec", n, "tc", "qdisc", "add", "dev", "eth0", "root", "netem",
+			"loss", "1%", "delay", "5ms", "2ms", "reorder", "25%", "50%").CombinedOutput()
+		if err != nil && (strings.Contains(string(out), "Operation not supported") || strings.Contains(string(out), "qdisc kind is unknown")) {
+			t.Skipf("skipping: this kernel has no netem qdisc (sch_netem): %s", strings.TrimSpace(string(out)))
+		}
+		require.NoError(t, err, "tc: %s", out)
+	}
+	envs := gocclEnvs(t, 2, "GOCCL_TEST_SHORT=1")
+	for r := range envs {
+		for i, kv := range envs[r] {
+			if strings.HasPrefix(kv, "GOCCL_ROOT=") {
+				envs[r][i] = "GOCCL_ROOT=" + addrs[0] + ":29500"
+			}
+		}
+		envs[r] = append(envs[r], "GOCCL_HOSTID="+ns[r])
+	}
+	res := spawn(t, "collectives", envs, func(r int) []string {
+		return []string{"ip", "netns", "exec", ns[r]}
+	})
+	requireAllOK(t, res)
+	require.Contains(t, res[0].output, "rank 1 transport tcp ")
+	t.Logf("took %v and %v", res[0].took, res[1].took)
+}
