@@ -326,7 +326,7 @@ func attack(addr string, how int) {
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(200 * time.Millisecond))
-	switch how % 4 {
+	switch how % 5 {
 	case 0: // wrong secret
 		handshake.Client(c, []byte("not the secret"), wire.PurposeBootstrap, func() (wire.FrameType, []byte) {
 			return wire.FramePeerInfo, nil
@@ -343,6 +343,12 @@ func attack(addr string, how int) {
 		handshake.WriteFrame(c, wire.FrameResponse, r.Append(nil))
 		s := wire.ConnSetup{From: 0, To: 1, NSocks: 4}
 		handshake.WriteFrame(c, wire.FrameConnSetup, s.Append(nil))
+	case 4: // random bytes, of random length
+		b := make([]byte, rand.IntN(300))
+		for i := range b {
+			b[i] = byte(rand.Uint32())
+		}
+		c.Write(b)
 	}
 }
 
@@ -397,7 +403,7 @@ func childMain(scenario string) int {
 		var wg sync.WaitGroup
 		if c.Rank() == 0 {
 			for _, ri := range c.Ranks() {
-				for i := 0; i < 4; i++ {
+				for i := 0; i < 5; i++ {
 					wg.Go(func() {
 						for {
 							select {
