@@ -53,6 +53,9 @@ type Comm struct {
 	// The bootstrap watch (watch.go); nil in a local group.
 	rootWatch *bootstrap.Watch
 	watchExit chan struct{}
+	shrunk    chan *wire.Table // a shrink's new table, from the watcher
+	id        UniqueID         // the job (its secret), for Shrink
+	lookup    func(string) (string, bool)
 	notified  atomic.Bool    // the abort came from the root's notice
 	told      sync.Once      // the root is told of this rank's abort once
 	wg        sync.WaitGroup // goroutines of asynchronous operations

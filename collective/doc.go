@@ -59,6 +59,15 @@
 // its context; a timeout says, per channel, the step and the peer it was
 // at.
 //
+// # Surviving a failure
+//
+// After Init the root keeps every rank's connection as a failure
+// detector: a rank that aborts, or whose process dies, is reported to
+// every other rank within milliseconds, even to ranks that are idle, whose
+// Context ends with the cause. The survivors can then call Shrink, which
+// makes a new communicator of the ranks still there (the root's process
+// must be one of them), numbered in their old order.
+//
 // # Diagnostics
 //
 // Each communicator keeps a flight recorder of its last 256 operations

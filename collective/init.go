@@ -161,6 +161,20 @@ func Init(ctx context.Context, id UniqueID, nranks, rank int, opts ...Option) (*
 }
 
 func initProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, lookup func(string) (string, bool)) (*Comm, error) {
+	return buildProcs(ctx, id, nranks, rank, cfg, lookup, func(ctx context.Context, info wire.PeerInfo) (wire.Table, *bootstrap.Watch, error) {
+		return bootstrap.JoinWatch(ctx, id.addr, id.secret[:], info)
+	})
+}
+
+// rendezvous trades this rank's PeerInfo for the job's table: with the
+// root at init, through the old communicator's root connection at a
+// shrink.
+type rendezvous func(ctx context.Context, info wire.PeerInfo) (wire.Table, *bootstrap.Watch, error)
+
+// buildProcs makes a communicator between processes: listeners, the
+// rendezvous, then the transports to every peer. The table decides this
+// rank's place (a shrink renumbers the survivors).
+func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, lookup func(string) (string, bool), rdv rendezvous) (*Comm, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, cfg.InitTimeout)
@@ -216,16 +230,30 @@ func initProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, l
 	}
 	info := wire.PeerInfo{Rank: uint32(rank), NRanks: uint32(nranks), PID: uint32(os.Getpid()),
 		HostID: hostID, DataAddr: ln.Addr().String(), Version: Version, Topology: summary.encode()}
-	table, watch, err := bootstrap.JoinWatch(ctx, id.addr, id.secret[:], info)
+	table, watch, err := rdv(ctx, info)
 	if err != nil {
 		closeListeners()
 		return fail(err)
 	}
 	baseFail := fail
 	fail = func(err error) (*Comm, error) {
-		watch.Close()
+		if watch != nil {
+			watch.Close()
+		}
 		return baseFail(err)
 	}
+	// Where this rank stands in the table (a shrink renumbers).
+	me := -1
+	for i, p := range table.Peers {
+		if p.DataAddr == info.DataAddr && p.PID == info.PID && p.HostID == info.HostID {
+			me = i
+		}
+	}
+	if me < 0 {
+		closeListeners()
+		return fail(errors.New("this rank is not in the root's table"))
+	}
+	rank, nranks = me, len(table.Peers)
 	route, anyTCP, err := routes(table.Peers, rank, mode)
 	if err != nil {
 		closeListeners()
@@ -316,7 +344,10 @@ func initProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, l
 	}
 	c.peers = table.Peers
 	c.routes = route
-	c.startWatch(watch)
+	c.id, c.lookup = id, lookup
+	if watch != nil {
+		c.startWatch(watch)
+	}
 	c.logReady()
 	return c, nil
 }

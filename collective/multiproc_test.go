@@ -256,6 +256,27 @@ func TestMultiProcessKilledRank(t *testing.T) {
 	}
 }
 
+// TestMultiProcessShrink kills 1 of 4 ranks in the middle of a training
+// loop; the other 3 shrink the communicator and finish the loop with
+// exact sums.
+func TestMultiProcessShrink(t *testing.T) {
+	for _, tr := range transports() {
+		t.Run("transport="+tr, func(t *testing.T) {
+			const n, victim = 4, 2
+			res := spawn(t, "shrink", gocclEnvs(t, n, "GOCCL_TEST_VICTIM="+strconv.Itoa(victim), "GOCCL_TRANSPORT="+tr), nil)
+			for _, r := range res {
+				if r.rank == victim {
+					require.NotEqual(t, 0, r.code)
+					continue
+				}
+				require.Equal(t, 0, r.code, "rank %d:\n%s", r.rank, r.output)
+				require.Contains(t, r.output, "finished 20 steps with 3 ranks", "rank %d", r.rank)
+				t.Logf("rank %d: %s", r.rank, strings.TrimSpace(r.output))
+			}
+		})
+	}
+}
+
 // TestMultiProcessIdleRankDeath: a rank dies while every rank is idle;
 // the others learn it through the bootstrap root's watch within 3 s.
 func TestMultiProcessIdleRankDeath(t *testing.T) {
@@ -424,6 +445,44 @@ func childMain(scenario string) int {
 		if err != nil {
 			return fail("%v", err)
 		}
+	case "shrink":
+		// A training loop; the victim dies at step 5; the survivors shrink
+		// the communicator and finish the remaining steps among themselves.
+		victim, _ := strconv.Atoi(os.Getenv("GOCCL_TEST_VICTIM"))
+		me := c.Rank()
+		want := int64(c.Size() * (c.Size() + 1) / 2)
+		shrinks := 0
+		for step := 0; step < 20; step++ {
+			if me == victim && step == 5 {
+				syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			}
+			v := []int64{int64(me + 1)}
+			err := collective.AllReduce(ctx, c, v, v, collective.Sum)
+			if err != nil {
+				if shrinks > 0 {
+					return fail("step %d after the shrink: %v", step, err)
+				}
+				sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+				nc, serr := c.Shrink(sctx)
+				cancel()
+				if serr != nil {
+					return fail("shrink after %v: %v", err, serr)
+				}
+				c.Close()
+				c = nc
+				defer c.Close()
+				shrinks++
+				want -= int64(victim + 1)
+				fmt.Printf("step %d: %v; shrank to %d ranks, now rank %d\n", step, err, c.Size(), c.Rank())
+				step-- // redo it
+				continue
+			}
+			if v[0] != want {
+				return fail("step %d: sum %d, want %d", step, v[0], want)
+			}
+		}
+		fmt.Printf("finished 20 steps with %d ranks\n", c.Size())
+		return 0
 	case "idlekill":
 		// Every rank is idle when the victim dies; the others must learn
 		// it from the root within 3 s (their contexts end, naming it).

@@ -1,10 +1,12 @@
 package collective
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
 	"github.com/goccl/goccl/internal/bootstrap"
+	"github.com/goccl/goccl/internal/wire"
 	"github.com/goccl/goccl/transport"
 )
 
@@ -20,10 +22,15 @@ import (
 func (c *Comm) startWatch(w *bootstrap.Watch) {
 	c.rootWatch = w
 	c.watchExit = make(chan struct{})
+	c.shrunk = make(chan *wire.Table, 1)
 	go func() {
 		defer close(c.watchExit)
 		for {
-			a, err := w.Next()
+			a, t, err := w.Next()
+			if t != nil {
+				c.shrunk <- t
+				continue
+			}
 			if err != nil {
 				// The root went away (its process ended) or Close closed
 				// the connection: failures travel on the data path only
@@ -58,4 +65,43 @@ func (c *Comm) leaveWatch() {
 	}
 	c.rootWatch.Bye()
 	<-c.watchExit
+}
+
+// ErrShrunk is the cause a communicator is aborted with when Shrink
+// replaces it.
+var ErrShrunk = errors.New("goccl: communicator replaced by Shrink")
+
+// Shrink makes a new communicator of the ranks that are still here, like
+// ncclCommShrink: every rank whose process is alive and has not closed
+// this communicator must call it (typically after an operation failed
+// because a rank died); the survivors keep their order and are numbered
+// 0..k-1. This communicator is aborted (with ErrShrunk, unless it failed
+// already) and must still be closed. Shrink waits, bounded by ctx or
+// Config.InitTimeout, until every survivor has asked; the root (the
+// process that served Init) must be among them.
+func (c *Comm) Shrink(ctx context.Context) (*Comm, error) {
+	if c == nil {
+		return nil, &ArgError{Rank: -1, Op: "shrink", Err: ErrNilComm}
+	}
+	if ctx == nil {
+		return nil, c.argError("shrink", "nil context")
+	}
+	if c.rootWatch == nil {
+		return nil, c.argError("shrink", "needs a communicator made by Init or InitFromEnv (this one has no root to meet the survivors at)")
+	}
+	c.notified.Store(true) // the others are shrinking too: nothing to tell
+	c.abort(ErrShrunk)
+	return buildProcs(ctx, c.id, c.size, c.rank, c.cfg, c.lookup, func(ctx context.Context, info wire.PeerInfo) (wire.Table, *bootstrap.Watch, error) {
+		if err := c.rootWatch.Shrink(info); err != nil {
+			return wire.Table{}, nil, fmt.Errorf("asking the root for a shrink: %w", err)
+		}
+		select {
+		case t := <-c.shrunk:
+			return *t, nil, nil
+		case <-c.watchExit:
+			return wire.Table{}, nil, errors.New("lost the connection to the root while shrinking (did its process exit?)")
+		case <-ctx.Done():
+			return wire.Table{}, nil, fmt.Errorf("waiting for the other survivors to shrink: %w", context.Cause(ctx))
+		}
+	})
 }

@@ -89,6 +89,8 @@ type Root struct {
 	watching bool
 	left     []bool // goodbye, abort or gone: no death notice for it
 	gone     int
+	out      []bool                   // said goodbye or went away: not part of a shrink
+	shrink   map[uint32]*registration // a shrink in progress: survivors' new registrations, by old rank
 }
 
 type registration struct {
@@ -256,6 +258,22 @@ func (r *Root) handle(c net.Conn) {
 		case wire.FrameBye:
 			r.mu.Lock()
 			r.left[info.Rank] = true
+			r.out[info.Rank] = true
+			r.checkShrinkLocked()
+			r.mu.Unlock()
+		case wire.FrameShrink:
+			ni, _, err := wire.ParsePeerInfo(payload)
+			if err != nil {
+				r.rankGone(int(info.Rank), fmt.Errorf("it sent a malformed shrink request: %v", err))
+				c.Close()
+				return
+			}
+			r.mu.Lock()
+			if r.shrink == nil {
+				r.shrink = map[uint32]*registration{}
+			}
+			r.shrink[info.Rank] = &registration{conn: c, info: ni, from: c.RemoteAddr().String()}
+			r.checkShrinkLocked()
 			r.mu.Unlock()
 		default:
 			r.rankGone(int(info.Rank), fmt.Errorf("it sent a %v frame to the root", typ))
@@ -288,6 +306,38 @@ func (r *Root) relay(a wire.Abort) {
 	}
 }
 
+// checkShrinkLocked completes a shrink once every rank still connected
+// (not gone, no goodbye) has asked: the survivors, in their old order,
+// become ranks 0..k-1 of a new table, which each of them gets.
+func (r *Root) checkShrinkLocked() {
+	if len(r.shrink) == 0 {
+		return
+	}
+	var survivors []uint32
+	for i := range r.regs {
+		if r.out[i] {
+			continue
+		}
+		if r.shrink[uint32(i)] == nil {
+			return // still waiting for rank i
+		}
+		survivors = append(survivors, uint32(i))
+	}
+	t := wire.Table{Peers: make([]wire.PeerInfo, len(survivors))}
+	for k, old := range survivors {
+		p := r.shrink[old].info
+		p.Rank, p.NRanks = uint32(k), uint32(len(survivors))
+		t.Peers[k] = p
+	}
+	frame := wire.AppendFrame(nil, wire.FrameTable, t.Append(nil))
+	for _, old := range survivors {
+		g := r.shrink[old]
+		g.conn.SetWriteDeadline(time.Now().Add(time.Second))
+		g.conn.Write(frame)
+	}
+	r.shrink = nil
+}
+
 // rankGone notes that a rank's watch connection ended; unless the rank
 // said goodbye or aborted, the others learn that it died. The root
 // finishes serving when every rank is gone.
@@ -295,6 +345,8 @@ func (r *Root) rankGone(rank int, why error) {
 	r.relay(wire.Abort{Rank: uint32(rank), Died: true, Reason: why.Error()})
 	r.mu.Lock()
 	r.gone++
+	r.out[rank] = true
+	r.checkShrinkLocked()
 	r.mu.Unlock()
 }
 
@@ -398,6 +450,7 @@ func (r *Root) sendTableLocked() {
 	if r.opts.Watch {
 		r.watching = true
 		r.left = make([]bool, r.nranks)
+		r.out = make([]bool, r.nranks)
 		r.finishRegistrationLocked(nil)
 		return
 	}
@@ -473,23 +526,42 @@ type Watch struct {
 	mu sync.Mutex // serialises writes
 }
 
-// Next waits for the root's next failure notice. It returns an error when
-// the connection ends (the root went away, or Close).
-func (w *Watch) Next() (wire.Abort, error) {
-	for {
-		typ, payload, err := handshake.ReadFrame(w.c, wire.MaxFrame)
-		if err != nil {
-			return wire.Abort{}, err
-		}
-		if typ != wire.FrameAbort {
-			return wire.Abort{}, fmt.Errorf("unexpected %v frame from the root", typ)
-		}
+// Next waits for the root's next message: a failure notice, or the new
+// table of a shrink (Shrink). It returns an error when the connection ends
+// (the root went away, or Close).
+func (w *Watch) Next() (*wire.Abort, *wire.Table, error) {
+	typ, payload, err := handshake.ReadFrame(w.c, wire.MaxFrame)
+	if err != nil {
+		return nil, nil, err
+	}
+	switch typ {
+	case wire.FrameAbort:
 		a, _, err := wire.ParseAbort(payload)
 		if err != nil {
-			return wire.Abort{}, fmt.Errorf("malformed abort notice from the root: %w", err)
+			return nil, nil, fmt.Errorf("malformed abort notice from the root: %w", err)
 		}
-		return a, nil
+		return &a, nil, nil
+	case wire.FrameTable:
+		t, _, err := wire.ParseTable(payload)
+		if err != nil {
+			return nil, nil, fmt.Errorf("malformed table from the root: %w", err)
+		}
+		return nil, &t, nil
 	}
+	return nil, nil, fmt.Errorf("unexpected %v frame from the root", typ)
+}
+
+// Shrink asks the root for a new table without the ranks that are gone:
+// info is this rank's new registration. The table arrives through Next
+// once every rank still connected has asked.
+func (w *Watch) Shrink(info wire.PeerInfo) error {
+	if err := info.Validate(); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.c.SetWriteDeadline(time.Now().Add(time.Second))
+	return handshake.WriteFrame(w.c, wire.FrameShrink, info.Append(nil))
 }
 
 // Abort tells the root (and through it every other rank) that this rank

@@ -308,16 +308,16 @@ func TestWatchRelaysAbortsAndDeaths(t *testing.T) {
 	// Rank 1 aborts: ranks 0, 2, 3 hear it.
 	require.NoError(t, watches[1].Abort("rank 1 lost its GPU"))
 	for _, rank := range []int{0, 2, 3} {
-		a, err := watches[rank].Next()
+		a, _, err := watches[rank].Next()
 		require.NoError(t, err)
-		require.Equal(t, wire.Abort{Rank: 1, Reason: "rank 1 lost its GPU"}, a)
+		require.Equal(t, wire.Abort{Rank: 1, Reason: "rank 1 lost its GPU"}, *a)
 	}
 	// Rank 1 then exits (no notice: it aborted already); rank 3 says
 	// goodbye (no notice); rank 2 dies.
 	watches[1].Close()
 	require.NoError(t, watches[3].Bye())
 	watches[2].Close()
-	a, err := watches[0].Next()
+	a, _, err := watches[0].Next()
 	require.NoError(t, err)
 	require.Equal(t, uint32(2), a.Rank)
 	require.True(t, a.Died)
@@ -330,5 +330,48 @@ func TestWatchRelaysAbortsAndDeaths(t *testing.T) {
 	case <-done:
 	case <-time.After(5 * time.Second):
 		t.Fatal("the root kept serving after every rank had gone")
+	}
+}
+
+// TestWatchShrink: after rank 2 dies, ranks 0, 1 and 3 ask for a shrink
+// and all get the same three-rank table, renumbered in their old order.
+func TestWatchShrink(t *testing.T) {
+	r, err := StartRoot("127.0.0.1:0", RootOptions{Secret: secret, Version: "v1", Logger: quiet(), Watch: true})
+	require.NoError(t, err)
+	defer r.Close()
+	const n = 4
+	ws := make([]*Watch, n)
+	var wg sync.WaitGroup
+	for rank := 0; rank < n; rank++ {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			var err error
+			_, ws[rank], err = JoinWatch(ctx, r.Addr().String(), secret, info(rank, n))
+			require.NoError(t, err)
+		})
+	}
+	wg.Wait()
+	ws[2].Close()
+	survivors := []int{0, 1, 3}
+	for _, rank := range survivors {
+		a, _, err := ws[rank].Next()
+		require.NoError(t, err)
+		require.True(t, a.Died)
+		ni := info(rank, n)
+		ni.DataAddr = fmt.Sprintf("127.0.0.1:%d", 7000+rank)
+		require.NoError(t, ws[rank].Shrink(ni))
+	}
+	for _, rank := range survivors {
+		_, tab, err := ws[rank].Next()
+		require.NoError(t, err)
+		require.NotNil(t, tab)
+		require.Len(t, tab.Peers, 3)
+		for k, old := range survivors {
+			require.Equal(t, uint32(k), tab.Peers[k].Rank)
+			require.Equal(t, uint32(3), tab.Peers[k].NRanks)
+			require.Equal(t, fmt.Sprintf("127.0.0.1:%d", 7000+old), tab.Peers[k].DataAddr)
+		}
+		ws[rank].Bye()
 	}
 }

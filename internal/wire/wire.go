@@ -198,6 +198,9 @@ const (
 	// its communicator says goodbye first (FrameBye, empty).
 	FrameAbort FrameType = 7
 	FrameBye   FrameType = 8
+	// FrameShrink carries a surviving rank's new PeerInfo to the root,
+	// which answers every survivor with the new table (FrameTable).
+	FrameShrink FrameType = 9
 )
 
 func (t FrameType) String() string {
@@ -218,6 +221,8 @@ func (t FrameType) String() string {
 		return "abort"
 	case FrameBye:
 		return "bye"
+	case FrameShrink:
+		return "shrink"
 	}
 	return fmt.Sprintf("frame(%d)", uint8(t))
 }
