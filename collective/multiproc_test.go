@@ -337,11 +337,43 @@ func TestMultiProcessStrangers(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	requireAllOK(t, res)
+	if runtime.GOOS == "linux" {
+		require.Contains(t, res[0].output, "attacking 3 TCP and 3 shared-memory listeners")
+	}
 }
 
-// attack connects to addr and misbehaves in one of a few ways.
+// shmListeners lists the shared-memory transports' abstract Unix
+// sockets of the given processes (shm.Listen names them @goccl-PID-...).
+func shmListeners(pids []int) []string {
+	b, err := os.ReadFile("/proc/net/unix")
+	if err != nil {
+		return nil
+	}
+	var out []string
+	seen := map[string]bool{} // accepted connections show the listener's name too
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) == 0 || seen[f[len(f)-1]] {
+			continue
+		}
+		for _, pid := range pids {
+			if strings.HasPrefix(f[len(f)-1], fmt.Sprintf("@goccl-%d-", pid)) {
+				seen[f[len(f)-1]] = true
+				out = append(out, f[len(f)-1])
+			}
+		}
+	}
+	return out
+}
+
+// attack connects to addr (host:port, or an abstract Unix socket name
+// starting with @) and misbehaves in one of a few ways.
 func attack(addr string, how int) {
-	c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+	network := "tcp"
+	if strings.HasPrefix(addr, "@") {
+		network = "unix"
+	}
+	c, err := net.DialTimeout(network, addr, 200*time.Millisecond)
 	if err != nil {
 		return
 	}
@@ -423,7 +455,16 @@ func childMain(scenario string) int {
 		stop := make(chan struct{})
 		var wg sync.WaitGroup
 		if c.Rank() == 0 {
+			var pids []int
+			var targets []string
 			for _, ri := range c.Ranks() {
+				targets = append(targets, ri.Addr)
+				pids = append(pids, ri.PID)
+			}
+			shmTargets := shmListeners(pids)
+			targets = append(targets, shmTargets...)
+			fmt.Printf("attacking %d TCP and %d shared-memory listeners\n", len(targets)-len(shmTargets), len(shmTargets))
+			for _, addr := range targets {
 				for i := 0; i < 5; i++ {
 					wg.Go(func() {
 						for {
@@ -432,7 +473,7 @@ func childMain(scenario string) int {
 								return
 							default:
 							}
-							attack(ri.Addr, i)
+							attack(addr, i)
 							time.Sleep(time.Millisecond)
 						}
 					})
