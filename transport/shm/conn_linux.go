@@ -38,6 +38,7 @@ type conn struct {
 	holding bool
 
 	closeCtl sync.Once
+	sleeps   atomic.Int32 // futex sleeps so far (tests look)
 }
 
 var _ transport.Conn = (*conn)(nil)
@@ -235,6 +236,7 @@ func (c *conn) await(ctx context.Context, op string, word, flag *atomic.Uint32, 
 					break
 				}
 			}
+			c.sleeps.Add(1)
 			futexWait(word, v, sleepSlice)
 		}
 	}

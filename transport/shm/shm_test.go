@@ -479,9 +479,16 @@ func TestNotAShmPeer(t *testing.T) {
 func TestWaitKeepsOtherTransportsMoving(t *testing.T) {
 	// While Progress reports sends pending, a wait polls it instead of
 	// sleeping; its error ends the wait.
+	// The wait ends when Progress, having reported nothing pending for a
+	// while, cancels its context: no timing assumption, so a loaded CI
+	// machine cannot make it flaky.
 	var mu sync.Mutex
 	calls, pendingFor := 0, 200
 	var fail error
+	var a transport.Conn
+	sleptWhilePending := int32(-1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 	progress := func(ch int) (bool, error) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -489,6 +496,12 @@ func TestWaitKeepsOtherTransportsMoving(t *testing.T) {
 			return false, fmt.Errorf("progress for channel %d", ch)
 		}
 		calls++
+		if calls == pendingFor-1 {
+			sleptWhilePending = a.(*conn).sleeps.Load()
+		}
+		if calls == pendingFor+5 {
+			cancel()
+		}
 		return calls < pendingFor, fail
 	}
 	eps := endpoints(t, 2, func(r int, o *Options) {
@@ -497,13 +510,15 @@ func TestWaitKeepsOtherTransportsMoving(t *testing.T) {
 			o.Progress = progress
 		}
 	})
-	a, _ := connectPair(t, eps[0], eps[1], 3)
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel()
+	mu.Lock()
+	a, _ = connectPair(t, eps[0], eps[1], 3)
+	mu.Unlock()
 	_, _, err := a.Wait(ctx)
-	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorIs(t, err, context.Canceled, "ended by Progress's cancel, not the 30 s deadline")
 	mu.Lock()
 	require.GreaterOrEqual(t, calls, pendingFor, "polled until nothing was pending")
+	require.Zero(t, sleptWhilePending, "no futex sleep while sends were pending")
+	require.Positive(t, a.(*conn).sleeps.Load(), "it sleeps once nothing is pending (SpinFor < 0)")
 	fail = &transport.PeerError{Peer: 7, Op: "send", Err: errors.New("tcp peer gone")}
 	mu.Unlock()
 	_, _, err = a.Wait(context.Background())
