@@ -78,7 +78,9 @@ var ErrShrunk = errors.New("goccl: communicator replaced by Shrink")
 // 0..k-1. This communicator is aborted (with ErrShrunk, unless it failed
 // already) and must still be closed. Shrink waits, bounded by ctx or
 // Config.InitTimeout, until every survivor has asked; the root (the
-// process that served Init) must be among them.
+// process that served Init) must be among them. The new communicator
+// learns of later failures on its own connections only: the root's watch
+// stays with this one (close it after Shrink returns).
 func (c *Comm) Shrink(ctx context.Context) (*Comm, error) {
 	if c == nil {
 		return nil, &ArgError{Rank: -1, Op: "shrink", Err: ErrNilComm}
