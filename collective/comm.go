@@ -14,8 +14,8 @@ import (
 	"github.com/goccl/goccl/algorithms"
 	"github.com/goccl/goccl/internal/bootstrap"
 	"github.com/goccl/goccl/internal/engine"
-	"github.com/goccl/goccl/internal/kernels"
 	"github.com/goccl/goccl/internal/wire"
+	"github.com/goccl/goccl/memory"
 	"github.com/goccl/goccl/transport"
 	"github.com/goccl/goccl/transport/mem"
 )
@@ -217,7 +217,7 @@ func (c *Comm) watch() {
 			continue
 		}
 		c.abort(&timeoutError{op: op.name, seq: op.cseq, d: c.cfg.Timeout, progress: c.eng.Progress(),
-			bytes: int64(op.count) * int64(op.coll.Majors(c.size)) * int64(op.typ.Size())})
+			bytes: op.op.Bytes(c.size)})
 		return
 	}
 }
@@ -290,11 +290,7 @@ type Request struct {
 	// What the flight recorder shows: the operation (without its
 	// buffers), its collective sequence number, and times in ns since
 	// Comm.bornNano.
-	coll     algorithms.Collective
-	typ      kernels.Type
-	red      kernels.Op
-	count    int
-	root     int
+	op       engine.Op // In and Out cleared: the recorder keeps no buffer alive
 	async    bool
 	cseq     uint64
 	issued   int64
@@ -434,7 +430,8 @@ func (c *Comm) issue(ctx context.Context, k *call, async bool) (r, prev *Request
 		r = &Request{c: c}
 	}
 	r.name, r.async, r.issued, r.done = name, async, issued, done
-	r.coll, r.typ, r.red, r.count, r.root = k.op.Coll, k.op.Type, k.op.Red, k.op.Count, k.op.Root
+	r.op = k.op
+	r.op.In, r.op.Out = memory.Buffer{}, memory.Buffer{}
 	r.seq = c.seq
 	c.seq++
 	if k.op.Coll != algorithms.CollSend && k.op.Coll != algorithms.CollRecv {
@@ -513,7 +510,7 @@ func (c *Comm) exec(ctx context.Context, k *call, r *Request, prev *Request) err
 	e := opErr(err)
 	if pl.Sched != nil {
 		e.Algo = pl.Algo.String()
-		e.Bytes = int64(k.op.Count) * int64(k.op.Coll.Majors(c.size)) * int64(k.op.Type.Size())
+		e.Bytes = k.op.Bytes(c.size)
 	}
 	var se *engine.StepError
 	if errors.As(err, &se) {

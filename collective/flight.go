@@ -46,7 +46,7 @@ func (c *Comm) record(reason string, cause error) *flight.Dump {
 	snaps := make([]snap, 0, n)
 	for s := c.seq - n; s < c.seq; s++ {
 		r := c.flight[s%flightOps]
-		snaps = append(snaps, snap{r: r, name: r.name, op: engine.Op{Coll: r.coll, Type: r.typ, Red: r.red, Count: r.count, Root: r.root},
+		snaps = append(snaps, snap{r: r, name: r.name, op: r.op,
 			cseq: r.cseq, issued: r.issued, start: r.start.Load(), finished: r.finished, finishNs: r.finishNs, err: r.err})
 	}
 	c.mu.Unlock()
@@ -54,7 +54,7 @@ func (c *Comm) record(reason string, cause error) *flight.Dump {
 		op := sn.op
 		e := flight.Entry{Seq: sn.cseq, Op: sn.name, Type: DataType(op.Type).String(), Count: op.Count, Root: -1,
 			IssuedUs: float64(sn.issued) / 1e3}
-		e.Bytes = int64(op.Count) * int64(op.Coll.Majors(c.size)) * int64(op.Type.Size())
+		e.Bytes = op.Bytes(c.size)
 		switch op.Coll {
 		case algorithms.CollBroadcast, algorithms.CollReduce, algorithms.CollSend, algorithms.CollRecv:
 			e.Root = op.Root

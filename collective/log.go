@@ -145,6 +145,6 @@ func (c *Comm) logOp(r *Request, pl engine.Plan, err error) {
 	if c.opLog == nil {
 		return
 	}
-	c.opLog.Log(context.Background(), LevelTrace, "goccl: op", "op", r.name, "seq", r.cseq, "count", r.count,
+	c.opLog.Log(context.Background(), LevelTrace, "goccl: op", "op", r.name, "seq", r.cseq, "count", r.op.Count,
 		"algo", pl.Algo.String(), "channels", pl.Channels, "err", err)
 }

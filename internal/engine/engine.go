@@ -151,8 +151,11 @@ func New(rank, nranks int, ep transport.Endpoint, cfg Config) (*Engine, error) {
 	}, nil
 }
 
-// problemBytes is the operation's size as nccl-tests counts it.
-func problemBytes(op *Op, n int) int64 {
+// Bytes is the operation's size on nranks ranks as nccl-tests counts it
+// (the buffer of all-reduce, broadcast, reduce, send and recv; the send
+// buffer of reduce-scatter; the receive buffer of all-gather and
+// all-to-all).
+func (op *Op) Bytes(n int) int64 {
 	return int64(op.Count) * int64(op.Coll.Majors(n)) * int64(op.Type.Size())
 }
 
@@ -180,7 +183,7 @@ func (e *Engine) Plan(op *Op) (Plan, error) {
 }
 
 func (e *Engine) plan(op *Op) (Plan, error) {
-	pb := algorithms.Problem{Coll: op.Coll, NRanks: e.nranks, Bytes: problemBytes(op, e.nranks), Link: e.cfg.Link}
+	pb := algorithms.Problem{Coll: op.Coll, NRanks: e.nranks, Bytes: op.Bytes(e.nranks), Link: e.cfg.Link}
 	pl := algorithms.Tune(pb, e.cfg.Algo, e.cfg.Channels, e.cfg.ChunkBytes)
 	pl.Channels = min(pl.Channels, e.cfg.MaxChannels)
 	if op.Coll == algorithms.CollSend || op.Coll == algorithms.CollRecv {
