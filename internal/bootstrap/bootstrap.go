@@ -45,7 +45,7 @@ const (
 	reportMargin = 500 * time.Millisecond
 	// MaxHandshakes caps the connections a listener lets authenticate at
 	// once; more are closed on arrival.
-	MaxHandshakes = 128
+	MaxHandshakes = handshake.MaxPending
 )
 
 // RootOptions configures a root.

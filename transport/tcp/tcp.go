@@ -116,43 +116,24 @@ func (e *Endpoint) Caps() transport.Caps {
 
 func (e *Endpoint) accept() {
 	defer e.wg.Done()
-	backoff := time.Millisecond
-	for {
-		c, err := e.o.Listener.Accept()
-		if errors.Is(err, net.ErrClosed) {
-			return // closed by Close
-		}
-		if err != nil {
-			// Out of file descriptors and the like: keep accepting once the
-			// condition passes.
-			e.logDrop(nil, fmt.Errorf("accept: %w", err))
-			time.Sleep(backoff)
-			backoff = min(2*backoff, time.Second)
-			continue
-		}
-		backoff = time.Millisecond
-		e.mu.Lock()
-		if e.closed {
-			e.mu.Unlock()
-			c.Close()
-			return
-		}
-		if len(e.setup) >= maxHandshakes {
-			// Too many connections that have not authenticated yet: drop
-			// this one, so that strangers cannot exhaust descriptors.
-			e.mu.Unlock()
-			c.Close()
-			continue
-		}
-		e.setup[c] = struct{}{}
-		e.wg.Add(1)
-		e.mu.Unlock()
-		go e.setupIncoming(c)
-	}
+	handshake.AcceptLoop(e.o.Listener, func(err error) { e.logDrop(nil, err) }, e.admit, func(c net.Conn) { go e.setupIncoming(c) })
 }
 
-// maxHandshakes caps the incoming sockets authenticating at once.
-const maxHandshakes = 128
+// admit files an accepted connection among those authenticating, unless
+// the endpoint is closing or too many are.
+func (e *Endpoint) admit(c net.Conn) handshake.Admission {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	switch {
+	case e.closed:
+		return handshake.Stop
+	case len(e.setup) >= handshake.MaxPending:
+		return handshake.Drop
+	}
+	e.setup[c] = struct{}{}
+	e.wg.Add(1)
+	return handshake.Serve
+}
 
 // logDrop logs a refused connection: the first few, then one in a hundred,
 // so that a stranger hammering the port cannot flood the log.
