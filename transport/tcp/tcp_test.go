@@ -6,12 +6,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 
 	"io"
 	"log/slog"
 	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,12 +17,10 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/goccl/goccl/algorithms"
-	"github.com/goccl/goccl/internal/engine"
 	"github.com/goccl/goccl/internal/handshake"
-	"github.com/goccl/goccl/internal/kernels"
 	"github.com/goccl/goccl/internal/wire"
-	"github.com/goccl/goccl/memory"
 	"github.com/goccl/goccl/transport"
+	"github.com/goccl/goccl/transport/transporttest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -119,60 +115,15 @@ func TestSlicesArriveInOrderAcrossSockets(t *testing.T) {
 	require.NoError(t, <-errc)
 }
 
-// engines runs the engine over TCP endpoints.
-func engines(t *testing.T, eps []*Endpoint, algo algorithms.Algorithm) []*engine.Engine {
-	t.Helper()
-	link := algorithms.LinkModel{Latency: 10e-6, Bandwidth: 2e9, ReduceRate: 6e9, MaxChannels: 2, ChannelBytes: 1 << 20, ChunkBytes: 256 << 10}
-	es := make([]*engine.Engine, len(eps))
-	for r, ep := range eps {
-		e, err := engine.New(r, len(eps), ep, engine.Config{Algo: algo, MaxChannels: 2, Link: link})
-		require.NoError(t, err)
-		es[r] = e
-	}
-	return es
-}
-
 func TestAllReduceOverTCP(t *testing.T) {
-	for _, a := range []algorithms.Algorithm{algorithms.Ring, algorithms.Tree, algorithms.RecDoubling, algorithms.Rabenseifner} {
-		for _, inPlace := range []bool{false, true} {
-			t.Run(fmt.Sprintf("%v/inplace=%v", a, inPlace), func(t *testing.T) { allReduceOverTCP(t, a, inPlace) })
+	link := algorithms.LinkModel{Latency: 10e-6, Bandwidth: 2e9, ReduceRate: 6e9, MaxChannels: 2, ChannelBytes: 1 << 20, ChunkBytes: 256 << 10}
+	transporttest.AllReduceEveryAlgorithm(t, link, func(t *testing.T, n int) []transport.Endpoint {
+		var out []transport.Endpoint
+		for _, e := range endpoints(t, n, nil) {
+			out = append(out, e)
 		}
-	}
-}
-
-func allReduceOverTCP(t *testing.T, a algorithms.Algorithm, inPlace bool) {
-	const n, count = 3, 300_007
-	eps := endpoints(t, n, nil)
-	es := engines(t, eps, a)
-	outs := make([][]float64, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r, e := range es {
-		wg.Go(func() {
-			in := make([]float64, count)
-			for i := range in {
-				in[i] = float64(r*1000 + i%977)
-			}
-			outs[r] = make([]float64, count)
-			if inPlace {
-				outs[r] = in
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			_, errs[r] = e.Run(ctx, &engine.Op{Coll: algorithms.CollAllReduce, Type: kernels.Float64, Red: kernels.Sum, Count: count,
-				In: memory.HostBuffer(f64bytes(in)), Out: memory.HostBuffer(f64bytes(outs[r]))})
-		})
-	}
-	wg.Wait()
-	for r := range es {
-		require.NoError(t, errs[r], "rank %d", r)
-		for i, v := range outs[r] {
-			want := float64(3*(i%977) + 3000)
-			if v != want {
-				t.Fatalf("rank %d element %d = %v, want %v", r, i, v, want)
-			}
-		}
-	}
+		return out
+	})
 }
 
 func TestPeerDeathIsNamed(t *testing.T) {
@@ -258,13 +209,6 @@ func TestMismatchedSocketCountsAreRefused(t *testing.T) {
 	defer cancel()
 	_, err := eps[0].Connect(ctx, 1, 0)
 	require.ErrorContains(t, err, "this rank uses 2 sockets per connection")
-}
-
-func f64bytes(v []float64) []byte {
-	if len(v) == 0 {
-		return nil
-	}
-	return unsafeBytes(v)
 }
 
 func TestIPv6Loopback(t *testing.T) {
