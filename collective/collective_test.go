@@ -32,101 +32,112 @@ func check[T collective.Number](t *testing.T, comms []*collective.Comm, s caseSp
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(s.seed, 7))
 	k := s.count
-	inLen := k
-	switch s.coll {
-	case algorithms.CollReduceScatter, algorithms.CollAllToAll:
-		inLen = n * k
-	}
 	inputs := make([][]T, n)
 	for r := range inputs {
-		inputs[r] = gen[T](rng, s.op, inLen)
+		inputs[r] = gen[T](rng, s.op, inputLen(s, n))
 	}
 	outs := make([][]T, n)
 	errs := runRanks(t, comms, func(r int, c *collective.Comm) error {
-		send := append([]T(nil), inputs[r]...)
-		var recv []T
-		switch s.coll {
-		case algorithms.CollAllReduce:
-			recv = make([]T, k)
-			if s.inPlace {
-				recv = send
-			}
-			outs[r] = recv
-			return collective.AllReduce(ctx, c, send, recv, s.op)
-		case algorithms.CollReduceScatter:
-			recv = make([]T, k)
-			if s.inPlace {
-				recv = send[r*k : (r+1)*k]
-			}
-			outs[r] = recv
-			return collective.ReduceScatter(ctx, c, send, recv, s.op)
-		case algorithms.CollAllGather:
-			recv = make([]T, n*k)
-			if s.inPlace {
-				copy(recv[r*k:], send)
-				send = recv[r*k : (r+1)*k]
-			}
-			outs[r] = recv
-			return collective.AllGather(ctx, c, send, recv)
-		case algorithms.CollBroadcast:
-			recv = make([]T, k)
-			if s.inPlace && r == s.root {
-				recv = send
-			}
-			outs[r] = recv
-			return collective.Broadcast(ctx, c, send, recv, s.root)
-		case algorithms.CollReduce:
-			recv = make([]T, k)
-			if s.inPlace && r == s.root {
-				recv = send
-			}
-			outs[r] = recv
-			return collective.Reduce(ctx, c, send, recv, s.op, s.root)
-		case algorithms.CollAllToAll:
-			recv = make([]T, n*k)
-			outs[r] = recv
-			return collective.AllToAll(ctx, c, send, recv)
-		}
-		return fmt.Errorf("unknown collective %v", s.coll)
+		var err error
+		outs[r], err = runCase(ctx, c, s, append([]T(nil), inputs[r]...))
+		return err
 	})
 	noErrors(t, errs)
 	for r := 0; r < n; r++ {
-		var want []T
-		switch s.coll {
-		case algorithms.CollAllReduce:
-			want = make([]T, k)
-			for i := range want {
-				want[i] = reduceRef(inputs, i, s.op)
-			}
-		case algorithms.CollReduceScatter:
-			want = make([]T, k)
-			for i := range want {
-				want[i] = reduceRef(inputs, r*k+i, s.op)
-			}
-		case algorithms.CollAllGather:
-			for _, in := range inputs {
-				want = append(want, in...)
-			}
-		case algorithms.CollBroadcast:
-			want = inputs[s.root]
-		case algorithms.CollReduce:
-			if r != s.root {
-				continue
-			}
-			want = make([]T, k)
-			for i := range want {
-				want[i] = reduceRef(inputs, i, s.op)
-			}
-		case algorithms.CollAllToAll:
-			for j := 0; j < n; j++ {
-				want = append(want, inputs[j][r*k:(r+1)*k]...)
-			}
+		want, defined := expected(s, inputs, r)
+		if !defined {
+			continue
 		}
 		if i := firstDiff(outs[r], want); i >= 0 {
 			t.Fatalf("%v %v n=%d count=%d inplace=%v seed=%d: rank %d element %d = %v, want %v",
 				s.coll, s.op, n, k, s.inPlace, s.seed, r, i, outs[r][i], want[i])
 		}
 	}
+}
+
+// inputLen is how many elements each rank sends in case s on n ranks.
+func inputLen(s caseSpec, n int) int {
+	if s.coll == algorithms.CollReduceScatter || s.coll == algorithms.CollAllToAll {
+		return n * s.count
+	}
+	return s.count
+}
+
+// runCase runs case s on c with send as this rank's input (the caller's
+// copy: an in-place case writes it) and returns the output buffer.
+func runCase[T collective.Number](ctx context.Context, c *collective.Comm, s caseSpec, send []T) ([]T, error) {
+	n, r, k := c.Size(), c.Rank(), s.count
+	var recv []T
+	switch s.coll {
+	case algorithms.CollAllReduce:
+		recv = make([]T, k)
+		if s.inPlace {
+			recv = send
+		}
+		return recv, collective.AllReduce(ctx, c, send, recv, s.op)
+	case algorithms.CollReduceScatter:
+		recv = make([]T, k)
+		if s.inPlace {
+			recv = send[r*k : (r+1)*k]
+		}
+		return recv, collective.ReduceScatter(ctx, c, send, recv, s.op)
+	case algorithms.CollAllGather:
+		recv = make([]T, n*k)
+		if s.inPlace {
+			copy(recv[r*k:], send)
+			send = recv[r*k : (r+1)*k]
+		}
+		return recv, collective.AllGather(ctx, c, send, recv)
+	case algorithms.CollBroadcast:
+		recv = make([]T, k)
+		if s.inPlace && r == s.root {
+			recv = send
+		}
+		return recv, collective.Broadcast(ctx, c, send, recv, s.root)
+	case algorithms.CollReduce:
+		recv = make([]T, k)
+		if s.inPlace && r == s.root {
+			recv = send
+		}
+		return recv, collective.Reduce(ctx, c, send, recv, s.op, s.root)
+	case algorithms.CollAllToAll:
+		recv = make([]T, n*k)
+		return recv, collective.AllToAll(ctx, c, send, recv)
+	}
+	return nil, fmt.Errorf("unknown collective %v", s.coll)
+}
+
+// expected is rank r's output for case s given every rank's input; false
+// where it is undefined (reduce, off the root).
+func expected[T collective.Number](s caseSpec, inputs [][]T, r int) ([]T, bool) {
+	n, k := len(inputs), s.count
+	var want []T
+	switch s.coll {
+	case algorithms.CollAllReduce, algorithms.CollReduce:
+		if s.coll == algorithms.CollReduce && r != s.root {
+			return nil, false
+		}
+		want = make([]T, k)
+		for i := range want {
+			want[i] = reduceRef(inputs, i, s.op)
+		}
+	case algorithms.CollReduceScatter:
+		want = make([]T, k)
+		for i := range want {
+			want[i] = reduceRef(inputs, r*k+i, s.op)
+		}
+	case algorithms.CollAllGather:
+		for _, in := range inputs {
+			want = append(want, in...)
+		}
+	case algorithms.CollBroadcast:
+		want = inputs[s.root]
+	case algorithms.CollAllToAll:
+		for j := 0; j < n; j++ {
+			want = append(want, inputs[j][r*k:(r+1)*k]...)
+		}
+	}
+	return want, true
 }
 
 // checkType dispatches check on a DataType.
