@@ -558,28 +558,27 @@ func (w *Watch) Shrink(info wire.PeerInfo) error {
 	if err := info.Validate(); err != nil {
 		return err
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.c.SetWriteDeadline(time.Now().Add(time.Second))
-	return handshake.WriteFrame(w.c, wire.FrameShrink, info.Append(nil))
+	return w.send(wire.FrameShrink, info.Append(nil))
 }
 
 // Abort tells the root (and through it every other rank) that this rank
 // aborts, and why. It waits at most a second.
 func (w *Watch) Abort(reason string) error {
+	a := wire.Abort{Reason: reason}
+	return w.send(wire.FrameAbort, a.Append(nil))
+}
+
+// send writes one frame to the root, waiting at most a second.
+func (w *Watch) send(t wire.FrameType, payload []byte) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.c.SetWriteDeadline(time.Now().Add(time.Second))
-	a := wire.Abort{Reason: reason}
-	return handshake.WriteFrame(w.c, wire.FrameAbort, a.Append(nil))
+	return handshake.WriteFrame(w.c, t, payload)
 }
 
 // Bye tells the root this rank leaves cleanly, then closes the connection.
 func (w *Watch) Bye() error {
-	w.mu.Lock()
-	w.c.SetWriteDeadline(time.Now().Add(time.Second))
-	err := handshake.WriteFrame(w.c, wire.FrameBye, nil)
-	w.mu.Unlock()
+	err := w.send(wire.FrameBye, nil)
 	w.c.Close()
 	return err
 }
