@@ -56,8 +56,7 @@ type Comm struct {
 	shrunk    chan *wire.Table // a shrink's new table, from the watcher
 	id        UniqueID         // the job (its secret), for Shrink
 	lookup    func(string) (string, bool)
-	notified  atomic.Bool    // the abort came from the root's notice
-	told      sync.Once      // the root is told of this rank's abort once
+	told      sync.Once      // the root is told of this rank's abort once (see silence)
 	wg        sync.WaitGroup // goroutines of asynchronous operations
 
 	// The watchdog enforces Config.Timeout without a timer per operation:

@@ -43,20 +43,22 @@ func (c *Comm) startWatch(w *bootstrap.Watch) {
 			} else {
 				cause = &transport.PeerAbortedError{Peer: int(a.Rank), Cause: errors.New(a.Reason)}
 			}
-			c.notified.Store(true)
+			c.silence() // the root knows: it told us
 			c.abort(cause)
 		}
 	}()
 }
 
-// tellRoot tells the root this rank aborts, unless the abort came from the
-// root's own notice.
+// tellRoot tells the root this rank aborts (once, from abort).
 func (c *Comm) tellRoot(cause error) {
-	if c.rootWatch == nil || c.notified.Load() {
+	if c.rootWatch == nil {
 		return
 	}
 	c.rootWatch.Abort(cause.Error()) // best effort: at most a second
 }
+
+// silence keeps this rank's coming abort from being told to the root.
+func (c *Comm) silence() { c.told.Do(func() {}) }
 
 // leaveWatch says goodbye to the root and waits for the watcher to end.
 func (c *Comm) leaveWatch() {
@@ -91,7 +93,7 @@ func (c *Comm) Shrink(ctx context.Context) (*Comm, error) {
 	if c.rootWatch == nil {
 		return nil, c.argError("shrink", "needs a communicator made by Init or InitFromEnv (this one has no root to meet the survivors at)")
 	}
-	c.notified.Store(true) // the others are shrinking too: nothing to tell
+	c.silence() // the others are shrinking too: nothing to tell
 	c.abort(ErrShrunk)
 	return buildProcs(ctx, c.id, c.size, c.rank, c.cfg, c.lookup, func(ctx context.Context, info wire.PeerInfo) (wire.Table, *bootstrap.Watch, error) {
 		if err := c.rootWatch.Shrink(info); err != nil {
