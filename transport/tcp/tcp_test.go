@@ -59,20 +59,7 @@ func endpoints(t *testing.T, n int, mod func(r int, o *Options)) []*Endpoint {
 
 func connectPair(t *testing.T, a, b *Endpoint, ch int) (transport.Conn, transport.Conn) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	var cb transport.Conn
-	var errB error
-	done := make(chan struct{})
-	go func() {
-		cb, errB = b.Connect(ctx, a.o.Rank, ch)
-		close(done)
-	}()
-	ca, err := a.Connect(ctx, b.o.Rank, ch)
-	require.NoError(t, err)
-	<-done
-	require.NoError(t, errB)
-	return ca, cb
+	return transporttest.ConnectPair(t, a, b, a.o.Rank, b.o.Rank, ch)
 }
 
 func TestSlicesArriveInOrderAcrossSockets(t *testing.T) {

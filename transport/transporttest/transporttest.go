@@ -77,3 +77,23 @@ func allReduce(t *testing.T, eps []transport.Endpoint, link algorithms.LinkModel
 func f64bytes(v []float64) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(v))), len(v)*8)
 }
+
+// ConnectPair connects endpoint a (rank ra) and b (rank rb) on channel ch,
+// both sides at once, as two ranks do, and returns a's and b's ends.
+func ConnectPair(t *testing.T, a, b transport.Endpoint, ra, rb, ch int) (transport.Conn, transport.Conn) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var cb transport.Conn
+	var errB error
+	done := make(chan struct{})
+	go func() {
+		cb, errB = b.Connect(ctx, ra, ch)
+		close(done)
+	}()
+	ca, err := a.Connect(ctx, rb, ch)
+	require.NoError(t, err)
+	<-done
+	require.NoError(t, errB)
+	return ca, cb
+}
