@@ -242,25 +242,13 @@ func TestSendRecv(t *testing.T) {
 	comms := newGroup(t, 4)
 	const count = 300_001 // larger than the slots: the receiver must meet it
 	errs := runRanks(t, comms, func(r int, c *collective.Comm) error {
-		// A ring of exchanges: even ranks send first, odd ranks receive
-		// first, so every Send meets its Recv.
-		next, prev := (r+1)%4, (r+3)%4
+		prev := (r + 3) % 4 // ringShift receives from the previous rank
 		out := make([]int64, count)
 		for i := range out {
 			out[i] = int64(r*count + i)
 		}
 		in := make([]int64, count)
-		var err error
-		if r%2 == 0 {
-			if err = collective.Send(ctx, c, out, next); err == nil {
-				err = collective.Recv(ctx, c, in, prev)
-			}
-		} else {
-			if err = collective.Recv(ctx, c, in, prev); err == nil {
-				err = collective.Send(ctx, c, out, next)
-			}
-		}
-		if err != nil {
+		if err := ringShift(ctx, c, out, in); err != nil {
 			return err
 		}
 		for i, v := range in {

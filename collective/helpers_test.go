@@ -1,6 +1,7 @@
 package collective_test
 
 import (
+	"context"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -262,4 +263,21 @@ func firstDiff[T collective.Number](got, want []T) int {
 		}
 	}
 	return -1
+}
+
+// ringShift sends out to the next rank and receives in from the previous
+// one, even ranks sending first so that no send waits in a cycle.
+func ringShift[T collective.Number](ctx context.Context, c *collective.Comm, out, in []T) error {
+	n, r := c.Size(), c.Rank()
+	next, prev := (r+1)%n, (r+n-1)%n
+	if r%2 == 0 {
+		if err := collective.Send(ctx, c, out, next); err != nil {
+			return err
+		}
+		return collective.Recv(ctx, c, in, prev)
+	}
+	if err := collective.Recv(ctx, c, in, prev); err != nil {
+		return err
+	}
+	return collective.Send(ctx, c, out, next)
 }

@@ -321,17 +321,7 @@ func TestMultiProcessStrangers(t *testing.T) {
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for i := 0; i < 3; i++ {
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				attack(root, i)
-				time.Sleep(time.Millisecond)
-			}
-		})
+		keepAttacking(&wg, stop, root, i)
 	}
 	res := spawn(t, "strangers", envs, nil)
 	close(stop)
@@ -364,6 +354,22 @@ func shmListeners(pids []int) []string {
 		}
 	}
 	return out
+}
+
+// keepAttacking attacks addr the how-th way, once a millisecond, on a
+// goroutine of wg, until stop is closed.
+func keepAttacking(wg *sync.WaitGroup, stop <-chan struct{}, addr string, how int) {
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			attack(addr, how)
+			time.Sleep(time.Millisecond)
+		}
+	})
 }
 
 // attack connects to addr (host:port, or an abstract Unix socket name
@@ -466,17 +472,7 @@ func childMain(scenario string) int {
 			fmt.Printf("attacking %d TCP and %d shared-memory listeners\n", len(targets)-len(shmTargets), len(shmTargets))
 			for _, addr := range targets {
 				for i := 0; i < 5; i++ {
-					wg.Go(func() {
-						for {
-							select {
-							case <-stop:
-								return
-							default:
-							}
-							attack(addr, i)
-							time.Sleep(time.Millisecond)
-						}
-					})
+					keepAttacking(&wg, stop, addr, i)
 				}
 			}
 		}
@@ -608,24 +604,14 @@ func childCollectives(ctx context.Context, c *collective.Comm) error {
 			}
 		}
 	}
-	// Send/recv around the ring: even ranks send first.
-	next, prev := (r+1)%n, (r+n-1)%n
+	// Send/recv around the ring (ringShift receives from prev).
+	prev := (r + n - 1) % n
 	out := make([]uint32, 100_003)
 	for i := range out {
 		out[i] = uint32(r*7 + i)
 	}
 	in := make([]uint32, len(out))
-	var err error
-	if r%2 == 0 {
-		if err = collective.Send(ctx, c, out, next); err == nil {
-			err = collective.Recv(ctx, c, in, prev)
-		}
-	} else {
-		if err = collective.Recv(ctx, c, in, prev); err == nil {
-			err = collective.Send(ctx, c, out, next)
-		}
-	}
-	if err != nil {
+	if err := ringShift(ctx, c, out, in); err != nil {
 		return err
 	}
 	for i, v := range in {
