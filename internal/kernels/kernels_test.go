@@ -46,6 +46,21 @@ func paths() []path {
 	return []path{{"asm", false}, {"portable", true}}
 }
 
+// eachKernel runs body as a subtest for every code path, every type of
+// types and every op of ops.
+func eachKernel(t *testing.T, types []Type, ops []Op, body func(t *testing.T, tp Type, op Op)) {
+	for _, p := range paths() {
+		for _, tp := range types {
+			for _, op := range ops {
+				t.Run(fmt.Sprintf("path=%s/type=%v/op=%v", p.name, tp, op), func(t *testing.T) {
+					usePath(t, p)
+					body(t, tp, op)
+				})
+			}
+		}
+	}
+}
+
 func usePath(t *testing.T, p path) {
 	old := forcePortable
 	forcePortable = p.portable
@@ -401,17 +416,10 @@ func toF64Any(t Type, v uint64) float64 {
 }
 
 func TestReduce(t *testing.T) {
-	for _, p := range paths() {
-		for _, tp := range allTypes {
-			for _, op := range allOps {
-				t.Run(fmt.Sprintf("path=%s/type=%v/op=%v", p.name, tp, op), func(t *testing.T) {
-					usePath(t, p)
-					r := newRand(t)
-					checkBinary(t, r, tp, op, 0, Reduce(tp, op), testLengths())
-				})
-			}
-		}
-	}
+	eachKernel(t, allTypes, allOps, func(t *testing.T, tp Type, op Op) {
+		r := newRand(t)
+		checkBinary(t, r, tp, op, 0, Reduce(tp, op), testLengths())
+	})
 }
 
 func TestReduceFinal(t *testing.T) {
@@ -528,41 +536,34 @@ func TestNaNBitsMatchHalf(t *testing.T) {
 func TestMinMaxNaNEitherSide(t *testing.T) {
 	nan := map[Type]uint64{Float16: 0x7e00, BFloat16: 0x7fc0, Float32: 0x7fc0_0000, Float64: 0x7ff8 << 48}
 	one := map[Type]uint64{Float16: 0x3c00, BFloat16: 0x3f80, Float32: 0x3f80_0000, Float64: math.Float64bits(1)}
-	for _, p := range paths() {
-		for _, tp := range []Type{Float16, Float32, Float64, BFloat16} {
-			for _, op := range []Op{Min, Max} {
-				t.Run(fmt.Sprintf("path=%s/type=%v/op=%v", p.name, tp, op), func(t *testing.T) {
-					usePath(t, p)
-					f := Reduce(tp, op)
-					const n = 67 // 2 blocks of 32 bytes for every type, plus a tail
-					for pos := range n {
-						for side := range 3 {
-							a, b, dst := make([]byte, n*tp.Size()), make([]byte, n*tp.Size()), make([]byte, n*tp.Size())
-							for i := range n {
-								put(tp, a, i, one[tp])
-								put(tp, b, i, one[tp])
-							}
-							if side != 1 {
-								put(tp, a, pos, nan[tp])
-							}
-							if side != 0 {
-								put(tp, b, pos, nan[tp])
-							}
-							f(dst, a, b)
-							for i := range n {
-								v := toF64(tp, get(tp, dst, i))
-								if i == pos {
-									require.Truef(t, math.IsNaN(v), "pos %d side %d: got %g, want NaN", pos, side, v)
-								} else {
-									require.Equalf(t, 1.0, v, "pos %d side %d, element %d", pos, side, i)
-								}
-							}
-						}
+	eachKernel(t, []Type{Float16, Float32, Float64, BFloat16}, []Op{Min, Max}, func(t *testing.T, tp Type, op Op) {
+		f := Reduce(tp, op)
+		const n = 67 // 2 blocks of 32 bytes for every type, plus a tail
+		for pos := range n {
+			for side := range 3 {
+				a, b, dst := make([]byte, n*tp.Size()), make([]byte, n*tp.Size()), make([]byte, n*tp.Size())
+				for i := range n {
+					put(tp, a, i, one[tp])
+					put(tp, b, i, one[tp])
+				}
+				if side != 1 {
+					put(tp, a, pos, nan[tp])
+				}
+				if side != 0 {
+					put(tp, b, pos, nan[tp])
+				}
+				f(dst, a, b)
+				for i := range n {
+					v := toF64(tp, get(tp, dst, i))
+					if i == pos {
+						require.Truef(t, math.IsNaN(v), "pos %d side %d: got %g, want NaN", pos, side, v)
+					} else {
+						require.Equalf(t, 1.0, v, "pos %d side %d, element %d", pos, side, i)
 					}
-				})
+				}
 			}
 		}
-	}
+	})
 }
 
 // TestAsmAvailable makes sure the "asm" subtests above really ran the
@@ -667,34 +668,27 @@ func TestNoAllocs(t *testing.T) {
 // that is not a multiple of the element size) and checks that no kernel
 // writes outside dst: it may panic or process a prefix, nothing worse.
 func TestMisuseStaysInBounds(t *testing.T) {
-	for _, p := range paths() {
-		for _, tp := range allTypes {
-			for _, op := range allOps {
-				t.Run(fmt.Sprintf("path=%s/type=%v/op=%v", p.name, tp, op), func(t *testing.T) {
-					usePath(t, p)
-					r := newRand(t)
-					f := ReduceFinal(tp, op, 3)
-					sz := tp.Size()
-					for _, c := range []struct{ d, a, b int }{
-						{40*sz + sz - 1, 40*sz + sz - 1, 40*sz + sz - 1}, // ragged
-						{40 * sz, 13 * sz, 40 * sz},                      // short a
-						{40 * sz, 40 * sz, 7*sz + 1},                     // short, ragged b
-						{1, 1, 1},
-					} {
-						db := newBuf(r, c.d)
-						ab, bb := newBuf(r, c.a), newBuf(r, c.b)
-						func() {
-							defer func() { _ = recover() }()
-							f(db.bytes(), ab.bytes(), bb.bytes())
-						}()
-						db.checkGuard(t, "dst")
-						ab.checkGuard(t, "a")
-						bb.checkGuard(t, "b")
-					}
-				})
-			}
+	eachKernel(t, allTypes, allOps, func(t *testing.T, tp Type, op Op) {
+		r := newRand(t)
+		f := ReduceFinal(tp, op, 3)
+		sz := tp.Size()
+		for _, c := range []struct{ d, a, b int }{
+			{40*sz + sz - 1, 40*sz + sz - 1, 40*sz + sz - 1}, // ragged
+			{40 * sz, 13 * sz, 40 * sz},                      // short a
+			{40 * sz, 40 * sz, 7*sz + 1},                     // short, ragged b
+			{1, 1, 1},
+		} {
+			db := newBuf(r, c.d)
+			ab, bb := newBuf(r, c.a), newBuf(r, c.b)
+			func() {
+				defer func() { _ = recover() }()
+				f(db.bytes(), ab.bytes(), bb.bytes())
+			}()
+			db.checkGuard(t, "dst")
+			ab.checkGuard(t, "a")
+			bb.checkGuard(t, "b")
 		}
-	}
+	})
 }
 
 // streamLengths reach the streaming path (destinations of at least
@@ -709,39 +703,32 @@ func streamLengths() []int {
 }
 
 func TestReduceStream(t *testing.T) {
-	for _, p := range paths() {
-		for _, tp := range allTypes {
-			for _, op := range allOps {
-				t.Run(fmt.Sprintf("path=%s/type=%v/op=%v", p.name, tp, op), func(t *testing.T) {
-					usePath(t, p)
-					r := newRand(t)
-					checkBinary(t, r, tp, op, 0, ReduceStream(tp, op), streamLengths())
-					if op == Avg {
-						checkBinary(t, r, tp, op, 3, ReduceFinalStream(tp, op, 3), streamLengths())
-					}
-					// The two-destination forms, seen through dst: dst2 must match.
-					for _, final := range []bool{false, true} {
-						g, post := ReduceStream2(tp, op), 0
-						if final {
-							if op != Avg {
-								continue
-							}
-							g, post = ReduceFinalStream2(tp, op, 3), 3
-						}
-						f := func(dst, a, b []byte) {
-							d2 := newBuf(r, len(dst))
-							g(dst, d2.bytes(), a, b)
-							d2.checkGuard(t, "dst2")
-							if !bytes.Equal(dst, d2.bytes()) {
-								t.Fatalf("dst2 differs from dst (%d bytes)", len(dst))
-							}
-						}
-						checkBinary(t, r, tp, op, post, f, streamLengths())
-					}
-				})
-			}
+	eachKernel(t, allTypes, allOps, func(t *testing.T, tp Type, op Op) {
+		r := newRand(t)
+		checkBinary(t, r, tp, op, 0, ReduceStream(tp, op), streamLengths())
+		if op == Avg {
+			checkBinary(t, r, tp, op, 3, ReduceFinalStream(tp, op, 3), streamLengths())
 		}
-	}
+		// The two-destination forms, seen through dst: dst2 must match.
+		for _, final := range []bool{false, true} {
+			g, post := ReduceStream2(tp, op), 0
+			if final {
+				if op != Avg {
+					continue
+				}
+				g, post = ReduceFinalStream2(tp, op, 3), 3
+			}
+			f := func(dst, a, b []byte) {
+				d2 := newBuf(r, len(dst))
+				g(dst, d2.bytes(), a, b)
+				d2.checkGuard(t, "dst2")
+				if !bytes.Equal(dst, d2.bytes()) {
+					t.Fatalf("dst2 differs from dst (%d bytes)", len(dst))
+				}
+			}
+			checkBinary(t, r, tp, op, post, f, streamLengths())
+		}
+	})
 }
 
 func TestCopyStream(t *testing.T) {
