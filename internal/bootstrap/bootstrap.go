@@ -218,8 +218,7 @@ func (r *Root) handle(c net.Conn) {
 	}
 	reg := &registration{conn: c, info: info, from: c.RemoteAddr().String()}
 	if err := r.register(reg); err != nil {
-		rej := wire.Reject{Reason: err.Error()}
-		handshake.WriteFrame(c, wire.FrameReject, rej.Append(nil))
+		handshake.Reject(c, err.Error())
 		r.drop(c, err)
 		return
 	}

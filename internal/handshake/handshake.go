@@ -106,8 +106,7 @@ func Server(rw io.ReadWriter, secret []byte, want wire.Purpose, maxFirst int) (w
 	}
 	reject := func(format string, args ...any) (wire.Hello, wire.FrameType, []byte, error) {
 		msg := fmt.Sprintf(format, args...)
-		r := wire.Reject{Reason: msg}
-		rw.Write(wire.AppendFrame(nil, wire.FrameReject, r.Append(nil)))
+		Reject(rw, msg)
 		return h, 0, nil, errors.New(msg)
 	}
 	if h.Version != wire.ProtocolVersion {
@@ -178,6 +177,13 @@ func ReadFrame(r io.Reader, max int) (wire.FrameType, []byte, error) {
 func WriteFrame(w io.Writer, t wire.FrameType, payload []byte) error {
 	_, err := w.Write(wire.AppendFrame(nil, t, payload))
 	return err
+}
+
+// Reject tells the peer why it is turned away: a reject frame carrying
+// reason.
+func Reject(w io.Writer, reason string) error {
+	r := wire.Reject{Reason: reason}
+	return WriteFrame(w, wire.FrameReject, r.Append(nil))
 }
 
 // Bounded runs f, a handshake over c, bounded by timeout and by ctx

@@ -171,8 +171,7 @@ func (e *Endpoint) setupIncoming(c *net.UnixConn) {
 		return
 	}
 	reject := func(err error) {
-		r := wire.Reject{Reason: err.Error()}
-		handshake.WriteFrame(c, wire.FrameReject, r.Append(nil))
+		handshake.Reject(c, err.Error())
 		e.logDrop(err)
 	}
 	if typ != wire.FrameConnSetup {

@@ -177,8 +177,7 @@ func (e *Endpoint) setupIncoming(c net.Conn) {
 		err = e.checkSetup(s)
 	}
 	reject := func(err error) {
-		r := wire.Reject{Reason: err.Error()}
-		handshake.WriteFrame(c, wire.FrameReject, r.Append(nil))
+		handshake.Reject(c, err.Error())
 		e.logDrop(c, err)
 	}
 	if err != nil {
