@@ -142,13 +142,7 @@ func TestPeerDeathIsNamed(t *testing.T) {
 func TestWaitHonoursContext(t *testing.T) {
 	eps := endpoints(t, 2, nil)
 	a, _ := connectPair(t, eps[0], eps[1], 0)
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-	defer cancel()
-	_, _, err := a.Wait(ctx)
-	require.ErrorIs(t, err, context.DeadlineExceeded)
-	var pe *transport.PeerError
-	require.ErrorAs(t, err, &pe)
-	require.Equal(t, 1, pe.Peer)
+	transporttest.WaitHonoursContext(t, a, 1)
 }
 
 func TestStrangersAtTheDataPort(t *testing.T) {

@@ -97,3 +97,18 @@ func ConnectPair(t *testing.T, a, b transport.Endpoint, ra, rb, ch int) (transpo
 	require.NoError(t, errB)
 	return ca, cb
 }
+
+// WaitHonoursContext checks that a.Wait, with nothing coming from rank
+// peer, returns once its context expires, with an error that names the
+// peer and wraps context.DeadlineExceeded.
+func WaitHonoursContext(t *testing.T, a transport.Conn, peer int) {
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, _, err := a.Wait(ctx)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	var pe *transport.PeerError
+	require.ErrorAs(t, err, &pe)
+	require.Equal(t, peer, pe.Peer)
+	require.Less(t, time.Since(start), time.Second)
+}
