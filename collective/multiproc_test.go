@@ -511,7 +511,15 @@ func childMain(scenario string) int {
 				shrinks++
 				want -= int64(victim + 1)
 				fmt.Printf("step %d: %v; shrank to %d ranks, now rank %d\n", step, err, c.Size(), c.Rank())
-				step-- // redo it
+				// The survivors may have failed at different steps: an
+				// operation can complete on some ranks before the death
+				// reaches another. Like a training loop going back to its
+				// last common step, they redo from the earliest.
+				at := []int64{int64(step)}
+				if err := collective.AllReduce(ctx, c, at, at, collective.Min); err != nil {
+					return fail("agreeing on the step to redo: %v", err)
+				}
+				step = int(at[0]) - 1 // the loop's step++ redoes it
 				continue
 			}
 			if v[0] != want {

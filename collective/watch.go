@@ -83,6 +83,11 @@ var ErrShrunk = errors.New("goccl: communicator replaced by Shrink")
 // process that served Init) must be among them. The new communicator
 // learns of later failures on its own connections only: the root's watch
 // stays with this one (close it after Shrink returns).
+//
+// The survivors need not have failed in the same operation: one can
+// complete on some ranks before the failure reaches another. Agree on
+// where to resume over the new communicator (an all-reduce with Min of
+// each rank's last completed step, say) before going on.
 func (c *Comm) Shrink(ctx context.Context) (*Comm, error) {
 	if c == nil {
 		return nil, &ArgError{Rank: -1, Op: "shrink", Err: ErrNilComm}
