@@ -444,9 +444,15 @@ type ConnSetup struct {
 	Channel  uint32
 	Socket   uint16
 	NSocks   uint16
+	Flags    uint16 // ConnTLS
 }
 
-const connSetupLen = 16
+// ConnTLS in ConnSetup.Flags says the dialer runs TLS on the socket next:
+// an acceptor that does not (or does, when it is clear) refuses the
+// socket with a reason instead of reading a handshake as data.
+const ConnTLS uint16 = 1
+
+const connSetupLen = 18
 
 func (c *ConnSetup) Len() int { return connSetupLen }
 
@@ -455,7 +461,8 @@ func (c *ConnSetup) Append(b []byte) []byte {
 	b = binary.BigEndian.AppendUint32(b, c.To)
 	b = binary.BigEndian.AppendUint32(b, c.Channel)
 	b = binary.BigEndian.AppendUint16(b, c.Socket)
-	return binary.BigEndian.AppendUint16(b, c.NSocks)
+	b = binary.BigEndian.AppendUint16(b, c.NSocks)
+	return binary.BigEndian.AppendUint16(b, c.Flags)
 }
 
 func ParseConnSetup(b []byte) (ConnSetup, int, error) {
@@ -468,6 +475,7 @@ func ParseConnSetup(b []byte) (ConnSetup, int, error) {
 	c.Channel = binary.BigEndian.Uint32(b[8:])
 	c.Socket = binary.BigEndian.Uint16(b[12:])
 	c.NSocks = binary.BigEndian.Uint16(b[14:])
+	c.Flags = binary.BigEndian.Uint16(b[16:])
 	return c, connSetupLen, nil
 }
 

@@ -45,7 +45,7 @@ func samples() []codec {
 		{"table-empty", &Table{}, wrap(ParseTable)},
 		{"reject", &Reject{Reason: "protocol version 2, want 1"}, wrap(ParseReject)},
 		{"abort", &Abort{Rank: 3, Died: true, Reason: "rank 3 lost its GPU"}, wrap(ParseAbort)},
-		{"connsetup", &ConnSetup{From: 1, To: 6, Channel: 2, Socket: 1, NSocks: 4}, wrap(ParseConnSetup)},
+		{"connsetup", &ConnSetup{From: 1, To: 6, Channel: 2, Socket: 1, NSocks: 4, Flags: ConnTLS}, wrap(ParseConnSetup)},
 		{"sliceheader", &SliceHeader{Op: 1 << 40, Sig: 0xdeadbeef, Msg: 7, Slice: 9, Size: 4096}, wrap(ParseSliceHeader)},
 	}
 }

@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"crypto/tls"
 	"log/slog"
 	"net"
 	"time"
@@ -31,4 +32,8 @@ type Options struct {
 	SlotSize int           // bytes per slot; 0 means DefaultSlotSize
 	SpinFor  time.Duration // polling before parking; 0 means DefaultSpinFor, <0 never polls
 	Logger   *slog.Logger
+	// TLS, when set, protects every socket with TLS 1.3 after goccl's own
+	// handshake: both ends present certificates, checked as TLS says
+	// (tlsrec.LoadConfig makes one that trusts a job's CA).
+	TLS *tls.Config
 }

@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/goccl/goccl/internal/tlsrec"
 	"github.com/goccl/goccl/internal/wire"
 )
 
@@ -35,9 +36,14 @@ import (
 // channel's goroutine makes next (Post, Reserve, Wait, Flush): like an
 // MPI progress engine, the rank moves its outgoing data while it waits for
 // incoming data, and never hands a slice to another thread.
+//
+// With TLS, a slice is sealed into records when it reaches the head of
+// the queue, so records go out in the order they were numbered, and the
+// read side opens records into the read buffer or the caller's memory.
 type sock struct {
-	c  *conn
-	fd int
+	c   *conn
+	fd  int
+	tls *tlsrec.Session // nil without TLS
 
 	users  atomic.Int32 // calls using fd; release waits for none before closing it
 	closed atomic.Bool  // set once; fd is then shut down
@@ -51,8 +57,9 @@ type sock struct {
 	// write an abort notice between slices.
 	wmu    sync.Mutex // guards queue, err and writes to fd
 	queue  []job
-	err    error // sticky write error
-	listed bool  // in the outbox's pending list (channel goroutine only)
+	err    error  // sticky write error
+	listed bool   // in the outbox's pending list (channel goroutine only)
+	sealed []byte // TLS: the records of the slice at the head of the queue, kept for reuse
 }
 
 // job is a slice waiting to be written: its header, its payload (a
@@ -61,15 +68,17 @@ type job struct {
 	hdr        [wire.SliceHeaderLen]byte
 	data       []byte
 	hoff, doff int
-	slot       int // staging slot to free when written, -1 for caller memory
+	slot       int  // staging slot to free when written, -1 for caller memory
+	sealed     bool // TLS: data holds the slice's records, hdr is in them
 }
 
 // pollSlice bounds one parked poll(2), so that a parked call notices its
 // context ending within this long.
 const pollSlice = 5 * time.Millisecond
 
-// newSock takes over nc's socket.
-func newSock(c *conn, nc net.Conn) (*sock, error) {
+// newSock takes over l's socket.
+func newSock(c *conn, l link) (*sock, error) {
+	nc := l.c
 	sc, ok := nc.(syscall.Conn)
 	if !ok {
 		return nil, fmt.Errorf("tcp: %T has no file descriptor", nc)
@@ -94,7 +103,7 @@ func newSock(c *conn, nc net.Conn) (*sock, error) {
 		unix.Close(fd)
 		return nil, err
 	}
-	return &sock{c: c, fd: fd}, nil
+	return &sock{c: c, fd: fd, tls: l.tls}, nil
 }
 
 // notifyAbort writes an abort notice carrying reason, if the socket is at
@@ -112,6 +121,9 @@ func (s *sock) notifyAbort(reason string) {
 	}
 	h := wire.SliceHeader{Op: wire.AbortOp, Size: uint32(len(reason))}
 	b := append(h.Append(nil), reason...)
+	if s.tls != nil {
+		b = s.tls.Seal(nil, b, nil)
+	}
 	if s.enter() == nil {
 		unix.Write(s.fd, b)
 		s.exit()
@@ -143,7 +155,7 @@ func (s *sock) scanAbort() (string, bool) {
 		if s.w == len(s.rbuf) {
 			return false
 		}
-		n, _ := unix.Read(s.fd, s.rbuf[s.w:])
+		n, _ := s.readNB(s.rbuf[s.w:])
 		if n <= 0 {
 			return false
 		}
@@ -255,6 +267,9 @@ func (s *sock) pumpLocked() {
 	var iov [2][]byte
 	for len(s.queue) > 0 {
 		j := &s.queue[0]
+		if s.tls != nil && !j.sealed {
+			s.seal(j)
+		}
 		bufs := iov[:0]
 		if j.hoff < len(j.hdr) {
 			bufs = append(bufs, j.hdr[j.hoff:])
@@ -281,11 +296,53 @@ func (s *sock) pumpLocked() {
 			if j.slot >= 0 {
 				s.c.free = append(s.c.free, j.slot)
 			}
+			if j.sealed {
+				s.sealed = j.data[:0]
+			}
 			*j = job{}
 			s.queue = s.queue[1:]
 		}
 	}
 	s.queue = s.queue[:0:0] // drop the backing array's references to written slices
+}
+
+// seal turns the job at the head of the queue into TLS records, in the
+// socket's reusable record buffer; its staging slot is free again at once.
+func (s *sock) seal(j *job) {
+	j.data = s.tls.Seal(s.sealed[:0], j.hdr[:], j.data)
+	s.sealed = nil
+	j.hoff, j.sealed = len(j.hdr), true
+	if j.slot >= 0 {
+		s.c.free = append(s.c.free, j.slot)
+		j.slot = -1
+	}
+}
+
+// readNB reads what the socket has without blocking, with read(2)'s
+// conventions: (0, nil) is the end of the stream, EAGAIN that nothing
+// is there yet. With TLS it returns opened application data.
+func (s *sock) readNB(b []byte) (int, error) {
+	if s.tls == nil {
+		return unix.Read(s.fd, b)
+	}
+	n, err := s.tls.Read(b, func(p []byte) (int, error) {
+		for {
+			m, err := unix.Read(s.fd, p)
+			switch {
+			case m > 0:
+				return m, nil
+			case err == unix.EINTR:
+				continue
+			case err == nil:
+				return 0, io.EOF
+			}
+			return 0, err
+		}
+	})
+	if err == io.EOF {
+		return 0, nil
+	}
+	return n, err
 }
 
 // readBufSize is the size of a socket's read buffer: small slices (and
@@ -353,7 +410,7 @@ func (s *sock) readSome(ctx context.Context, b []byte) (int, error) {
 	}
 	defer s.exit()
 	read := func() (int, bool, error) {
-		m, err := unix.Read(s.fd, b)
+		m, err := s.readNB(b)
 		switch {
 		case m > 0:
 			return m, true, nil

@@ -21,6 +21,13 @@
 // machines (../shared/baselines/RESULTS.md) and a collective's hops are
 // often shorter than that.
 //
+// With Options.TLS set, every socket also runs a TLS 1.3 handshake
+// (mutual: both ends present a certificate the job's CA signed) after the
+// setup frame, and everything after it travels in TLS records, sealed and
+// opened inside the same non-blocking loop (package tlsrec). The accepting
+// end's first record confirms the socket, so a dialer whose certificate
+// was refused learns it while connecting.
+//
 // Flow control is TCP's: a sender is at most Slots staged slices plus the
 // kernel's socket buffers ahead of its receiver. That is at least the
 // capacity the engine's schedules need (algorithms.MinPieces).
@@ -32,6 +39,7 @@ package tcp
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -41,6 +49,7 @@ import (
 	"time"
 
 	"github.com/goccl/goccl/internal/handshake"
+	"github.com/goccl/goccl/internal/tlsrec"
 	"github.com/goccl/goccl/internal/wire"
 	"github.com/goccl/goccl/memory"
 	"github.com/goccl/goccl/transport"
@@ -67,9 +76,16 @@ type Endpoint struct {
 
 type connKey struct{ peer, ch int }
 
+// link is a socket set up and ready to carry slices, with its TLS
+// session when the endpoint uses TLS.
+type link struct {
+	c   net.Conn
+	tls *tlsrec.Session
+}
+
 // pendingConn collects the sockets of a connection the peer dials.
 type pendingConn struct {
-	socks []net.Conn
+	socks []link
 	n     int
 	ready chan struct{} // closed when all sockets arrived
 }
@@ -185,6 +201,22 @@ func (e *Endpoint) setupIncoming(c net.Conn) {
 		return
 	}
 	k := connKey{int(s.From), int(s.Channel)}
+	if e.established(k) {
+		reject(fmt.Errorf("connection from rank %d on channel %d already established", s.From, s.Channel))
+		return
+	}
+	// Acknowledge, so the dialer knows the socket was accepted.
+	if err := handshake.WriteFrame(c, wire.FrameConnSetup, payload); err != nil {
+		e.logDrop(c, fmt.Errorf("acknowledging a socket of rank %d: %w", s.From, err))
+		return
+	}
+	l := link{c: c}
+	if e.o.TLS != nil {
+		if l.tls, err = e.serverTLS(c); err != nil {
+			e.logDrop(c, fmt.Errorf("TLS with rank %d: %w", s.From, err))
+			return
+		}
+	}
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
@@ -194,29 +226,83 @@ func (e *Endpoint) setupIncoming(c net.Conn) {
 	select {
 	case <-p.ready:
 		e.mu.Unlock()
-		reject(fmt.Errorf("connection from rank %d on channel %d already established", s.From, s.Channel))
+		e.logDrop(c, fmt.Errorf("connection from rank %d on channel %d already established", s.From, s.Channel))
 		return
 	default:
 	}
-	if old := p.socks[s.Socket]; old != nil {
+	if old := p.socks[s.Socket].c; old != nil {
 		// The dialer gave up on the first attempt (a slow acknowledgement)
 		// and tried again: the newer socket is the one it uses.
 		old.Close()
 		p.n--
 	}
-	p.socks[s.Socket] = c
+	p.socks[s.Socket] = l
 	p.n++
 	complete := p.n == len(p.socks)
 	kept = true
 	e.mu.Unlock()
 	c.SetDeadline(time.Time{})
-	// Acknowledge, so the dialer knows the socket was accepted.
-	if err := handshake.WriteFrame(c, wire.FrameConnSetup, payload); err != nil {
-		e.logDrop(c, fmt.Errorf("acknowledging a socket of rank %d: %w", s.From, err))
-	}
 	if complete {
 		close(p.ready)
 	}
+}
+
+// established reports whether the connection k has all its sockets.
+func (e *Endpoint) established(k connKey) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if p := e.pending[k]; p != nil {
+		select {
+		case <-p.ready:
+			return true
+		default:
+		}
+	}
+	return e.conns[k] != nil
+}
+
+// tlsConfirm is the accepting end's first record on a TLS socket.
+const tlsConfirm = "goccl tls ok"
+
+// serverTLS runs the accepting end's TLS handshake on c, under c's setup
+// deadline, and confirms the socket in its first record.
+func (e *Endpoint) serverTLS(c net.Conn) (*tlsrec.Session, error) {
+	ts, err := tlsrec.Handshake(context.Background(), c, e.o.TLS, false)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := c.Write(ts.Seal(nil, []byte(tlsConfirm), nil)); err != nil {
+		return nil, err
+	}
+	return ts, nil
+}
+
+// clientTLS runs the dialing end's TLS handshake on c and waits for the
+// accepting end's confirmation: in TLS 1.3 the client's handshake ends
+// before the server has checked the client's certificate.
+func clientTLS(ctx context.Context, c net.Conn, cfg *tls.Config) (*tlsrec.Session, error) {
+	ts, err := tlsrec.Handshake(ctx, c, cfg, true)
+	if err != nil {
+		return nil, err
+	}
+	got := make([]byte, len(tlsConfirm))
+	for n := 0; n < len(got); {
+		m, err := ts.Read(got[n:], func(b []byte) (int, error) {
+			m, err := c.Read(b)
+			if m > 0 {
+				return m, nil
+			}
+			return 0, err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("waiting for the peer to accept this rank's certificate: %w", err)
+		}
+		n += m
+	}
+	if string(got) != tlsConfirm {
+		return nil, fmt.Errorf("TLS confirmation %q, want %q", got, tlsConfirm)
+	}
+	return ts, nil
 }
 
 func (e *Endpoint) checkSetup(s wire.ConnSetup) error {
@@ -227,6 +313,10 @@ func (e *Endpoint) checkSetup(s wire.ConnSetup) error {
 		return fmt.Errorf("rank %d may not dial rank %d (the lower rank of a pair dials)", s.From, e.o.Rank)
 	case int(s.NSocks) != e.o.NSocks || s.Socket >= s.NSocks:
 		return fmt.Errorf("socket %d of %d from rank %d, this rank uses %d sockets per connection (set GOCCL_NSOCKS alike on every rank)", s.Socket, s.NSocks, s.From, e.o.NSocks)
+	case s.Flags&wire.ConnTLS != 0 && e.o.TLS == nil:
+		return fmt.Errorf("rank %d uses TLS and rank %d does not (set GOCCL_TLS_CERT, GOCCL_TLS_KEY and GOCCL_TLS_CA on every rank or on none)", s.From, e.o.Rank)
+	case s.Flags&wire.ConnTLS == 0 && e.o.TLS != nil:
+		return fmt.Errorf("rank %d uses TLS and rank %d does not (set GOCCL_TLS_CERT, GOCCL_TLS_KEY and GOCCL_TLS_CA on every rank or on none)", e.o.Rank, s.From)
 	}
 	return nil
 }
@@ -234,7 +324,7 @@ func (e *Endpoint) checkSetup(s wire.ConnSetup) error {
 func (e *Endpoint) pendingLocked(k connKey) *pendingConn {
 	p := e.pending[k]
 	if p == nil {
-		p = &pendingConn{socks: make([]net.Conn, e.o.NSocks), ready: make(chan struct{})}
+		p = &pendingConn{socks: make([]link, e.o.NSocks), ready: make(chan struct{})}
 		e.pending[k] = p
 	}
 	return p
@@ -256,7 +346,7 @@ func (e *Endpoint) Connect(ctx context.Context, peer, ch int) (transport.Conn, e
 		return c, nil
 	}
 	e.mu.Unlock()
-	var socks []net.Conn
+	var socks []link
 	var err error
 	if e.o.Rank < peer {
 		socks, err = e.dial(ctx, peer, ch)
@@ -291,7 +381,7 @@ func (e *Endpoint) Connect(ctx context.Context, peer, ch int) (transport.Conn, e
 	return c, nil
 }
 
-func (e *Endpoint) awaitIncoming(ctx context.Context, k connKey) ([]net.Conn, error) {
+func (e *Endpoint) awaitIncoming(ctx context.Context, k connKey) ([]link, error) {
 	e.mu.Lock()
 	p := e.pendingLocked(k)
 	e.mu.Unlock()
@@ -309,11 +399,11 @@ func (e *Endpoint) awaitIncoming(ctx context.Context, k connKey) ([]net.Conn, er
 }
 
 // dial opens, authenticates and identifies the connection's sockets.
-func (e *Endpoint) dial(ctx context.Context, peer, ch int) ([]net.Conn, error) {
-	socks := make([]net.Conn, 0, e.o.NSocks)
-	fail := func(err error) ([]net.Conn, error) {
+func (e *Endpoint) dial(ctx context.Context, peer, ch int) ([]link, error) {
+	socks := make([]link, 0, e.o.NSocks)
+	fail := func(err error) ([]link, error) {
 		for _, s := range socks {
-			s.Close()
+			s.c.Close()
 		}
 		return nil, err
 	}
@@ -327,33 +417,35 @@ func (e *Endpoint) dial(ctx context.Context, peer, ch int) ([]net.Conn, error) {
 	return socks, nil
 }
 
-func (e *Endpoint) dialOne(ctx context.Context, peer, ch, i int) (net.Conn, error) {
+func (e *Endpoint) dialOne(ctx context.Context, peer, ch, i int) (link, error) {
 	addr := e.o.Peers[peer]
 	backoff := 5 * time.Millisecond
 	for {
 		d := net.Dialer{Timeout: setupTimeout}
 		c, err := d.DialContext(ctx, "tcp", addr)
 		if err == nil {
-			if err = e.setupOutgoing(ctx, c, peer, ch, i); err == nil {
-				return c, nil
+			var ts *tlsrec.Session
+			if ts, err = e.setupOutgoing(ctx, c, peer, ch, i); err == nil {
+				return link{c, ts}, nil
 			}
 			c.Close()
-			if errors.Is(err, handshake.ErrAuth) || ctx.Err() != nil {
-				return nil, fmt.Errorf("connecting to rank %d at %s: %w", peer, addr, err)
+			var terr *tlsError
+			if errors.Is(err, handshake.ErrAuth) || errors.As(err, &terr) || ctx.Err() != nil {
+				return link{}, fmt.Errorf("connecting to rank %d at %s: %w", peer, addr, err)
 			}
 			// A refusal (a wrong socket count, another protocol version)
 			// does not improve by retrying.
 			var ref *refusedError
 			var rej *handshake.RejectedError
 			if errors.As(err, &ref) || errors.As(err, &rej) {
-				return nil, fmt.Errorf("connecting to rank %d at %s: %w", peer, addr, err)
+				return link{}, fmt.Errorf("connecting to rank %d at %s: %w", peer, addr, err)
 			}
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("connecting to rank %d at %s: %v: %w", peer, addr, err, context.Cause(ctx))
+			return link{}, fmt.Errorf("connecting to rank %d at %s: %v: %w", peer, addr, err, context.Cause(ctx))
 		case <-e.done:
-			return nil, transport.ErrClosed
+			return link{}, transport.ErrClosed
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, 500*time.Millisecond)
@@ -364,9 +456,20 @@ type refusedError struct{ reason string }
 
 func (r *refusedError) Error() string { return "refused: " + r.reason }
 
-func (e *Endpoint) setupOutgoing(ctx context.Context, c net.Conn, peer, ch, i int) error {
+// tlsError is a failed TLS handshake: a certificate problem, which
+// retrying does not mend.
+type tlsError struct{ err error }
+
+func (t *tlsError) Error() string { return "TLS: " + t.err.Error() }
+func (t *tlsError) Unwrap() error { return t.err }
+
+func (e *Endpoint) setupOutgoing(ctx context.Context, c net.Conn, peer, ch, i int) (*tlsrec.Session, error) {
 	s := wire.ConnSetup{From: uint32(e.o.Rank), To: uint32(peer), Channel: uint32(ch), Socket: uint16(i), NSocks: uint16(e.o.NSocks)}
-	return handshake.Bounded(ctx, c, setupTimeout, func() error {
+	if e.o.TLS != nil {
+		s.Flags |= wire.ConnTLS
+	}
+	var ts *tlsrec.Session
+	err := handshake.Bounded(ctx, c, setupTimeout, func() error {
 		if err := handshake.Client(c, e.o.Secret, wire.PurposeData, func() (wire.FrameType, []byte) {
 			return wire.FrameConnSetup, s.Append(nil)
 		}); err != nil {
@@ -383,8 +486,14 @@ func (e *Endpoint) setupOutgoing(ctx context.Context, c net.Conn, peer, ch, i in
 		if typ != wire.FrameConnSetup {
 			return fmt.Errorf("expected a setup acknowledgement, got a %v frame", typ)
 		}
+		if e.o.TLS != nil {
+			if ts, err = clientTLS(ctx, c, e.o.TLS); err != nil {
+				return &tlsError{err}
+			}
+		}
 		return nil
 	})
+	return ts, err
 }
 
 // Close implements transport.Endpoint. A second Close (an abort after a
@@ -412,8 +521,8 @@ func (e *Endpoint) Close(cause error) error {
 	}
 	for _, p := range e.pending {
 		for _, s := range p.socks {
-			if s != nil {
-				s.Close()
+			if s.c != nil {
+				s.c.Close()
 			}
 		}
 	}
@@ -484,7 +593,7 @@ var (
 	_ transport.Flusher        = (*conn)(nil)
 )
 
-func newConn(e *Endpoint, peer int, ob *outbox, raw []net.Conn) (*conn, error) {
+func newConn(e *Endpoint, peer int, ob *outbox, raw []link) (*conn, error) {
 	c := &conn{e: e, peer: peer, ob: ob, cur: -1, bufs: make([][]byte, e.o.Slots)}
 	for i := e.o.Slots - 1; i >= 0; i-- {
 		c.free = append(c.free, i)
@@ -493,7 +602,7 @@ func newConn(e *Endpoint, peer int, ob *outbox, raw []net.Conn) (*conn, error) {
 		s, err := newSock(c, r)
 		if err != nil {
 			for _, r := range raw[i:] {
-				r.Close()
+				r.c.Close()
 			}
 			c.release()
 			return nil, err

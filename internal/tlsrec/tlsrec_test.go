@@ -1,0 +1,291 @@
+package tlsrec_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goccl/goccl/internal/tlsrec"
+	"github.com/goccl/goccl/internal/tlsrec/tlstest"
+)
+
+// pair returns the two ends of a loopback TCP connection.
+func pair(t *testing.T) (net.Conn, net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		acc <- c
+	}()
+	a, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	b := <-acc
+	require.NotNil(t, b)
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a, b
+}
+
+// reader adapts a blocking net.Conn to Session.Read's raw function.
+func reader(c net.Conn) func([]byte) (int, error) {
+	return func(b []byte) (int, error) {
+		n, err := c.Read(b)
+		if n > 0 {
+			return n, nil
+		}
+		return 0, err
+	}
+}
+
+// readFull reads n bytes of application data from s.
+func readFull(t *testing.T, s *tlsrec.Session, c net.Conn, n int) []byte {
+	t.Helper()
+	out := make([]byte, n)
+	for got := 0; got < n; {
+		m, err := s.Read(out[got:], reader(c))
+		require.NoError(t, err)
+		got += m
+	}
+	return out
+}
+
+func config(t *testing.T, ca *tlstest.CA, name string) *tls.Config {
+	return tlsrec.NewConfig(ca.Issue(t, name), ca.Pool)
+}
+
+// both runs the handshake on the two ends at once.
+func both(t *testing.T, a, b net.Conn, ca, cb *tls.Config) (*tlsrec.Session, *tlsrec.Session, error, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	type res struct {
+		s   *tlsrec.Session
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		s, err := tlsrec.Handshake(ctx, b, cb, false)
+		if err != nil {
+			b.Close() // so the client does not wait for a reply that never comes
+		}
+		ch <- res{s, err}
+	}()
+	sa, ea := tlsrec.Handshake(ctx, a, ca, true)
+	if ea != nil {
+		a.Close()
+	}
+	r := <-ch
+	return sa, r.s, ea, r.err
+}
+
+func TestSessionsCarryDataBothWays(t *testing.T) {
+	ca := tlstest.NewCA(t, "job")
+	a, b := pair(t)
+	sa, sb, ea, eb := both(t, a, b, config(t, ca, "rank0"), config(t, ca, "rank1"))
+	require.NoError(t, ea)
+	require.NoError(t, eb)
+	require.Equal(t, "rank1", sa.State.PeerCertificates[0].Subject.CommonName)
+	require.Equal(t, "rank0", sb.State.PeerCertificates[0].Subject.CommonName)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, n := range []int{1, 100, tlsrec.MaxPlaintext - 1, tlsrec.MaxPlaintext, tlsrec.MaxPlaintext + 1, 300_000} {
+		hdr := []byte("header")
+		msg := make([]byte, n)
+		for i := range msg {
+			msg[i] = byte(rng.Uint32())
+		}
+		wire := sa.Seal(nil, hdr, msg)
+		require.Len(t, wire, tlsrec.SealedLen(len(hdr)+n), "size %d", n)
+		require.False(t, bytes.Contains(wire, msg[:min(n, 64)]) && n >= 16, "plaintext visible on the wire")
+		go a.Write(wire)
+		got := readFull(t, sb, b, len(hdr)+n)
+		require.Equal(t, append(hdr, msg...), got, "size %d", n)
+		// And back.
+		go b.Write(sb.Seal(nil, msg, nil))
+		require.Equal(t, msg, readFull(t, sa, a, n))
+	}
+}
+
+// TestInteroperatesWithCryptoTLS checks that the records are TLS 1.3's:
+// a crypto/tls.Conn reads what a Session seals, and a Session reads what
+// a crypto/tls.Conn writes, including across the Session's key updates.
+func TestInteroperatesWithCryptoTLS(t *testing.T) {
+	ca := tlstest.NewCA(t, "job")
+	for _, ourSide := range []string{"client", "server"} {
+		t.Run("session is "+ourSide, func(t *testing.T) {
+			a, b := pair(t)
+			ours, theirs := a, b
+			std := config(t, ca, "std")
+			std.SessionTicketsDisabled = ourSide == "client" // tickets are skipped anyway; test both
+			var tc *tls.Conn
+			if ourSide == "client" {
+				tc = tls.Server(theirs, std)
+			} else {
+				tc = tls.Client(theirs, std)
+			}
+			go tc.Handshake()
+			s, err := tlsrec.Handshake(context.Background(), ours, config(t, ca, "ours"), ourSide == "client")
+			require.NoError(t, err)
+			s.SetRecordsPerKey(3)
+			msg := make([]byte, 10*tlsrec.MaxPlaintext+7)
+			for i := range msg {
+				msg[i] = byte(i * 7)
+			}
+			go ours.Write(s.Seal(nil, []byte("hi"), msg))
+			got := make([]byte, len(msg)+2)
+			_, err = io.ReadFull(tc, got)
+			require.NoError(t, err)
+			require.Equal(t, append([]byte("hi"), msg...), got)
+			require.GreaterOrEqual(t, s.Stats().KeyUpdates, uint64(3), "the session rekeyed every 3 records")
+
+			go tc.Write(msg)
+			require.Equal(t, msg, readFull(t, s, ours, len(msg)))
+
+			// A close_notify from crypto/tls is the end of the stream.
+			tc.Close()
+			_, err = s.Read(make([]byte, 1), reader(ours))
+			require.ErrorIs(t, err, io.EOF)
+		})
+	}
+}
+
+func TestAlteredRecordFailsAuthentication(t *testing.T) {
+	ca := tlstest.NewCA(t, "job")
+	a, b := pair(t)
+	sa, sb, ea, eb := both(t, a, b, config(t, ca, "rank0"), config(t, ca, "rank1"))
+	require.NoError(t, ea)
+	require.NoError(t, eb)
+	wire := sa.Seal(nil, []byte("gradients"), nil)
+	wire[len(wire)-20] ^= 1
+	go a.Write(wire)
+	_, err := sb.Read(make([]byte, 16), reader(b))
+	require.ErrorIs(t, err, tlsrec.ErrAuth)
+	_, err = sb.Read(make([]byte, 16), reader(b))
+	require.ErrorIs(t, err, tlsrec.ErrAuth, "the error sticks")
+}
+
+func TestReplayedRecordFailsAuthentication(t *testing.T) {
+	ca := tlstest.NewCA(t, "job")
+	a, b := pair(t)
+	sa, sb, ea, eb := both(t, a, b, config(t, ca, "rank0"), config(t, ca, "rank1"))
+	require.NoError(t, ea)
+	require.NoError(t, eb)
+	wire := sa.Seal(nil, []byte("step 1"), nil)
+	go a.Write(append(slicesClone(wire), wire...))
+	require.Equal(t, []byte("step 1"), readFull(t, sb, b, 6))
+	_, err := sb.Read(make([]byte, 16), reader(b))
+	require.ErrorIs(t, err, tlsrec.ErrAuth, "a record sent twice must not be accepted twice")
+}
+
+func slicesClone(b []byte) []byte { return append([]byte(nil), b...) }
+
+func TestPeersOutsideTheCAAreRefused(t *testing.T) {
+	ca := tlstest.NewCA(t, "job")
+	other := tlstest.NewCA(t, "stranger")
+	noClientAuth := tlsrec.NewConfig(ca.Issue(t, "server-only", x509.ExtKeyUsageServerAuth), ca.Pool)
+	noCert := config(t, ca, "none")
+	noCert.Certificates = nil
+	for name, c := range map[string]struct{ client, server *tls.Config }{
+		"client from another CA":          {config(t, other, "x"), config(t, ca, "rank1")},
+		"server from another CA":          {config(t, ca, "rank0"), config(t, other, "x")},
+		"client without cert":             {noCert, config(t, ca, "rank1")},
+		"client cert not for client auth": {noClientAuth, config(t, ca, "rank1")},
+	} {
+		t.Run(name, func(t *testing.T) {
+			a, b := pair(t)
+			_, _, ea, eb := both(t, a, b, c.client, c.server)
+			require.True(t, ea != nil || eb != nil, "the handshake must fail")
+			t.Logf("client: %v; server: %v", ea, eb)
+		})
+	}
+}
+
+func TestLoadConfigSaysWhatIsWrong(t *testing.T) {
+	dir := t.TempDir()
+	f := tlstest.NewCA(t, "job").WriteFiles(t, dir, "rank")
+	_, err := tlsrec.LoadConfig(f.Cert, f.Key, f.CA)
+	require.NoError(t, err)
+	_, err = tlsrec.LoadConfig(f.Cert, f.Key, dir+"/missing.pem")
+	require.ErrorContains(t, err, "missing.pem")
+	_, err = tlsrec.LoadConfig(f.Cert, f.Key, f.Key)
+	require.ErrorContains(t, err, "no PEM certificate")
+	_, err = tlsrec.LoadConfig(f.CA, f.Key, f.CA)
+	require.ErrorContains(t, err, "loading certificate")
+}
+
+// TestReadResumesAfterWouldBlock checks that Read hands back a
+// would-block error when a record is incomplete, and resumes.
+func TestReadResumesAfterWouldBlock(t *testing.T) {
+	ca := tlstest.NewCA(t, "job")
+	a, b := pair(t)
+	sa, sb, ea, eb := both(t, a, b, config(t, ca, "rank0"), config(t, ca, "rank1"))
+	require.NoError(t, ea)
+	require.NoError(t, eb)
+	wire := sa.Seal(nil, []byte("abcdefgh"), nil)
+	errWouldBlock := errors.New("would block")
+	var fed, calls int
+	raw := func(p []byte) (int, error) { // a byte, then would-block, in turn
+		calls++
+		if calls%2 == 0 || fed == len(wire) {
+			return 0, errWouldBlock
+		}
+		n := copy(p[:1], wire[fed:])
+		fed += n
+		return n, nil
+	}
+	var got []byte
+	for range 1000 {
+		p := make([]byte, 3)
+		n, err := sb.Read(p, raw)
+		got = append(got, p[:n]...)
+		if err != nil {
+			require.ErrorIs(t, err, errWouldBlock)
+		}
+		if len(got) == 8 {
+			break
+		}
+	}
+	require.Equal(t, "abcdefgh", string(got))
+}
+
+func FuzzRead(f *testing.F) {
+	secret := bytes.Repeat([]byte{7}, 32)
+	seal, err := tlsrec.NewSession(tls.TLS_AES_128_GCM_SHA256, secret, secret, tls.ConnectionState{})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(seal.Seal(nil, []byte("hello"), nil))
+	f.Add([]byte{23, 3, 3, 0, 17})
+	f.Add([]byte{22, 3, 1, 0, 5, 1, 2, 3, 4, 5})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		s, err := tlsrec.NewSession(tls.TLS_AES_128_GCM_SHA256, secret, secret, tls.ConnectionState{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		off := 0
+		raw := func(p []byte) (int, error) {
+			if off == len(b) {
+				return 0, io.EOF
+			}
+			n := copy(p, b[off:])
+			off += n
+			return n, nil
+		}
+		p := make([]byte, 64)
+		for range 100 {
+			if _, err := s.Read(p, raw); err != nil {
+				return
+			}
+		}
+	})
+}
