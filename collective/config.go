@@ -1,6 +1,7 @@
 package collective
 
 import (
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/goccl/goccl/algorithms"
+	"github.com/goccl/goccl/internal/tlsrec"
 )
 
 // Defaults.
@@ -88,6 +90,14 @@ type Config struct {
 	// on SIGUSR1 every communicator of the process does. Comm.DebugDump
 	// writes it on demand either way.
 	DebugDump string
+	// TLSCert, TLSKey and TLSCA, all three or none, turn on mutual TLS 1.3
+	// for every TCP connection: to the bootstrap root and between ranks.
+	// They are PEM files: this rank's certificate and key, and the CA that
+	// signed every rank's certificate. A peer is trusted if the CA signed
+	// its certificate, whatever its name; each certificate needs both the
+	// serverAuth and clientAuth extended key usages (or none). Shared
+	// memory stays within the host and does not use TLS.
+	TLSCert, TLSKey, TLSCA string
 }
 
 // Option changes a Config.
@@ -178,13 +188,19 @@ func WithHostID(id string) Option {
 	return func(s *settings) { s.cfg.HostID = id; s.mark("HostID") }
 }
 
+// WithTLSFiles turns on mutual TLS with this rank's certificate and key
+// and the job's CA (PEM files; see Config.TLSCert).
+func WithTLSFiles(cert, key, ca string) Option {
+	return func(s *settings) { s.cfg.TLSCert, s.cfg.TLSKey, s.cfg.TLSCA = cert, key, ca; s.mark("TLS") }
+}
+
 // WithConfig sets every field of c (zero fields mean defaults, and win over
 // the environment).
 func WithConfig(c Config) Option {
 	return func(s *settings) {
 		s.cfg = c
 		for _, f := range []string{"Algorithm", "Channels", "MaxChannels", "ChunkSize", "Timeout", "Slots", "SlotSize",
-			"InitTimeout", "NSocks", "SocketIfname", "HostID", "Spin", "Transport", "DebugDump"} {
+			"InitTimeout", "NSocks", "SocketIfname", "HostID", "Spin", "Transport", "DebugDump", "TLS"} {
 			s.mark(f)
 		}
 	}
@@ -218,6 +234,9 @@ const (
 	EnvDebugDump   = "GOCCL_DEBUG_DUMP"   // a directory for flight recorder dumps
 	EnvDebug       = "GOCCL_DEBUG"        // WARN, INFO, DEBUG, TRACE or NONE
 	EnvDebugSubsys = "GOCCL_DEBUG_SUBSYS" // INIT,COLL,NET or ALL; ^ excludes
+	EnvTLSCert     = "GOCCL_TLS_CERT"     // PEM: this rank's certificate
+	EnvTLSKey      = "GOCCL_TLS_KEY"      // PEM: its private key
+	EnvTLSCA       = "GOCCL_TLS_CA"       // PEM: the CA that signed every rank's certificate
 )
 
 // resolve builds the Config: defaults, then the environment, then
@@ -261,6 +280,8 @@ func resolve(opts []Option) (Config, func(string) (string, bool), error) {
 			cfg.Transport = s.cfg.Transport
 		case "DebugDump":
 			cfg.DebugDump = s.cfg.DebugDump
+		case "TLS":
+			cfg.TLSCert, cfg.TLSKey, cfg.TLSCA = s.cfg.TLSCert, s.cfg.TLSKey, s.cfg.TLSCA
 		}
 	}
 	if err := cfg.validate(); err != nil {
@@ -329,6 +350,9 @@ func fromEnv(lookup func(string) (string, bool)) (Config, error) {
 	if v, ok := lookup(EnvDebugDump); ok {
 		c.DebugDump = strings.TrimSpace(v)
 	}
+	c.TLSCert, _ = lookup(EnvTLSCert)
+	c.TLSKey, _ = lookup(EnvTLSKey)
+	c.TLSCA, _ = lookup(EnvTLSCA)
 	v, _ := lookup(EnvDebug)
 	lvl, _, err := parseLevel(v)
 	if err != nil {
@@ -425,8 +449,23 @@ func (c Config) validate() error {
 		return bad("NSocks %d out of range 0..64", c.NSocks)
 	case c.Transport != "" && c.Transport != TransportAuto && c.Transport != TransportTCP && c.Transport != TransportShm:
 		return bad("Transport %q (want auto, tcp or shm)", c.Transport)
+	case (c.TLSCert == "") != (c.TLSKey == "") || (c.TLSCert == "") != (c.TLSCA == ""):
+		return bad("TLS needs a certificate, its key and the CA, all three (%s=%q %s=%q %s=%q)",
+			EnvTLSCert, c.TLSCert, EnvTLSKey, c.TLSKey, EnvTLSCA, c.TLSCA)
 	}
 	return nil
+}
+
+// tlsConfig loads the TLS files, or returns nil when TLS is off.
+func (c Config) tlsConfig() (*tls.Config, error) {
+	if c.TLSCert == "" {
+		return nil, nil
+	}
+	cfg, err := tlsrec.LoadConfig(c.TLSCert, c.TLSKey, c.TLSCA)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v (GOCCL_TLS_CERT, GOCCL_TLS_KEY, GOCCL_TLS_CA)", ErrInvalidArgument, err)
+	}
+	return cfg, nil
 }
 
 func (c Config) withDefaults() Config {

@@ -137,7 +137,7 @@ func (c *Comm) logReady() {
 		return fmt.Sprintf("%v/%dch", pl.Algo, pl.Channels)
 	}
 	log.Info("goccl: communicator ready", "nranks", c.size, "hosts", max(1, len(hosts)), "transports", strings.Join(tr, ","),
-		"allreduce_8B", algo(8), "allreduce_64MiB", algo(64<<20), "timeout", c.cfg.Timeout)
+		"allreduce_8B", algo(8), "allreduce_64MiB", algo(64<<20), "timeout", c.cfg.Timeout, "tls", c.cfg.TLSCert != "")
 }
 
 // logOp writes one TRACE line per operation (COLL).

@@ -9,6 +9,12 @@
 // up (each rank says how long it will wait), so a missing rank is an
 // error that names it, not a hang.
 //
+// With TLS (RootOptions.TLS, WithTLS), every connection to the root runs
+// a TLS 1.3 handshake with crypto/tls first, both ends presenting
+// certificates, and the authentication and everything after it travel
+// inside TLS. A rank without TLS that reaches a root with it is refused
+// with a reason in the clear.
+//
 // Goroutines: the root runs one accept loop and one goroutine per
 // connection; all end when the root finishes (table sent, failure,
 // timeout) or is closed. Join runs in its caller's goroutine.
@@ -16,6 +22,8 @@ package bootstrap
 
 import (
 	"context"
+	"encoding/binary"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -29,6 +37,7 @@ import (
 	"time"
 
 	"github.com/goccl/goccl/internal/handshake"
+	"github.com/goccl/goccl/internal/tlsrec"
 	"github.com/goccl/goccl/internal/wire"
 )
 
@@ -54,6 +63,9 @@ type RootOptions struct {
 	Version string        // the library version ranks must have
 	Timeout time.Duration // how long to serve at most; 0 means DefaultRootTimeout
 	Logger  *slog.Logger  // nil means slog.Default()
+	// TLS, when set, makes every connection run TLS (as the server) before
+	// anything else; it should require client certificates.
+	TLS *tls.Config
 	// Watch keeps every rank's connection after the table, as a failure
 	// detector: a rank that aborts says so (Watch.Abort) and the root
 	// tells every other rank; a rank whose connection closes without a
@@ -83,6 +95,8 @@ type Root struct {
 	finished bool
 	err      error
 	conns    map[net.Conn]struct{} // open connections, closed on finish
+	refused  int                   // connections dropped before registering
+	lastDrop string                // the last one: from where, and why
 
 	// Watch mode, after the table: which ranks said goodbye, aborted or
 	// went away.
@@ -194,38 +208,56 @@ func (r *Root) drop(c net.Conn, why error) {
 	c.Close()
 	r.mu.Lock()
 	delete(r.conns, c)
+	r.refused++
+	r.lastDrop = fmt.Sprintf("from %s: %v", c.RemoteAddr(), why)
 	r.mu.Unlock()
 }
 
 // handle authenticates one connection and registers its rank.
-func (r *Root) handle(c net.Conn) {
+func (r *Root) handle(raw net.Conn) {
 	defer r.wg.Done()
-	c.SetDeadline(time.Now().Add(HandshakeTimeout))
+	raw.SetDeadline(time.Now().Add(HandshakeTimeout))
+	c := raw
+	if r.opts.TLS != nil {
+		tc := tls.Server(raw, r.opts.TLS)
+		if err := tc.Handshake(); err != nil {
+			var rh tls.RecordHeaderError
+			if errors.As(err, &rh) && rh.Conn != nil {
+				// Not TLS at all: most likely a rank of this job without
+				// the TLS settings. Say so in the clear.
+				handshake.Reject(rh.Conn, "this job's root requires TLS: set GOCCL_TLS_CERT, GOCCL_TLS_KEY and GOCCL_TLS_CA on every rank")
+			}
+			r.handshakes.Add(-1)
+			r.drop(raw, fmt.Errorf("TLS: %w", err))
+			return
+		}
+		c = tc
+	}
 	_, typ, payload, err := handshake.Server(c, r.opts.Secret, wire.PurposeBootstrap, wire.MaxTopology+4*wire.MaxString+64)
 	r.handshakes.Add(-1)
 	if err != nil {
-		r.drop(c, err)
+		r.drop(raw, err)
 		return
 	}
 	if typ != wire.FramePeerInfo {
-		r.drop(c, fmt.Errorf("expected a registration, got a %v frame", typ))
+		r.drop(raw, fmt.Errorf("expected a registration, got a %v frame", typ))
 		return
 	}
 	info, _, err := wire.ParsePeerInfo(payload)
 	if err != nil {
-		r.drop(c, fmt.Errorf("malformed registration: %w", err))
+		r.drop(raw, fmt.Errorf("malformed registration: %w", err))
 		return
 	}
 	reg := &registration{conn: c, info: info, from: c.RemoteAddr().String()}
 	if err := r.register(reg); err != nil {
 		handshake.Reject(c, err.Error())
-		r.drop(c, err)
+		r.drop(raw, err)
 		return
 	}
 	// Registered: wait for the table without a deadline, but notice if the
 	// rank goes away (its process died) before everyone has arrived; in
 	// watch mode, keep reading its notices after the table.
-	c.SetDeadline(time.Time{})
+	raw.SetDeadline(time.Time{})
 	for {
 		typ, payload, err := handshake.ReadFrame(c, wire.MaxFrame)
 		r.mu.Lock()
@@ -428,8 +460,14 @@ func (r *Root) missing() string {
 			here = append(here, fmt.Sprint(i))
 		}
 	}
-	return fmt.Sprintf("ranks %s of %d never registered with the root (registered: %s)",
+	msg := fmt.Sprintf("ranks %s of %d never registered with the root (registered: %s)",
 		strings.Join(missing, ", "), r.nranks, strings.Join(here, ", "))
+	if r.refused > 0 {
+		// A missing rank may be one the root turned away: a wrong secret,
+		// a certificate of another CA, TLS on one side only.
+		msg += fmt.Sprintf("; the root refused %d connection(s), the last %s", r.refused, r.lastDrop)
+	}
+	return msg
 }
 
 // sendTableLocked sends the table to every rank and finishes.
@@ -494,12 +532,21 @@ func (r *Root) finishRegistrationLocked(err error) {
 	close(r.done)
 }
 
+// JoinOption changes how a rank reaches the root.
+type JoinOption func(*joinOptions)
+
+type joinOptions struct{ tls *tls.Config }
+
+// WithTLS makes the rank run TLS (as the client) on its connection to the
+// root before anything else. cfg should present a client certificate.
+func WithTLS(cfg *tls.Config) JoinOption { return func(o *joinOptions) { o.tls = cfg } }
+
 // Join registers info with the root at addr and returns the table. It
 // retries the connection with backoff until ctx ends (the root may not be
 // up yet), and tells the root how long it will wait, so that the root can
 // name the ranks that never arrived before this rank gives up.
-func Join(ctx context.Context, addr string, secret []byte, info wire.PeerInfo) (wire.Table, error) {
-	t, c, err := join(ctx, addr, secret, info)
+func Join(ctx context.Context, addr string, secret []byte, info wire.PeerInfo, opts ...JoinOption) (wire.Table, error) {
+	t, c, err := join(ctx, addr, secret, info, opts)
 	if c != nil {
 		c.Close()
 	}
@@ -508,8 +555,8 @@ func Join(ctx context.Context, addr string, secret []byte, info wire.PeerInfo) (
 
 // JoinWatch is Join for a root in watch mode (RootOptions.Watch): the
 // connection stays open as a Watch.
-func JoinWatch(ctx context.Context, addr string, secret []byte, info wire.PeerInfo) (wire.Table, *Watch, error) {
-	t, c, err := join(ctx, addr, secret, info)
+func JoinWatch(ctx context.Context, addr string, secret []byte, info wire.PeerInfo, opts ...JoinOption) (wire.Table, *Watch, error) {
+	t, c, err := join(ctx, addr, secret, info, opts)
 	if err != nil {
 		if c != nil {
 			c.Close()
@@ -585,13 +632,17 @@ func (w *Watch) Bye() error {
 // Close closes the connection without a goodbye.
 func (w *Watch) Close() error { return w.c.Close() }
 
-func join(ctx context.Context, addr string, secret []byte, info wire.PeerInfo) (wire.Table, net.Conn, error) {
+func join(ctx context.Context, addr string, secret []byte, info wire.PeerInfo, opts []JoinOption) (wire.Table, net.Conn, error) {
 	if err := info.Validate(); err != nil {
 		return wire.Table{}, nil, err
 	}
+	var o joinOptions
+	for _, f := range opts {
+		f(&o)
+	}
 	// The registration is built once the root has proved itself, so that
 	// the wait it announces is what is left now, not before the retries.
-	c, err := dialRoot(ctx, addr, secret, func() (wire.FrameType, []byte) {
+	c, err := dialRoot(ctx, addr, secret, o.tls, func() (wire.FrameType, []byte) {
 		if dl, ok := ctx.Deadline(); ok {
 			info.WaitMillis = uint32(max(1, min(time.Until(dl).Milliseconds(), 1<<31)))
 		}
@@ -649,25 +700,44 @@ func join(ctx context.Context, addr string, secret []byte, info wire.PeerInfo) (
 // dialRoot connects and authenticates (sending first as the
 // authenticated first frame), retrying with jittered exponential backoff
 // while the root is not reachable yet.
-func dialRoot(ctx context.Context, addr string, secret []byte, first func() (wire.FrameType, []byte)) (net.Conn, error) {
+func dialRoot(ctx context.Context, addr string, secret []byte, tlsCfg *tls.Config, first func() (wire.FrameType, []byte)) (net.Conn, error) {
 	backoff := 10 * time.Millisecond
 	var last error
 	for attempt := 0; ; attempt++ {
 		d := net.Dialer{Timeout: 5 * time.Second}
-		c, err := d.DialContext(ctx, "tcp", addr)
+		raw, err := d.DialContext(ctx, "tcp", addr)
+		var terr *tlsError
 		if err == nil {
-			err = handshake.Bounded(ctx, c, HandshakeTimeout, func() error { return handshake.Client(c, secret, wire.PurposeBootstrap, first) })
+			c := raw
+			err = handshake.Bounded(ctx, raw, HandshakeTimeout, func() error {
+				if tlsCfg != nil {
+					tc := tls.Client(tlsrec.RecordBounded(raw), tlsCfg)
+					if err := tc.HandshakeContext(ctx); err != nil {
+						if rej := rejectInsteadOfTLS(err, raw); rej != nil {
+							return rej
+						}
+						return &tlsError{err}
+					}
+					c = tc
+				}
+				return handshake.Client(c, secret, wire.PurposeBootstrap, first)
+			})
 			if err == nil {
 				return c, nil
 			}
-			c.Close()
+			raw.Close()
 			var rej *handshake.RejectedError
 			switch {
+			case errors.As(err, &terr) && terr.fatal():
+				return nil, fmt.Errorf("TLS with the root at %s: %w", addr, terr.err)
 			case errors.Is(err, handshake.ErrAuth):
 				return nil, fmt.Errorf("the root at %s does not know this job's secret (a different GOCCL_SECRET, or another job's root on that port): %w", addr, err)
 			case errors.As(err, &rej):
 				return nil, fmt.Errorf("the root at %s: %w", addr, err)
 			}
+		}
+		if errors.As(err, &terr) {
+			err = fmt.Errorf("%w (does the root have GOCCL_TLS_* set too?)", err)
 		}
 		last = err
 		select {
@@ -677,4 +747,43 @@ func dialRoot(ctx context.Context, addr string, secret []byte, first func() (wir
 		}
 		backoff = min(2*backoff, time.Second)
 	}
+}
+
+// tlsError is a failed TLS handshake with the root.
+type tlsError struct{ err error }
+
+func (t *tlsError) Error() string { return "TLS handshake: " + t.err.Error() }
+func (t *tlsError) Unwrap() error { return t.err }
+
+// fatal reports a handshake failure that retrying cannot mend: a
+// certificate refused on either side, or a root that does not speak TLS.
+func (t *tlsError) fatal() bool {
+	var alert tls.AlertError
+	var verify *tls.CertificateVerificationError
+	var header tls.RecordHeaderError
+	return errors.As(t.err, &alert) || errors.As(t.err, &verify) || errors.As(t.err, &header) ||
+		strings.Contains(t.err.Error(), "certificate")
+}
+
+// rejectInsteadOfTLS returns the reason of a reject frame that a root
+// without TLS sent in reply to this rank's ClientHello: crypto/tls read
+// the frame's header as a record header and failed on it.
+func rejectInsteadOfTLS(err error, raw net.Conn) *handshake.RejectedError {
+	var rh tls.RecordHeaderError
+	if !errors.As(err, &rh) || wire.FrameType(rh.RecordHeader[0]) != wire.FrameReject {
+		return nil
+	}
+	n := int(binary.BigEndian.Uint32(rh.RecordHeader[1:]))
+	if n > wire.MaxString+64 {
+		return nil
+	}
+	payload := make([]byte, n)
+	if _, err := io.ReadFull(raw, payload); err != nil {
+		return nil
+	}
+	r, _, err := wire.ParseReject(payload)
+	if err != nil {
+		return nil
+	}
+	return &handshake.RejectedError{Reason: r.Reason}
 }

@@ -94,6 +94,11 @@ func Server(rw io.ReadWriter, secret []byte, want wire.Purpose, maxFirst int) (w
 		if h, _, err = wire.ParseHello(b); err == nil {
 			break
 		} else if !errors.Is(err, wire.ErrShort) {
+			if len(b) > 0 && b[0] == tlsHandshakeRecord {
+				// A TLS ClientHello: a rank with TLS settings at a listener
+				// without. Tell it, in a frame it can still read.
+				Reject(rw, "this listener does not use TLS: set GOCCL_TLS_CERT, GOCCL_TLS_KEY and GOCCL_TLS_CA on every rank or on none")
+			}
 			return h, 0, nil, err
 		}
 		// Read only what the hello can still need, so that a stranger's
@@ -145,6 +150,10 @@ func Server(rw io.ReadWriter, secret []byte, want wire.Purpose, maxFirst int) (w
 	}
 	return h, ft, fp, nil
 }
+
+// tlsHandshakeRecord is the first byte of a TLS ClientHello (RFC 8446
+// §5.1: content type handshake).
+const tlsHandshakeRecord = 22
 
 // helloRemaining returns how many more bytes a hello that starts with b
 // needs at most (beyond one).

@@ -171,6 +171,12 @@ func Handshake(ctx context.Context, c net.Conn, cfg *tls.Config, client bool) (*
 	return NewSession(st.CipherSuite, cs, ss, st)
 }
 
+// RecordBounded returns c with reads that never go past the end of the
+// TLS record being read. Under crypto/tls it keeps whatever follows a
+// record in the socket; a caller whose handshake failed on a header that
+// was not TLS can then read the rest of what the peer sent.
+func RecordBounded(c net.Conn) net.Conn { return &recordBounded{Conn: c} }
+
 // recordBounded hands crypto/tls the connection's bytes one TLS record at
 // a time and never reads past the end of the current one, so the
 // handshake leaves the next record in the socket.

@@ -1,0 +1,81 @@
+package bootstrap
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goccl/goccl/internal/tlsrec"
+	"github.com/goccl/goccl/internal/tlsrec/tlstest"
+	"github.com/goccl/goccl/internal/wire"
+)
+
+// TestTLSWatch runs a watched job with TLS to the root: the table arrives,
+// and an abort is relayed through the TLS connections.
+func TestTLSWatch(t *testing.T) {
+	ca := tlstest.NewCA(t, "job")
+	r, err := StartRoot("127.0.0.1:0", RootOptions{Secret: secret, Version: "v1", Logger: quiet(), Watch: true,
+		TLS: tlsrec.NewConfig(ca.Issue(t, "root"), ca.Pool)})
+	require.NoError(t, err)
+	defer r.Close()
+	const n = 3
+	watches := make([]*Watch, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for rank := range n {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, watches[rank], errs[rank] = JoinWatch(ctx, r.Addr().String(), secret, info(rank, n),
+				WithTLS(tlsrec.NewConfig(ca.Issue(t, "rank"), ca.Pool)))
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	require.NoError(t, watches[0].Abort("out of memory"))
+	for _, rank := range []int{1, 2} {
+		a, _, err := watches[rank].Next()
+		require.NoError(t, err)
+		require.Equal(t, wire.Abort{Rank: 0, Reason: "out of memory"}, *a)
+	}
+	for _, w := range watches {
+		w.Bye()
+	}
+}
+
+// TestTLSMismatchesFailAtOnce: a rank without TLS at a TLS root, a rank
+// with TLS at a root without, and a rank whose certificate another CA
+// signed all fail with a reason long before their deadline.
+func TestTLSMismatchesFailAtOnce(t *testing.T) {
+	ca, other := tlstest.NewCA(t, "job"), tlstest.NewCA(t, "stranger")
+	rootTLS := tlsrec.NewConfig(ca.Issue(t, "root"), ca.Pool)
+	for name, c := range map[string]struct {
+		root *RootOptions
+		join []JoinOption
+		want string
+	}{
+		"plain rank, TLS root": {&RootOptions{TLS: rootTLS}, nil, "requires TLS"},
+		"TLS rank, plain root": {&RootOptions{}, []JoinOption{WithTLS(tlsrec.NewConfig(ca.Issue(t, "rank"), ca.Pool))}, "does not use TLS"},
+		"rank of another CA":   {&RootOptions{TLS: rootTLS}, []JoinOption{WithTLS(tlsrec.NewConfig(other.Issue(t, "rank"), other.Pool))}, "certificate"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			o := *c.root
+			o.Secret, o.Version, o.Logger = secret, "v1", quiet()
+			r, err := StartRoot("127.0.0.1:0", o)
+			require.NoError(t, err)
+			defer r.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			start := time.Now()
+			_, err = Join(ctx, r.Addr().String(), secret, info(0, 2), c.join...)
+			require.ErrorContains(t, err, c.want)
+			t.Logf("%v after %v", err, time.Since(start))
+			require.Less(t, time.Since(start), 5*time.Second, "a refusal is not retried until the deadline")
+		})
+	}
+}
