@@ -22,8 +22,8 @@ package bootstrap
 
 import (
 	"context"
-	"encoding/binary"
 	"crypto/tls"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
