@@ -41,6 +41,7 @@ type Params struct {
 	Blocking  bool    `json:"blocking"`
 	Agg       string  `json:"aggregation"`
 	Transport string  `json:"transport,omitempty"`
+	TLS       bool    `json:"tls,omitempty"` // mutual TLS on TCP connections
 	Algo      string  `json:"algo,omitempty"`
 	Channels  int     `json:"channels,omitempty"`
 	Chunk     int64   `json:"chunkBytes,omitempty"`
@@ -140,6 +141,9 @@ func (Table) Header(w io.Writer, rep *Report) {
 	}
 	if p.Transport != "" || p.Algo != "" || p.Channels > 0 || p.Chunk > 0 {
 		fmt.Fprintf(w, "# forced: transport %s algo %s channels %d chunk %d\n", orAuto(p.Transport), orAuto(p.Algo), p.Channels, p.Chunk)
+	}
+	if p.TLS {
+		fmt.Fprintln(w, "# tls: mutual TLS 1.3 on every TCP connection")
 	}
 	fmt.Fprintln(w, "#")
 	fmt.Fprintln(w, "# Using ranks")

@@ -35,6 +35,7 @@ import (
 	"github.com/goccl/goccl/bench"
 	"github.com/goccl/goccl/collective"
 	"github.com/goccl/goccl/internal/launch"
+	"github.com/goccl/goccl/internal/tlsrec"
 )
 
 func main() {
@@ -53,6 +54,7 @@ type config struct {
 	jsonPath string
 	plotPath string
 	cpuProf  string
+	tls      bool // -np: make a throwaway CA and turn TLS on in the children
 }
 
 func run(args []string) int {
@@ -86,6 +88,7 @@ func run(args []string) int {
 		jsonPath = fs.String("J", "", "write the results as JSON to this file")
 		plotPath = fs.String("plot", "", "draw busbw and time against size into this PNG file")
 		tr       = fs.String("transport", "", "force the transport: shm or tcp (default: GOCCL_TRANSPORT, else auto)")
+		tlsF     = fs.Bool("tls", false, "with -np: mutual TLS on the TCP connections, with a throwaway CA made for this run (a launched job sets GOCCL_TLS_CERT, _KEY and _CA instead)")
 		algo     = fs.String("algo", "", "force the all-reduce algorithm: ring, tree, recdoubling, rabenseifner, oneshot")
 		channels = fs.Int("channels", 0, "force the number of channels (1..32)")
 		chunk    = fs.String("chunk", "", "force the pipelining chunk size (K, M suffixes)")
@@ -104,7 +107,7 @@ func run(args []string) int {
 	if *collF != "" {
 		coll = *collF
 	}
-	cfg := config{np: *np, local: *local, jsonPath: *jsonPath, plotPath: *plotPath, cpuProf: *cpuProf}
+	cfg := config{np: *np, local: *local, jsonPath: *jsonPath, plotPath: *plotPath, cpuProf: *cpuProf, tls: *tlsF}
 	o := &cfg.opts
 	var err error
 	if o.Coll, err = bench.ParseColl(coll); err != nil {
@@ -152,6 +155,13 @@ func run(args []string) int {
 		cfg.coll = append(cfg.coll, collective.WithTransport(*tr))
 		cfg.params.Transport = *tr
 	}
+	switch {
+	case *tlsF && cfg.local:
+		return fail(errors.New("--tls protects connections between processes: drop -local"))
+	case *tlsF && cfg.np == 0 && os.Getenv(collective.EnvTLSCert) == "":
+		return fail(errors.New("--tls makes certificates only for the ranks it starts (-np N); a launched job sets GOCCL_TLS_CERT, GOCCL_TLS_KEY and GOCCL_TLS_CA"))
+	}
+	cfg.params.TLS = *tlsF || os.Getenv(collective.EnvTLSCert) != ""
 	if *algo != "" && *algo != "auto" {
 		a, err := algorithms.ParseAlgorithm(*algo)
 		if err != nil {
@@ -211,6 +221,22 @@ func runProcesses(ctx context.Context, cfg config, args []string) int {
 	var env []string
 	if isTerminal(os.Stderr) {
 		env = append(env, progressEnv+"=tty")
+	}
+	if cfg.tls {
+		dir, err := os.MkdirTemp("", "goccl-perf-tls-")
+		if err != nil {
+			return fail(err)
+		}
+		defer os.RemoveAll(dir)
+		ca, err := tlsrec.NewCA("goccl-perf throwaway CA")
+		if err != nil {
+			return fail(err)
+		}
+		f, err := ca.WriteFiles(dir, "rank")
+		if err != nil {
+			return fail(err)
+		}
+		env = append(env, collective.EnvTLSCert+"="+f.Cert, collective.EnvTLSKey+"="+f.Key, collective.EnvTLSCA+"="+f.CA)
 	}
 	coll := string(cfg.opts.Coll)
 	err = launch.Run(ctx, launch.Options{NP: cfg.np, Program: self, Args: append([]string{coll}, withoutNP(args)...),

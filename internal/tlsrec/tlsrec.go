@@ -435,7 +435,8 @@ func (s *Session) Read(p []byte, raw func([]byte) (int, error)) (int, error) {
 		if s.err != nil {
 			break
 		}
-		opened, err := s.open()
+		m, opened, err := s.open(p[n:])
+		n += m
 		if err != nil {
 			s.err = err
 			break
@@ -456,7 +457,7 @@ func (s *Session) Read(p []byte, raw func([]byte) (int, error)) (int, error) {
 			s.rw = copy(s.raw, s.raw[s.rr:s.rw])
 			s.rr = 0
 		}
-		m, err := raw(s.raw[s.rw:])
+		m, err = raw(s.raw[s.rw:])
 		s.rw += m
 		if m > 0 {
 			continue
@@ -487,27 +488,34 @@ func (s *Session) Buffered() bool {
 	return s.rw-s.rr >= headerLen+int(binary.BigEndian.Uint16(s.raw[s.rr+3:]))
 }
 
-// open opens the next record if it has arrived whole, leaving application
-// data in s.plain and acting on control records.
-func (s *Session) open() (bool, error) {
+// open opens the next record if it has arrived whole and acts on control
+// records. Application data goes straight into dst when the record fits
+// (its length is returned), else it stays in s.plain: the first saves a
+// copy of every full record a large read asks for.
+func (s *Session) open(dst []byte) (int, bool, error) {
 	if s.rw-s.rr < headerLen {
-		return false, nil
+		return 0, false, nil
 	}
 	hdr := s.raw[s.rr : s.rr+headerLen]
 	if hdr[0] != typeAppData || hdr[1] != 3 {
-		return false, fmt.Errorf("tls: a record of type %d, version %#x: the stream is not TLS 1.3 application data", hdr[0], binary.BigEndian.Uint16(hdr[1:]))
+		return 0, false, fmt.Errorf("tls: a record of type %d, version %#x: the stream is not TLS 1.3 application data", hdr[0], binary.BigEndian.Uint16(hdr[1:]))
 	}
 	l := int(binary.BigEndian.Uint16(hdr[3:]))
 	if l > maxCiphertext || l < s.in.aead.Overhead()+1 {
-		return false, fmt.Errorf("tls: a record of %d bytes, allowed is %d..%d", l, s.in.aead.Overhead()+1, maxCiphertext)
+		return 0, false, fmt.Errorf("tls: a record of %d bytes, allowed is %d..%d", l, s.in.aead.Overhead()+1, maxCiphertext)
 	}
 	if s.rw-s.rr < headerLen+l {
-		return false, nil
+		return 0, false, nil
 	}
 	body := s.raw[s.rr+headerLen : s.rr+headerLen+l]
-	pt, err := s.in.aead.Open(body[:0], s.in.nextNonce(), body, hdr)
+	out := body[:0] // in place
+	direct := len(dst) >= l-s.in.aead.Overhead()
+	if direct {
+		out = dst[:0]
+	}
+	pt, err := s.in.aead.Open(out, s.in.nextNonce(), body, hdr)
 	if err != nil {
-		return false, ErrAuth
+		return 0, false, ErrAuth
 	}
 	s.rr += headerLen + l
 	s.openedRecords.Add(1)
@@ -516,22 +524,25 @@ func (s *Session) open() (bool, error) {
 		i--
 	}
 	if i < 0 {
-		return false, errors.New("tls: a record with no content type")
+		return 0, false, errors.New("tls: a record with no content type")
 	}
 	typ, pt := pt[i], pt[:i]
 	switch typ {
 	case typeAppData:
+		if direct {
+			return len(pt), true, nil
+		}
 		s.plain = pt
-		return true, nil
+		return 0, true, nil
 	case typeAlert:
 		if len(pt) == 2 && pt[1] == 0 {
-			return false, io.EOF // close_notify
+			return 0, false, io.EOF // close_notify
 		}
-		return false, fmt.Errorf("tls: the peer sent alert %v", pt)
+		return 0, false, fmt.Errorf("tls: the peer sent alert %v", pt)
 	case typeHandshake:
-		return true, s.postHandshake(pt)
+		return 0, true, s.postHandshake(pt)
 	}
-	return false, fmt.Errorf("tls: a record of content type %d", typ)
+	return 0, false, fmt.Errorf("tls: a record of content type %d", typ)
 }
 
 // postHandshake handles handshake messages after the handshake: key
