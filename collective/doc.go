@@ -86,9 +86,22 @@
 // environment variables GOCCL_ALGO, GOCCL_NCHANNELS, GOCCL_MAX_NCHANNELS,
 // GOCCL_CHUNK_SIZE, GOCCL_TIMEOUT, GOCCL_INIT_TIMEOUT, GOCCL_NSOCKS,
 // GOCCL_SOCKET_IFNAME, GOCCL_HOSTID, GOCCL_SPIN, GOCCL_TRANSPORT,
-// GOCCL_DEBUG, GOCCL_DEBUG_SUBSYS and GOCCL_DEBUG_DUMP are read once, when a
-// communicator is made; options override them; an invalid value is an
-// error. The launchers' variables are read by InitFromEnv only.
+// GOCCL_DEBUG, GOCCL_DEBUG_SUBSYS, GOCCL_DEBUG_DUMP and GOCCL_TLS_CERT,
+// GOCCL_TLS_KEY, GOCCL_TLS_CA are read once, when a communicator is made;
+// options override them; an invalid value is an error. The launchers'
+// variables are read by InitFromEnv only.
+//
+// # Security
+//
+// Every connection first proves it knows the job's 128-bit secret (an
+// HMAC challenge in each direction), so strangers are turned away before
+// any byte of theirs is trusted. With Config.TLSCert, TLSKey and TLSCA
+// (GOCCL_TLS_*), every TCP connection also runs mutual TLS 1.3: to the
+// bootstrap root with crypto/tls, and between ranks with internal/tlsrec,
+// which seals and opens TLS records inside the TCP transport's
+// non-blocking loop. Shared memory is not encrypted: it never leaves the
+// host, and its segments are reachable only through a Unix socket that
+// performs the same secret handshake.
 //
 // # Arithmetic
 //
