@@ -29,6 +29,10 @@ type LinkModel struct {
 	// tree, chain): big enough to amortise the per-step latency, small
 	// enough that the pipeline fills quickly.
 	ChunkBytes int64
+	// PostCost is what one more message costs its sender, relative to
+	// Latency (LogP's o/L): how much a rank pays to send the same message
+	// to several peers, as OneShot does. Zero means DefaultPostCost.
+	PostCost float64
 }
 
 // Validate reports a model the tuner cannot use.
@@ -36,6 +40,8 @@ func (m LinkModel) Validate() error {
 	switch {
 	case !(m.Latency >= 0) || !(m.Bandwidth > 0) || !(m.ReduceRate >= 0):
 		return fmt.Errorf("algorithms: link model needs latency ≥ 0, bandwidth > 0, reduce rate ≥ 0: %+v", m)
+	case !(m.PostCost >= 0):
+		return fmt.Errorf("algorithms: link model needs PostCost ≥ 0: %+v", m)
 	case m.MaxChannels < 1 || m.ChannelBytes < 1 || m.ChunkBytes < 1:
 		return fmt.Errorf("algorithms: link model needs MaxChannels, ChannelBytes and ChunkBytes ≥ 1: %+v", m)
 	}
@@ -69,13 +75,13 @@ func log2ceil(n int) int { return bits.Len(uint(n - 1)) }
 // exchanges relative to the ring's (see Cost).
 const rabenseifnerEfficiency = 0.85
 
-// oneShotPostCost is the cost of one more message in a OneShot all-reduce,
-// relative to the hop latency α: the sender's own work to post it. Fitted
-// to 8-byte all-reduce over TCP on loopback (docs/performance.md): 3 ranks
-// ran 33 µs one-shot against 36 µs recursive doubling (with its fold),
-// 4 ranks 50 µs against 40 µs. With 0.75 the tuner picks one-shot for 3
-// and 5 ranks, recursive doubling for 2, 4 and from 6 on.
-const oneShotPostCost = 0.75
+// DefaultPostCost is LinkModel.PostCost when a model leaves it zero: the
+// cost of one more message relative to the hop latency α, fitted to 8-byte
+// all-reduce over TCP on loopback (docs/performance.md): 3 ranks ran 33 µs
+// one-shot against 36 µs recursive doubling (with its fold), 4 ranks 50 µs
+// against 40 µs. With 0.75 the tuner picks one-shot for 3 and 5 ranks,
+// recursive doubling for 2, 4 and from 6 on.
+const DefaultPostCost = 0.75
 
 // Cost predicts the time of problem p run with algorithm a on c channels,
 // in seconds, from the link model: latency α per hop, bytes over bandwidth,
@@ -129,7 +135,11 @@ func Cost(p Problem, a Algorithm, c int) float64 {
 			// One hop; each message beyond the first costs its sender the
 			// software overhead of a post (LogP's o), and every rank moves
 			// and reduces n-1 whole vectors.
-			t = alpha*(1+(n-2)*oneShotPostCost) + (n-1)*S*(beta+gamma)
+			post := m.PostCost
+			if post == 0 {
+				post = DefaultPostCost
+			}
+			t = alpha*(1+(n-2)*post) + (n-1)*S*(beta+gamma)
 		case Rabenseifner:
 			// Its exchanges move the same bytes as a ring but measured about
 			// 15% slower per byte than the ring's forwarding at 1 MiB and

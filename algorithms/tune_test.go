@@ -26,6 +26,19 @@ func TestTunePicksLatencyAlgorithmsForSmallAndRingForLarge(t *testing.T) {
 	require.Equal(t, RecDoubling, tiny(8))
 	// n-1 whole vectors per rank lose once bytes count.
 	require.NotEqual(t, OneShot, Tune(Problem{Coll: CollAllReduce, NRanks: 4, Bytes: 1 << 20, Link: testLink}, AlgoAuto, 0, 0).Algo)
+	// Where posting a message costs a tenth of a hop (shared memory), one
+	// hop wins for small operations at any of these rank counts, and still
+	// loses once bytes count.
+	cheap := testLink
+	cheap.PostCost = 0.1
+	for _, n := range []int{2, 3, 4, 6, 8, 16} {
+		want := OneShot
+		if n == 2 {
+			want = RecDoubling // a tie: the same single exchange
+		}
+		require.Equal(t, want, Tune(Problem{Coll: CollAllReduce, NRanks: n, Bytes: 8, Link: cheap}, AlgoAuto, 0, 0).Algo, "%d ranks", n)
+	}
+	require.NotEqual(t, OneShot, Tune(Problem{Coll: CollAllReduce, NRanks: 4, Bytes: 1 << 20, Link: cheap}, AlgoAuto, 0, 0).Algo)
 	large := Tune(Problem{Coll: CollAllReduce, NRanks: 8, Bytes: 256 << 20, Link: testLink}, AlgoAuto, 0, 0)
 	require.Contains(t, []Algorithm{Ring, Rabenseifner}, large.Algo)
 	require.Equal(t, 4, large.Channels)

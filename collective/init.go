@@ -131,7 +131,11 @@ var tcpLink = algorithms.LinkModel{
 // store seen by a polling core (well under a microsecond) plus the
 // engine's own work per step; bandwidth is a memory copy through the
 // caches (RESULTS.md: 10–30 GB/s for one core); chunks of 512 KiB keep a
-// piece of a 2-rank ring within four 128 KiB slots.
+// piece of a 2-rank ring within four 128 KiB slots. Posting a small
+// message is a store to one cache line, a tenth of a hop: one-shot
+// all-reduce, which posts to every peer and waits once, measured 0.74–0.82×
+// the time of recursive doubling at 8 B with 4, 6 and 8 ranks
+// (docs/performance.md), so the tuner picks it for small operations.
 var shmLink = algorithms.LinkModel{
 	Latency:      1e-6,
 	Bandwidth:    8e9,
@@ -139,6 +143,7 @@ var shmLink = algorithms.LinkModel{
 	MaxChannels:  DefaultMaxChannels,
 	ChannelBytes: 4 << 20,
 	ChunkBytes:   512 << 10,
+	PostCost:     0.1,
 }
 
 // Init joins rank of nranks to the job named by id and returns its

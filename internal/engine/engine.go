@@ -442,6 +442,9 @@ func (e *Engine) Run(ctx context.Context, op *Op) (Plan, error) {
 	e.curSched.Store(pl.Sched)
 	defer e.curSched.Store(nil)
 	if pl.Channels == 1 {
+		if isOneShot(op, &pl) {
+			return pl, e.runs[0].oneShot(ctx, e.rank, e.nranks)
+		}
 		return pl, e.runs[0].run(ctx)
 	}
 	g, gctx := errgroup.WithContext(ctx)

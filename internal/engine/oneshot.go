@@ -1,0 +1,84 @@
+package engine
+
+import (
+	"context"
+
+	"github.com/goccl/goccl/algorithms"
+	"github.com/goccl/goccl/transport"
+)
+
+// A OneShot all-reduce whose whole input is one slice (a small operation,
+// where the algorithm is worth running at all) is one exchange: post the
+// input to every peer, then reduce the n contributions in rank order as
+// they are received. oneShot runs it straight on the connections, without
+// the schedule's 2n-1 steps and their slicers: on oversubscribed cores
+// each rank's turn on a core is short, and docs/performance.md measured
+// the step machinery as the larger part of it. The slices, tags and
+// results are the schedule's own.
+
+// isOneShot reports whether pl runs as one exchange (see oneShot).
+func isOneShot(op *Op, pl *Plan) bool {
+	return pl.Algo == algorithms.OneShot && pl.Channels == 1 && pl.Pieces == 1 &&
+		op.Coll == algorithms.CollAllReduce && op.Count <= pl.SliceElems
+}
+
+// oneShotStep stands for the exchange in errors and progress reports.
+var oneShotStep = algorithms.Step{Kind: algorithms.SendRecv}
+
+func (x *chanRun) oneShot(ctx context.Context, rank, nranks int) error {
+	nb := len(x.in)
+	x.piece, x.stepI = 0, 0
+	x.prog.Store(1)
+	tag := transport.Tag{Op: x.seq, Sig: x.sig}
+	for i := 1; i < nranks; i++ {
+		// Each rank starts with the peer after it, so that no rank receives
+		// every first post at once.
+		p := (rank + i) % nranks
+		c := x.conns[p]
+		b, err := c.Reserve(ctx, nb)
+		if err != nil {
+			return x.fail(&oneShotStep, p, err)
+		}
+		copy(b.Bytes(), x.in)
+		if err := c.Post(nb, tag); err != nil {
+			return x.fail(&oneShotStep, p, err)
+		}
+	}
+	// In place, the engine has made x.in a copy of the input
+	// (Schedule.CopyInPlace), so writing the output does not change it.
+	mine := x.in
+	out := x.out[:nb]
+	for r := range nranks {
+		src := mine
+		if r != rank {
+			in, err := x.recvSlice(ctx, &oneShotStep, x.conns[r], r, 0, nb)
+			if err != nil {
+				return err
+			}
+			src = in
+		}
+		switch r {
+		case 0:
+			if !sameStart(out, src) {
+				copy(out, src)
+			}
+		case nranks - 1:
+			x.final(out, out, src)
+		default:
+			x.red(out, out, src)
+		}
+		if r != rank {
+			if err := x.conns[r].Release(); err != nil {
+				return x.fail(&oneShotStep, r, err)
+			}
+		}
+	}
+	for p, c := range x.conns {
+		if f, ok := c.(transport.Flusher); ok && c != nil {
+			if err := f.Flush(ctx); err != nil {
+				return x.fail(&oneShotStep, p, err)
+			}
+		}
+	}
+	return nil
+}
