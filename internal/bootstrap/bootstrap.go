@@ -728,7 +728,7 @@ func dialRoot(ctx context.Context, addr string, secret []byte, tlsCfg *tls.Confi
 			raw.Close()
 			var rej *handshake.RejectedError
 			switch {
-			case errors.As(err, &terr) && terr.fatal():
+			case errors.As(err, &terr) && tlsrec.Permanent(terr.err):
 				return nil, fmt.Errorf("TLS with the root at %s: %w", addr, terr.err)
 			case errors.Is(err, handshake.ErrAuth):
 				return nil, fmt.Errorf("the root at %s does not know this job's secret (a different GOCCL_SECRET, or another job's root on that port): %w", addr, err)
@@ -754,16 +754,6 @@ type tlsError struct{ err error }
 
 func (t *tlsError) Error() string { return "TLS handshake: " + t.err.Error() }
 func (t *tlsError) Unwrap() error { return t.err }
-
-// fatal reports a handshake failure that retrying cannot mend: a
-// certificate refused on either side, or a root that does not speak TLS.
-func (t *tlsError) fatal() bool {
-	var alert tls.AlertError
-	var verify *tls.CertificateVerificationError
-	var header tls.RecordHeaderError
-	return errors.As(t.err, &alert) || errors.As(t.err, &verify) || errors.As(t.err, &header) ||
-		strings.Contains(t.err.Error(), "certificate")
-}
 
 // rejectInsteadOfTLS returns the reason of a reject frame that a root
 // without TLS sent in reply to this rank's ClientHello: crypto/tls read

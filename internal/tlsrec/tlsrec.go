@@ -48,6 +48,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strings"
 	"sync/atomic"
 
 	"golang.org/x/crypto/chacha20poly1305"
@@ -176,6 +177,24 @@ func Handshake(ctx context.Context, c net.Conn, cfg *tls.Config, client bool) (*
 // record in the socket; a caller whose handshake failed on a header that
 // was not TLS can then read the rest of what the peer sent.
 func RecordBounded(c net.Conn) net.Conn { return &recordBounded{Conn: c} }
+
+// Permanent reports a failed handshake that trying again cannot mend: a
+// certificate refused by either side, an alert from the peer, or a peer
+// that does not speak TLS. Other failures (a connection reset or a
+// timeout mid-handshake) may pass.
+func Permanent(err error) bool {
+	var verify *tls.CertificateVerificationError
+	var header tls.RecordHeaderError
+	var alert tls.AlertError
+	var op *net.OpError
+	switch {
+	case errors.As(err, &verify) || errors.As(err, &header) || errors.As(err, &alert):
+		return true
+	case errors.As(err, &op) && op.Op == "remote error": // crypto/tls's wrapping of a received alert
+		return true
+	}
+	return strings.Contains(err.Error(), "certificate")
+}
 
 // recordBounded hands crypto/tls the connection's bytes one TLS record at
 // a time and never reads past the end of the current one, so the
@@ -538,7 +557,10 @@ func (s *Session) open(dst []byte) (int, bool, error) {
 		if len(pt) == 2 && pt[1] == 0 {
 			return 0, false, io.EOF // close_notify
 		}
-		return 0, false, fmt.Errorf("tls: the peer sent alert %v", pt)
+		if len(pt) == 2 {
+			return 0, false, fmt.Errorf("tls: the peer sent an alert: %w", tls.AlertError(pt[1]))
+		}
+		return 0, false, fmt.Errorf("tls: a malformed alert %v", pt)
 	case typeHandshake:
 		return 0, true, s.postHandshake(pt)
 	}

@@ -430,7 +430,7 @@ func (e *Endpoint) dialOne(ctx context.Context, peer, ch, i int) (link, error) {
 			}
 			c.Close()
 			var terr *tlsError
-			if errors.Is(err, handshake.ErrAuth) || errors.As(err, &terr) || ctx.Err() != nil {
+			if errors.Is(err, handshake.ErrAuth) || (errors.As(err, &terr) && tlsrec.Permanent(terr.err)) || ctx.Err() != nil {
 				return link{}, fmt.Errorf("connecting to rank %d at %s: %w", peer, addr, err)
 			}
 			// A refusal (a wrong socket count, another protocol version)
@@ -456,8 +456,8 @@ type refusedError struct{ reason string }
 
 func (r *refusedError) Error() string { return "refused: " + r.reason }
 
-// tlsError is a failed TLS handshake: a certificate problem, which
-// retrying does not mend.
+// tlsError is a failed TLS handshake; tlsrec.Permanent says whether
+// retrying can mend it.
 type tlsError struct{ err error }
 
 func (t *tlsError) Error() string { return "TLS: " + t.err.Error() }
