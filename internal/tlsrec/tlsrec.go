@@ -495,18 +495,6 @@ func (s *Session) Read(p []byte, raw func([]byte) (int, error)) (int, error) {
 	return 0, s.err
 }
 
-// Buffered reports whether Read has data or whole records on hand, so
-// that it would return without calling raw.
-func (s *Session) Buffered() bool {
-	if len(s.plain) > 0 {
-		return true
-	}
-	if s.rw-s.rr < headerLen {
-		return false
-	}
-	return s.rw-s.rr >= headerLen+int(binary.BigEndian.Uint16(s.raw[s.rr+3:]))
-}
-
 // open opens the next record if it has arrived whole and acts on control
 // records. Application data goes straight into dst when the record fits
 // (its length is returned), else it stays in s.plain: the first saves a

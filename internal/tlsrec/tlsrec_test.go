@@ -326,3 +326,44 @@ func BenchmarkSession(b *testing.B) {
 		})
 	}
 }
+
+// TestEverySuiteRoundTrips seals and opens with each TLS 1.3 suite, and
+// checks that a session keyed with the other direction's secret cannot
+// open what was sealed.
+func TestEverySuiteRoundTrips(t *testing.T) {
+	a, b := bytes.Repeat([]byte{1}, 48), bytes.Repeat([]byte{2}, 48)
+	for _, suite := range []uint16{tls.TLS_AES_128_GCM_SHA256, tls.TLS_AES_256_GCM_SHA384, tls.TLS_CHACHA20_POLY1305_SHA256} {
+		t.Run(tls.CipherSuiteName(suite), func(t *testing.T) {
+			tx, err := tlsrec.NewSession(suite, a, b, tls.ConnectionState{})
+			require.NoError(t, err)
+			rx, err := tlsrec.NewSession(suite, b, a, tls.ConnectionState{})
+			require.NoError(t, err)
+			wrong, err := tlsrec.NewSession(suite, a, b, tls.ConnectionState{})
+			require.NoError(t, err)
+			msg := bytes.Repeat([]byte("gradient"), 5000)
+			wire := tx.Seal(nil, msg[:3], msg[3:])
+			feed := func(w []byte) func([]byte) (int, error) {
+				return func(p []byte) (int, error) {
+					if len(w) == 0 {
+						return 0, io.EOF
+					}
+					n := copy(p, w)
+					w = w[n:]
+					return n, nil
+				}
+			}
+			got := make([]byte, len(msg))
+			raw := feed(wire)
+			for n := 0; n < len(got); {
+				m, err := rx.Read(got[n:], raw)
+				require.NoError(t, err)
+				n += m
+			}
+			require.Equal(t, msg, got)
+			_, err = wrong.Read(got, feed(wire))
+			require.ErrorIs(t, err, tlsrec.ErrAuth)
+		})
+	}
+	_, err := tlsrec.NewSession(tls.TLS_RSA_WITH_AES_128_GCM_SHA256, a, b, tls.ConnectionState{})
+	require.ErrorContains(t, err, "not a TLS 1.3 suite")
+}
