@@ -24,6 +24,7 @@ import (
 	"github.com/goccl/goccl/algorithms"
 	"github.com/goccl/goccl/collective"
 	"github.com/goccl/goccl/internal/handshake"
+	"github.com/goccl/goccl/internal/tlsrec/tlstest"
 	"github.com/goccl/goccl/internal/wire"
 )
 
@@ -316,19 +317,38 @@ func TestMultiProcessMissingRank(t *testing.T) {
 // see childMain) at every rank's data port while collectives run; the job
 // must still finish with exact results.
 func TestMultiProcessStrangers(t *testing.T) {
-	envs := gocclEnvs(t, 3)
-	root := strings.TrimPrefix(envs[0][2], "GOCCL_ROOT=")
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for i := 0; i < 3; i++ {
-		keepAttacking(&wg, stop, root, i)
-	}
-	res := spawn(t, "strangers", envs, nil)
-	close(stop)
-	wg.Wait()
-	requireAllOK(t, res)
-	if runtime.GOOS == "linux" {
-		require.Contains(t, res[0].output, "attacking 3 TCP and 3 shared-memory listeners")
+	for _, tc := range []struct {
+		name string
+		tls  bool
+		want string
+	}{
+		{"plain", false, "attacking 3 TCP and 3 shared-memory listeners"},
+		// With TLS the data listeners are TCP only, and the root and
+		// every data port expect a TLS handshake.
+		{"tls", true, "attacking 3 TCP and 0 shared-memory listeners"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			envs := gocclEnvs(t, 3)
+			if tc.tls {
+				for r := range envs {
+					envs[r] = append(envs[r], "GOCCL_TRANSPORT=tcp")
+				}
+				tlsEnvs(t, envs, tlstest.NewCA(t, "job"))
+			}
+			root := strings.TrimPrefix(envs[0][2], "GOCCL_ROOT=")
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			for i := 0; i < 3; i++ {
+				keepAttacking(&wg, stop, root, i)
+			}
+			res := spawn(t, "strangers", envs, nil)
+			close(stop)
+			wg.Wait()
+			requireAllOK(t, res)
+			if runtime.GOOS == "linux" {
+				require.Contains(t, res[0].output, tc.want)
+			}
+		})
 	}
 }
 
