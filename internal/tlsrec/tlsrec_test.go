@@ -48,6 +48,18 @@ func reader(c net.Conn) func([]byte) (int, error) {
 	}
 }
 
+// feed is Session.Read's raw function over the bytes of w, then io.EOF.
+func feed(w []byte) func([]byte) (int, error) {
+	return func(p []byte) (int, error) {
+		if len(w) == 0 {
+			return 0, io.EOF
+		}
+		n := copy(p, w)
+		w = w[n:]
+		return n, nil
+	}
+}
+
 // readFull reads n bytes of application data from s.
 func readFull(t *testing.T, s *tlsrec.Session, c net.Conn, n int) []byte {
 	t.Helper()
@@ -272,15 +284,7 @@ func FuzzRead(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		off := 0
-		raw := func(p []byte) (int, error) {
-			if off == len(b) {
-				return 0, io.EOF
-			}
-			n := copy(p, b[off:])
-			off += n
-			return n, nil
-		}
+		raw := feed(b)
 		p := make([]byte, 64)
 		for range 100 {
 			if _, err := s.Read(p, raw); err != nil {
@@ -306,15 +310,7 @@ func BenchmarkSession(b *testing.B) {
 			b.SetBytes(int64(len(msg)))
 			for b.Loop() {
 				wire = tx.Seal(wire[:0], nil, msg)
-				off := 0
-				raw := func(p []byte) (int, error) {
-					if off == len(wire) {
-						return 0, io.EOF
-					}
-					n := copy(p, wire[off:])
-					off += n
-					return n, nil
-				}
+				raw := feed(wire)
 				for got := 0; got < len(out); {
 					n, err := rx.Read(out[got:], raw)
 					if err != nil {
@@ -342,16 +338,6 @@ func TestEverySuiteRoundTrips(t *testing.T) {
 			require.NoError(t, err)
 			msg := bytes.Repeat([]byte("gradient"), 5000)
 			wire := tx.Seal(nil, msg[:3], msg[3:])
-			feed := func(w []byte) func([]byte) (int, error) {
-				return func(p []byte) (int, error) {
-					if len(w) == 0 {
-						return 0, io.EOF
-					}
-					n := copy(p, w)
-					w = w[n:]
-					return n, nil
-				}
-			}
 			got := make([]byte, len(msg))
 			raw := feed(wire)
 			for n := 0; n < len(got); {
