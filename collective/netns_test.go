@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goccl/goccl/internal/netchaos"
+	"github.com/goccl/goccl/internal/tlsrec/tlstest"
 )
 
 // requireNetns skips the test where it cannot make network namespaces.
@@ -76,12 +77,23 @@ func hosts(t *testing.T, k int) (ns []string, addrs []string) {
 // and a bridge: real TCP between separate network stacks, and shared
 // memory between the ranks inside each, in one communicator.
 func TestMultiHostNamespaces(t *testing.T) {
-	for _, shape := range []struct{ hosts, perHost int }{{3, 1}, {3, 2}, {2, 2}} {
+	// The last shape also runs TLS on every TCP connection: shared memory
+	// inside each host, TLS records across.
+	for _, shape := range []struct {
+		hosts, perHost int
+		tls            bool
+	}{{3, 1, false}, {3, 2, false}, {2, 2, false}, {2, 2, true}} {
 		perHost := shape.perHost
-		t.Run(fmt.Sprintf("hosts=%d/ranks-per-host=%d", shape.hosts, perHost), func(t *testing.T) {
+		t.Run(fmt.Sprintf("hosts=%d/ranks-per-host=%d/tls=%v", shape.hosts, perHost, shape.tls), func(t *testing.T) {
 			ns, addrs := hosts(t, shape.hosts)
 			n := shape.hosts * perHost
 			envs := gocclEnvs(t, n)
+			if shape.tls {
+				for r := range envs {
+					envs[r] = append(envs[r], "GOCCL_DEBUG=INFO", "GOCCL_DEBUG_SUBSYS=INIT")
+				}
+				tlsEnvs(t, envs, tlstest.NewCA(t, "job"))
+			}
 			for r := range envs {
 				h := r / perHost
 				for i, kv := range envs[r] {
@@ -107,6 +119,11 @@ func TestMultiHostNamespaces(t *testing.T) {
 				require.Contains(t, res[0].output, fmt.Sprintf("rank %d transport %s ", q, want))
 			}
 			require.Contains(t, res[0].output, "10.77.0.", "the ranks talk over the veths")
+			if shape.tls {
+				for _, r := range res {
+					require.Contains(t, r.output, "tls=true", "rank %d", r.rank)
+				}
+			}
 		})
 	}
 }
