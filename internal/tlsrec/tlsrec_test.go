@@ -9,6 +9,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"testing"
 	"time"
 
@@ -101,12 +102,21 @@ func both(t *testing.T, a, b net.Conn, ca, cb *tls.Config) (*tlsrec.Session, *tl
 	return sa, r.s, ea, r.err
 }
 
-func TestSessionsCarryDataBothWays(t *testing.T) {
+// connected returns the two ends of a loopback connection whose TLS
+// handshake has run, rank0 the client and rank1 the server, with their
+// sessions.
+func connected(t *testing.T) (a, b net.Conn, sa, sb *tlsrec.Session) {
+	t.Helper()
 	ca := tlstest.NewCA(t, "job")
-	a, b := pair(t)
+	a, b = pair(t)
 	sa, sb, ea, eb := both(t, a, b, config(t, ca, "rank0"), config(t, ca, "rank1"))
 	require.NoError(t, ea)
 	require.NoError(t, eb)
+	return a, b, sa, sb
+}
+
+func TestSessionsCarryDataBothWays(t *testing.T) {
+	a, b, sa, sb := connected(t)
 	require.Equal(t, "rank1", sa.State.PeerCertificates[0].Subject.CommonName)
 	require.Equal(t, "rank0", sb.State.PeerCertificates[0].Subject.CommonName)
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -172,11 +182,7 @@ func TestInteroperatesWithCryptoTLS(t *testing.T) {
 }
 
 func TestAlteredRecordFailsAuthentication(t *testing.T) {
-	ca := tlstest.NewCA(t, "job")
-	a, b := pair(t)
-	sa, sb, ea, eb := both(t, a, b, config(t, ca, "rank0"), config(t, ca, "rank1"))
-	require.NoError(t, ea)
-	require.NoError(t, eb)
+	a, b, sa, sb := connected(t)
 	wire := sa.Seal(nil, []byte("gradients"), nil)
 	wire[len(wire)-20] ^= 1
 	go a.Write(wire)
@@ -187,19 +193,13 @@ func TestAlteredRecordFailsAuthentication(t *testing.T) {
 }
 
 func TestReplayedRecordFailsAuthentication(t *testing.T) {
-	ca := tlstest.NewCA(t, "job")
-	a, b := pair(t)
-	sa, sb, ea, eb := both(t, a, b, config(t, ca, "rank0"), config(t, ca, "rank1"))
-	require.NoError(t, ea)
-	require.NoError(t, eb)
+	a, b, sa, sb := connected(t)
 	wire := sa.Seal(nil, []byte("step 1"), nil)
-	go a.Write(append(slicesClone(wire), wire...))
+	go a.Write(append(slices.Clone(wire), wire...))
 	require.Equal(t, []byte("step 1"), readFull(t, sb, b, 6))
 	_, err := sb.Read(make([]byte, 16), reader(b))
 	require.ErrorIs(t, err, tlsrec.ErrAuth, "a record sent twice must not be accepted twice")
 }
-
-func slicesClone(b []byte) []byte { return append([]byte(nil), b...) }
 
 func TestPeersOutsideTheCAAreRefused(t *testing.T) {
 	ca := tlstest.NewCA(t, "job")
@@ -238,11 +238,7 @@ func TestLoadConfigSaysWhatIsWrong(t *testing.T) {
 // TestReadResumesAfterWouldBlock checks that Read hands back a
 // would-block error when a record is incomplete, and resumes.
 func TestReadResumesAfterWouldBlock(t *testing.T) {
-	ca := tlstest.NewCA(t, "job")
-	a, b := pair(t)
-	sa, sb, ea, eb := both(t, a, b, config(t, ca, "rank0"), config(t, ca, "rank1"))
-	require.NoError(t, ea)
-	require.NoError(t, eb)
+	_, _, sa, sb := connected(t)
 	wire := sa.Seal(nil, []byte("abcdefgh"), nil)
 	errWouldBlock := errors.New("would block")
 	var fed, calls int
