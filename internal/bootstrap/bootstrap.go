@@ -23,7 +23,6 @@ package bootstrap
 import (
 	"context"
 	"crypto/tls"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -706,7 +705,7 @@ func dialRoot(ctx context.Context, addr string, secret []byte, tlsCfg *tls.Confi
 	for attempt := 0; ; attempt++ {
 		d := net.Dialer{Timeout: 5 * time.Second}
 		raw, err := d.DialContext(ctx, "tcp", addr)
-		var terr *tlsError
+		var terr *tlsrec.HandshakeError
 		if err == nil {
 			c := raw
 			err = handshake.Bounded(ctx, raw, HandshakeTimeout, func() error {
@@ -716,7 +715,7 @@ func dialRoot(ctx context.Context, addr string, secret []byte, tlsCfg *tls.Confi
 						if rej := rejectInsteadOfTLS(err, raw); rej != nil {
 							return rej
 						}
-						return &tlsError{err}
+						return &tlsrec.HandshakeError{Err: err}
 					}
 					c = tc
 				}
@@ -728,8 +727,8 @@ func dialRoot(ctx context.Context, addr string, secret []byte, tlsCfg *tls.Confi
 			raw.Close()
 			var rej *handshake.RejectedError
 			switch {
-			case errors.As(err, &terr) && tlsrec.Permanent(terr.err):
-				return nil, fmt.Errorf("TLS with the root at %s: %w", addr, terr.err)
+			case errors.As(err, &terr) && tlsrec.Permanent(terr.Err):
+				return nil, fmt.Errorf("TLS with the root at %s: %w", addr, terr.Err)
 			case errors.Is(err, handshake.ErrAuth):
 				return nil, fmt.Errorf("the root at %s does not know this job's secret (a different GOCCL_SECRET, or another job's root on that port): %w", addr, err)
 			case errors.As(err, &rej):
@@ -749,22 +748,16 @@ func dialRoot(ctx context.Context, addr string, secret []byte, tlsCfg *tls.Confi
 	}
 }
 
-// tlsError is a failed TLS handshake with the root.
-type tlsError struct{ err error }
-
-func (t *tlsError) Error() string { return "TLS handshake: " + t.err.Error() }
-func (t *tlsError) Unwrap() error { return t.err }
-
 // rejectInsteadOfTLS returns the reason of a reject frame that a root
 // without TLS sent in reply to this rank's ClientHello: crypto/tls read
 // the frame's header as a record header and failed on it.
 func rejectInsteadOfTLS(err error, raw net.Conn) *handshake.RejectedError {
 	var rh tls.RecordHeaderError
-	if !errors.As(err, &rh) || wire.FrameType(rh.RecordHeader[0]) != wire.FrameReject {
+	if !errors.As(err, &rh) {
 		return nil
 	}
-	n := int(binary.BigEndian.Uint32(rh.RecordHeader[1:]))
-	if n > wire.MaxString+64 {
+	typ, n, err := wire.ParseFrameHeader(rh.RecordHeader[:])
+	if err != nil || typ != wire.FrameReject || n > wire.MaxString+64 {
 		return nil
 	}
 	payload := make([]byte, n)

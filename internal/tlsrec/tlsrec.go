@@ -178,6 +178,13 @@ func Handshake(ctx context.Context, c net.Conn, cfg *tls.Config, client bool) (*
 // was not TLS can then read the rest of what the peer sent.
 func RecordBounded(c net.Conn) net.Conn { return &recordBounded{Conn: c} }
 
+// HandshakeError is a TLS handshake that failed, as the TCP transport and
+// the bootstrap report it; Permanent says whether trying again can mend it.
+type HandshakeError struct{ Err error }
+
+func (e *HandshakeError) Error() string { return "TLS handshake: " + e.Err.Error() }
+func (e *HandshakeError) Unwrap() error { return e.Err }
+
 // Permanent reports a failed handshake that trying again cannot mend: a
 // certificate refused by either side, an alert from the peer, or a peer
 // that does not speak TLS. Other failures (a connection reset or a

@@ -313,10 +313,12 @@ func (e *Endpoint) checkSetup(s wire.ConnSetup) error {
 		return fmt.Errorf("rank %d may not dial rank %d (the lower rank of a pair dials)", s.From, e.o.Rank)
 	case int(s.NSocks) != e.o.NSocks || s.Socket >= s.NSocks:
 		return fmt.Errorf("socket %d of %d from rank %d, this rank uses %d sockets per connection (set GOCCL_NSOCKS alike on every rank)", s.Socket, s.NSocks, s.From, e.o.NSocks)
-	case s.Flags&wire.ConnTLS != 0 && e.o.TLS == nil:
-		return fmt.Errorf("rank %d uses TLS and rank %d does not (set GOCCL_TLS_CERT, GOCCL_TLS_KEY and GOCCL_TLS_CA on every rank or on none)", s.From, e.o.Rank)
-	case s.Flags&wire.ConnTLS == 0 && e.o.TLS != nil:
-		return fmt.Errorf("rank %d uses TLS and rank %d does not (set GOCCL_TLS_CERT, GOCCL_TLS_KEY and GOCCL_TLS_CA on every rank or on none)", e.o.Rank, s.From)
+	case (s.Flags&wire.ConnTLS != 0) != (e.o.TLS != nil):
+		with, without := int(s.From), e.o.Rank
+		if e.o.TLS != nil {
+			with, without = without, with
+		}
+		return fmt.Errorf("rank %d uses TLS and rank %d does not (set GOCCL_TLS_CERT, GOCCL_TLS_KEY and GOCCL_TLS_CA on every rank or on none)", with, without)
 	}
 	return nil
 }
@@ -429,8 +431,8 @@ func (e *Endpoint) dialOne(ctx context.Context, peer, ch, i int) (link, error) {
 				return link{c, ts}, nil
 			}
 			c.Close()
-			var terr *tlsError
-			if errors.Is(err, handshake.ErrAuth) || (errors.As(err, &terr) && tlsrec.Permanent(terr.err)) || ctx.Err() != nil {
+			var terr *tlsrec.HandshakeError
+			if errors.Is(err, handshake.ErrAuth) || (errors.As(err, &terr) && tlsrec.Permanent(terr.Err)) || ctx.Err() != nil {
 				return link{}, fmt.Errorf("connecting to rank %d at %s: %w", peer, addr, err)
 			}
 			// A refusal (a wrong socket count, another protocol version)
@@ -455,13 +457,6 @@ func (e *Endpoint) dialOne(ctx context.Context, peer, ch, i int) (link, error) {
 type refusedError struct{ reason string }
 
 func (r *refusedError) Error() string { return "refused: " + r.reason }
-
-// tlsError is a failed TLS handshake; tlsrec.Permanent says whether
-// retrying can mend it.
-type tlsError struct{ err error }
-
-func (t *tlsError) Error() string { return "TLS: " + t.err.Error() }
-func (t *tlsError) Unwrap() error { return t.err }
 
 func (e *Endpoint) setupOutgoing(ctx context.Context, c net.Conn, peer, ch, i int) (*tlsrec.Session, error) {
 	s := wire.ConnSetup{From: uint32(e.o.Rank), To: uint32(peer), Channel: uint32(ch), Socket: uint16(i), NSocks: uint16(e.o.NSocks)}
@@ -488,7 +483,7 @@ func (e *Endpoint) setupOutgoing(ctx context.Context, c net.Conn, peer, ch, i in
 		}
 		if e.o.TLS != nil {
 			if ts, err = clientTLS(ctx, c, e.o.TLS); err != nil {
-				return &tlsError{err}
+				return &tlsrec.HandshakeError{Err: err}
 			}
 		}
 		return nil
