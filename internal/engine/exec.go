@@ -148,14 +148,23 @@ func (x *chanRun) run(ctx context.Context) error {
 	// buffers (slices sent straight from them) or this rank goes quiet
 	// (slices still queued in the transport).
 	x.stepI = -1
+	if peer, err := x.flush(ctx); err != nil {
+		return &StepError{Channel: x.ch, Piece: x.hi - 1, Step: len(x.sched.Steps), Kind: algorithms.Send, Peer: peer, Err: err}
+	}
+	return nil
+}
+
+// flush waits until everything posted on the run's connections has left,
+// and returns the peer of the first connection that fails.
+func (x *chanRun) flush(ctx context.Context) (int, error) {
 	for peer, c := range x.conns {
 		if f, ok := c.(transport.Flusher); ok && c != nil {
 			if err := f.Flush(ctx); err != nil {
-				return &StepError{Channel: x.ch, Piece: x.hi - 1, Step: len(x.sched.Steps), Kind: algorithms.Send, Peer: peer, Err: err}
+				return peer, err
 			}
 		}
 	}
-	return nil
+	return -1, nil
 }
 
 func (x *chanRun) fail(st *algorithms.Step, peer int, err error) error {

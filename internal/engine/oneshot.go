@@ -73,12 +73,8 @@ func (x *chanRun) oneShot(ctx context.Context, rank, nranks int) error {
 			}
 		}
 	}
-	for p, c := range x.conns {
-		if f, ok := c.(transport.Flusher); ok && c != nil {
-			if err := f.Flush(ctx); err != nil {
-				return x.fail(&oneShotStep, p, err)
-			}
-		}
+	if p, err := x.flush(ctx); err != nil {
+		return x.fail(&oneShotStep, p, err)
 	}
 	return nil
 }
