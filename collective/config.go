@@ -98,6 +98,8 @@ type Config struct {
 	// serverAuth and clientAuth extended key usages (or none). Shared
 	// memory stays within the host and does not use TLS.
 	TLSCert, TLSKey, TLSCA string
+	// tls is what those files make, loaded once by resolve; nil without TLS.
+	tls *tls.Config
 }
 
 // Option changes a Config.
@@ -287,6 +289,9 @@ func resolve(opts []Option) (Config, func(string) (string, bool), error) {
 	if err := cfg.validate(); err != nil {
 		return Config{}, nil, err
 	}
+	if cfg.tls, err = cfg.loadTLS(); err != nil {
+		return Config{}, nil, err
+	}
 	return cfg.withDefaults(), s.lookup, nil
 }
 
@@ -456,8 +461,8 @@ func (c Config) validate() error {
 	return nil
 }
 
-// tlsConfig loads the TLS files, or returns nil when TLS is off.
-func (c Config) tlsConfig() (*tls.Config, error) {
+// loadTLS loads the TLS files, or returns nil when TLS is off.
+func (c Config) loadTLS() (*tls.Config, error) {
 	if c.TLSCert == "" {
 		return nil, nil
 	}

@@ -98,12 +98,8 @@ func NewUniqueID(opts ...Option) (UniqueID, error) {
 	if _, err := rand.Read(id.secret[:]); err != nil {
 		return UniqueID{}, err
 	}
-	tlsCfg, err := cfg.tlsConfig()
-	if err != nil {
-		return UniqueID{}, err
-	}
 	r, err := bootstrap.StartRoot(net.JoinHostPort(addrs[0].Host(), "0"), bootstrap.RootOptions{
-		Secret: id.secret[:], Version: Version, Timeout: cfg.InitTimeout, Watch: true, TLS: tlsCfg})
+		Secret: id.secret[:], Version: Version, Timeout: cfg.InitTimeout, Watch: true, TLS: cfg.tls})
 	if err != nil {
 		return UniqueID{}, err
 	}
@@ -170,12 +166,8 @@ func Init(ctx context.Context, id UniqueID, nranks, rank int, opts ...Option) (*
 }
 
 func initProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, lookup func(string) (string, bool)) (*Comm, error) {
-	tlsCfg, err := cfg.tlsConfig()
-	if err != nil {
-		return nil, fmt.Errorf("goccl: rank %d of %d: init: %w", rank, nranks, err)
-	}
 	return buildProcs(ctx, id, nranks, rank, cfg, lookup, func(ctx context.Context, info wire.PeerInfo) (wire.Table, *bootstrap.Watch, error) {
-		return bootstrap.JoinWatch(ctx, id.addr, id.secret[:], info, bootstrap.WithTLS(tlsCfg))
+		return bootstrap.JoinWatch(ctx, id.addr, id.secret[:], info, bootstrap.WithTLS(cfg.tls))
 	})
 }
 
@@ -303,13 +295,8 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	var tcpEp *tcp.Endpoint
 	if nTCP > 0 || nShm == 0 {
 		tcpPeers[rank] = ln.Addr().String()
-		tlsCfg, err := cfg.tlsConfig()
-		if err != nil {
-			closeListeners()
-			return fail(err)
-		}
 		ep, err := tcp.New(tcp.Options{Rank: rank, NRanks: nranks, Peers: tcpPeers, Secret: id.secret[:], Listener: ln,
-			NSocks: cfg.NSocks, Slots: slots, SlotSize: slotSize, SpinFor: cfg.Spin, TLS: tlsCfg})
+			NSocks: cfg.NSocks, Slots: slots, SlotSize: slotSize, SpinFor: cfg.Spin, TLS: cfg.tls})
 		if err != nil {
 			closeListeners()
 			return fail(err)
@@ -414,12 +401,8 @@ func InitFromEnv(ctx context.Context, opts ...Option) (*Comm, error) {
 		}
 		if env.Rank == 0 {
 			_, port, _ := net.SplitHostPort(env.Root)
-			tlsCfg, err := cfg.tlsConfig()
-			if err != nil {
-				return nil, err
-			}
 			r, err := bootstrap.StartRoot(net.JoinHostPort("", port), bootstrap.RootOptions{
-				Secret: id.secret[:], Version: Version, Timeout: cfg.InitTimeout, Watch: true, TLS: tlsCfg})
+				Secret: id.secret[:], Version: Version, Timeout: cfg.InitTimeout, Watch: true, TLS: cfg.tls})
 			if err != nil {
 				return nil, fmt.Errorf("goccl: rank 0 hosts the root at %s: %w", env.Root, err)
 			}
