@@ -2,6 +2,7 @@ package bench
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -94,45 +95,31 @@ func TypeName(t collective.DataType) string {
 // ParseTypes parses -d: a comma-separated list of nccl-tests type names
 // (also goccl's names: float32, float16, ...), or "all".
 func ParseTypes(s string) ([]collective.DataType, error) {
-	if strings.EqualFold(s, "all") {
-		return AllTypes, nil
-	}
-	var out []collective.DataType
-	for _, f := range strings.Split(s, ",") {
-		f = strings.ToLower(strings.TrimSpace(f))
-		found := false
-		for _, t := range AllTypes {
-			if f == TypeName(t) || f == t.String() {
-				out, found = append(out, t), true
-				break
-			}
-		}
-		if !found {
-			return nil, fmt.Errorf("unknown data type %q (want int8, uint8, int32, uint32, int64, uint64, half, float, double, bfloat16 or all)", f)
-		}
-	}
-	return out, nil
+	return parseList(s, AllTypes, func(t collective.DataType, f string) bool { return f == TypeName(t) || f == t.String() },
+		"data type", "int8, uint8, int32, uint32, int64, uint64, half, float, double, bfloat16 or all")
 }
 
 // ParseOps parses -o: a comma-separated list of sum, prod, min, max, avg,
 // or "all".
 func ParseOps(s string) ([]collective.Op, error) {
+	return parseList(s, AllOps, func(o collective.Op, f string) bool { return f == o.String() },
+		"reduction", "sum, prod, min, max, avg or all")
+}
+
+// parseList parses a comma-separated list of names of all's members
+// (case-insensitive; is says whether a member has a name), or "all".
+func parseList[T any](s string, all []T, is func(T, string) bool, what, want string) ([]T, error) {
 	if strings.EqualFold(s, "all") {
-		return AllOps, nil
+		return all, nil
 	}
-	var out []collective.Op
+	var out []T
 	for _, f := range strings.Split(s, ",") {
 		f = strings.ToLower(strings.TrimSpace(f))
-		found := false
-		for _, o := range AllOps {
-			if f == o.String() {
-				out, found = append(out, o), true
-				break
-			}
+		i := slices.IndexFunc(all, func(v T) bool { return is(v, f) })
+		if i < 0 {
+			return nil, fmt.Errorf("unknown %s %q (want %s)", what, f, want)
 		}
-		if !found {
-			return nil, fmt.Errorf("unknown reduction %q (want sum, prod, min, max, avg or all)", f)
-		}
+		out = append(out, all[i])
 	}
 	return out, nil
 }
