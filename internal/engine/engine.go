@@ -115,12 +115,16 @@ type schedKey struct {
 
 type connKey struct{ peer, ch int }
 
+// planKey is what a plan, and the signature in it, depend on.
 type planKey struct {
 	coll  algorithms.Collective
 	typ   kernels.Type
+	red   kernels.Op
 	count int
 	root  int
 }
+
+func keyOf(op *Op) planKey { return planKey{op.Coll, op.Type, op.Red, op.Count, op.Root} }
 
 // maxPlans bounds the plan cache; it is cleared when full.
 const maxPlans = 256
@@ -162,7 +166,7 @@ func (op *Op) Bytes(n int) int64 {
 // Plan returns how op would run: algorithm, channels, pieces and schedule.
 // It does not consume a sequence number.
 func (e *Engine) Plan(op *Op) (Plan, error) {
-	k := planKey{op.Coll, op.Type, op.Count, op.Root}
+	k := keyOf(op)
 	e.mu.Lock()
 	pl, ok := e.plans[k]
 	e.mu.Unlock()
@@ -385,7 +389,7 @@ func (e *Engine) Run(ctx context.Context, op *Op) (Plan, error) {
 		return Plan{Seq: seq}, nil
 	}
 	var pl Plan
-	if k := (planKey{op.Coll, op.Type, op.Count, op.Root}); e.lastPlan != nil && k == e.lastKey {
+	if k := (keyOf(op)); e.lastPlan != nil && k == e.lastKey {
 		pl = *e.lastPlan
 	} else {
 		var err error

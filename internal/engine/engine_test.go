@@ -157,3 +157,27 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	_, err = New(0, 2, nw.Endpoint(0), Config{MaxChannels: 1})
 	require.Error(t, err, "an empty link model")
 }
+
+// TestOperatorMismatchAfterSameShape: the plan cache is keyed by what the
+// signature encodes. Both ranks first run a max over the same buffer
+// shape; then one runs a sum and the other a min of that shape. The
+// operator is in the signature, so the second operation must fail with a
+// MismatchError, not reuse the first plan's signature and mix the data.
+func TestOperatorMismatchAfterSameShape(t *testing.T) {
+	es, _ := engines(t, 2, Config{Algo: algorithms.Ring}, mem.Options{Slots: 4, SlotSize: 4096})
+	op := func(r int, red kernels.Op) *Op {
+		b := f32s([]float32{1, 2, 3, 4})
+		return &Op{Coll: algorithms.CollAllReduce, Type: kernels.Float32, Red: red, Count: 4, In: memory.HostBuffer(b), Out: memory.HostBuffer(b)}
+	}
+	for r, err := range runAll(t, es, func(r int) *Op { return op(r, kernels.Max) }) {
+		require.NoError(t, err, "rank %d", r)
+	}
+	errs := runAll(t, es, func(r int) *Op { return op(r, []kernels.Op{kernels.Sum, kernels.Min}[r]) })
+	mismatch := false
+	for r, err := range errs {
+		require.Error(t, err, "rank %d", r)
+		var me *MismatchError
+		mismatch = mismatch || errors.As(err, &me)
+	}
+	require.True(t, mismatch, "errors: %v", errs)
+}
