@@ -508,7 +508,7 @@ func (c *Comm) exec(ctx context.Context, k *call, r *Request, prev *Request) err
 	}
 	e := opErr(err)
 	if pl.Sched != nil {
-		e.Algo = pl.Algo.String()
+		e.Algo = pl.AlgoName()
 		e.Bytes = k.op.Bytes(c.size)
 	}
 	var se *engine.StepError

@@ -64,7 +64,7 @@ func (c *Comm) record(reason string, cause error) *flight.Dump {
 		}
 		if op.Count > 0 && op.Coll != algorithms.CollSend && op.Coll != algorithms.CollRecv {
 			if pl, err := c.eng.Plan(&op); err == nil {
-				e.Algo, e.Channels = pl.Algo.String(), pl.Channels
+				e.Algo, e.Channels = pl.AlgoName(), pl.Channels
 			}
 		}
 		if sn.start != 0 {

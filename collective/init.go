@@ -327,6 +327,14 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 			return fail(err)
 		}
 		rep.all = append(rep.all, ep)
+		if nShm == nranks-1 {
+			// Every rank is on this host: small collectives go on a board
+			// they all share (transport/shm's JoinBoard).
+			if err := ep.JoinBoard(ctx); err != nil {
+				rep.Close(err)
+				return fail(err)
+			}
+		}
 		for i, r := range route {
 			if r == TransportShm {
 				rep.byPeer[i] = ep

@@ -134,7 +134,7 @@ func (c *Comm) logReady() {
 		if err != nil {
 			return "?"
 		}
-		return fmt.Sprintf("%v/%dch", pl.Algo, pl.Channels)
+		return fmt.Sprintf("%s/%dch", pl.AlgoName(), pl.Channels)
 	}
 	log.Info("goccl: communicator ready", "nranks", c.size, "hosts", max(1, len(hosts)), "transports", strings.Join(tr, ","),
 		"allreduce_8B", algo(8), "allreduce_64MiB", algo(64<<20), "timeout", c.cfg.Timeout, "tls", c.cfg.TLSCert != "")
@@ -146,5 +146,5 @@ func (c *Comm) logOp(r *Request, pl engine.Plan, err error) {
 		return
 	}
 	c.opLog.Log(context.Background(), LevelTrace, "goccl: op", "op", r.name, "seq", r.cseq, "count", r.op.Count,
-		"algo", pl.Algo.String(), "channels", pl.Channels, "err", err)
+		"algo", pl.AlgoName(), "channels", pl.Channels, "err", err)
 }

@@ -237,11 +237,16 @@ func TestMultiProcessUniqueID(t *testing.T) {
 }
 
 func TestMultiProcessKilledRank(t *testing.T) {
-	for _, tr := range transports() {
-		t.Run("transport="+tr, func(t *testing.T) {
+	cases := []struct{ transport, count string }{{"tcp", "2097152"}}
+	if runtime.GOOS == "linux" {
+		// 8 bytes run on the shared board (transport/shm's JoinBoard).
+		cases = append(cases, struct{ transport, count string }{"shm", "2097152"}, struct{ transport, count string }{"shm", "2"})
+	}
+	for _, tc := range cases {
+		t.Run("transport="+tc.transport+"/count="+tc.count, func(t *testing.T) {
 			const n, victim = 4, 2
 			start := time.Now()
-			res := spawn(t, "kill", gocclEnvs(t, n, "GOCCL_TEST_VICTIM="+strconv.Itoa(victim), "GOCCL_TIMEOUT=10m", "GOCCL_TRANSPORT="+tr), nil)
+			res := spawn(t, "kill", gocclEnvs(t, n, "GOCCL_TEST_VICTIM="+strconv.Itoa(victim), "GOCCL_TIMEOUT=10m", "GOCCL_TRANSPORT="+tc.transport, "GOCCL_TEST_COUNT="+tc.count), nil)
 			took := time.Since(start)
 			for _, r := range res {
 				if r.rank == victim {
@@ -573,9 +578,14 @@ func childMain(scenario string) int {
 		return 0
 	case "kill":
 		victim, _ := strconv.Atoi(os.Getenv("GOCCL_TEST_VICTIM"))
-		buf := make([]float32, 2<<20)
+		count, _ := strconv.Atoi(os.Getenv("GOCCL_TEST_COUNT"))
+		buf := make([]float32, count)
+		die := 3
+		if count < 1000 {
+			die = 2000 // small operations take microseconds: die among many
+		}
 		for i := 0; ; i++ {
-			if c.Rank() == victim && i == 3 {
+			if c.Rank() == victim && i == die {
 				// Die in the middle of the next all-reduce, as a crash would.
 				go func() {
 					time.Sleep(2 * time.Millisecond)
@@ -585,7 +595,7 @@ func childMain(scenario string) int {
 			start := time.Now()
 			err := collective.AllReduce(ctx, c, buf, buf, collective.Sum)
 			if err == nil {
-				if i > 1000 {
+				if i > 1000*die {
 					return fail("the victim never died")
 				}
 				continue

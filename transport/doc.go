@@ -37,12 +37,23 @@
 // Close(nil) is graceful, Close(cause) aborts, and an abort reaches the
 // peers as a *PeerError wrapping a *PeerAbortedError that names the rank.
 //
-// # Direct paths (planned)
+// # Direct paths
 //
-// Two optional interfaces will let transports skip the slot copy where the
-// medium allows it: a sender that transmits straight from the user's
-// buffer (TCP sendmsg, RDMA write from registered user memory), and a
-// receiver that lands data straight in the user's output when no reduction
-// is needed (NCCL's "direct" primitives). The engine will test for them
-// per connection; a transport that offers neither still works unchanged.
+// Two optional interfaces let a transport skip a copy where its medium
+// allows it (NCCL's "direct" primitives): DirectSender sends straight
+// from the user's buffer (TCP writes it to the socket), DirectReceiver
+// lands a slice straight in the user's output (TCP reads into it), and
+// Flusher tells the engine when the user's buffers are free again. The
+// engine tests for them per connection; the shared-memory transport
+// offers none, since its sender already writes into the receiver's slot.
+//
+// # Boards
+//
+// An endpoint whose ranks all share memory may also offer a Board
+// (BoardHolder): a small region every rank reads and writes, where an
+// all-reduce of a few bytes is one post per rank and a read of the
+// others' posts, not n-1 messages on n-1 connections (Open MPI's coll/sm
+// does the same). Shared memory has one (transport/shm's JoinBoard); RDMA
+// could offer one as a registered region that every rank writes into
+// with RDMA writes.
 package transport

@@ -148,3 +148,37 @@ type Flusher interface {
 	// the operation returns, so that the caller may reuse its buffers.
 	Flush(ctx context.Context) error
 }
+
+// Board is memory that every rank of a communicator reads and writes (one
+// host's ranks over shared memory): a collective of a few bytes is one
+// post per rank there, where connections would take n-1, and each rank
+// reads the others' contributions straight from it (Open MPI's coll/sm
+// works the same way). Collectives are numbered alike on every rank (the
+// engine's sequence); a rank posts its contribution to collective seq, or
+// marks that it runs seq some other way, and the others read that. Only
+// the engine's goroutine calls a board's methods.
+type Board interface {
+	// Max is the largest contribution, in bytes.
+	Max() int
+	// Post publishes this rank's contribution to collective seq, with the
+	// operation's signature (as in Tag.Sig). It may wait until every
+	// member has finished reading what this rank posted two collectives
+	// ago.
+	Post(ctx context.Context, seq uint64, sig uint32, data []byte) error
+	// Mark records that this rank runs collective seq (signature sig)
+	// without the board, so that a rank waiting on the board for it learns
+	// that at once instead of waiting until its timeout.
+	Mark(seq uint64, sig uint32)
+	// Read waits until rank r has posted collective seq, and returns its
+	// signature and data, valid until this rank's next Post. If r marked
+	// seq, or went past it, without posting it, Read returns posted false
+	// and the mark's signature (0 if r went past without a mark).
+	Read(ctx context.Context, r int, seq uint64) (sig uint32, data []byte, posted bool, err error)
+}
+
+// BoardHolder is implemented by endpoints that may share a Board among
+// all of a communicator's ranks.
+type BoardHolder interface {
+	// Board returns the board, or nil if the endpoint has none.
+	Board() Board
+}

@@ -36,6 +36,18 @@
 // each other's unrelated data. Collectives are numbered on every rank
 // alike; sends and receives per peer and direction.
 //
+// # The board
+//
+// When every rank of the communicator shares one host, the transport may
+// offer a board (transport.Board): memory all of them map. An all-reduce
+// of at most Board.Max bytes then skips the connections: each rank posts
+// its input to its entry once and reduces everyone's entries in rank
+// order (board.go). A forced algorithm (Config.Algo) keeps operations on
+// the connections. Every other collective marks its sequence number on
+// the board, so a rank waiting there for a peer that runs the operation
+// over its connections (the two disagree about it) fails at once with a
+// MismatchError.
+//
 // # Ownership and failure
 //
 // Run is called by one goroutine at a time. It reads op.In and writes

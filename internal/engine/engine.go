@@ -105,6 +105,13 @@ type Engine struct {
 	// (algorithms.Schedule.CopyInPlace) runs as copyOp, on scratch.
 	scratch []byte
 	copyOp  Op
+
+	// The endpoint's board, if it has one that every rank shares
+	// (board.go), and what its operations keep between calls.
+	board     transport.Board
+	boardK    boardKernels
+	boardMine []byte       // a copy of the input, in place
+	boardPeer atomic.Int32 // whom a board operation waits for, for Progress
 }
 
 type schedKey struct {
@@ -145,14 +152,18 @@ func New(rank, nranks int, ep transport.Endpoint, cfg Config) (*Engine, error) {
 	if err := cfg.Link.Validate(); err != nil {
 		return nil, err
 	}
-	return &Engine{
+	e := &Engine{
 		rank: rank, nranks: nranks, ep: ep, caps: caps, cfg: cfg,
 		scheds:  map[schedKey]*algorithms.Schedule{},
 		plans:   map[planKey]Plan{},
 		conns:   map[connKey]transport.Conn{},
 		p2pSend: make([]uint64, nranks),
 		p2pRecv: make([]uint64, nranks),
-	}, nil
+	}
+	if bh, ok := ep.(transport.BoardHolder); ok && nranks > 1 {
+		e.board = bh.Board()
+	}
+	return e, nil
 }
 
 // Bytes is the operation's size on nranks ranks as nccl-tests counts it
@@ -166,6 +177,9 @@ func (op *Op) Bytes(n int) int64 {
 // Plan returns how op would run: algorithm, channels, pieces and schedule.
 // It does not consume a sequence number.
 func (e *Engine) Plan(op *Op) (Plan, error) {
+	if e.onBoard(op) {
+		return boardPlan(op, 0), nil
+	}
 	k := keyOf(op)
 	e.mu.Lock()
 	pl, ok := e.plans[k]
@@ -386,7 +400,11 @@ func (e *Engine) Run(ctx context.Context, op *Op) (Plan, error) {
 	if op.Count == 0 {
 		// Nothing moves, so nothing is checked: like NCCL, a zero count is
 		// a no-op that does not synchronise.
+		e.markOff(op, seq, signature(op, algorithms.Plan{Channels: 1}, 0, 0))
 		return Plan{Seq: seq}, nil
+	}
+	if e.onBoard(op) {
+		return e.runOnBoard(ctx, op, seq)
 	}
 	var pl Plan
 	if k := (keyOf(op)); e.lastPlan != nil && k == e.lastKey {
@@ -400,6 +418,7 @@ func (e *Engine) Run(ctx context.Context, op *Op) (Plan, error) {
 		e.lastKey, e.lastPlan = k, &cp
 	}
 	pl.Seq = seq
+	e.markOff(op, seq, pl.Sig)
 	if pl.Sched.CopyInPlace && op.In.Overlaps(op.Out) {
 		in := op.In.Bytes()
 		if cap(e.scratch) < len(in) {
@@ -490,6 +509,9 @@ func (e *Engine) Progress() []Progress {
 	if s == nil {
 		return nil
 	}
+	if s == &boardSched {
+		return e.boardProgress()
+	}
 	n := min(int(e.curChannels.Load()), maxProgress)
 	out := make([]Progress, 0, n)
 	for c := 0; c < n; c++ {
@@ -540,9 +562,16 @@ type MismatchError struct {
 	Got, Want transport.Tag
 	GotBytes  int
 	WantBytes int
+	// OffBoard: this rank waited on the shared board (board.go) for a
+	// collective the peer ran over its connections (Got.Sig is its
+	// signature) or went past (Got.Sig is 0).
+	OffBoard bool
 }
 
 func (e *MismatchError) Error() string {
+	if e.OffBoard {
+		return offBoardText(e)
+	}
 	what := "the ranks disagree about the operation"
 	switch {
 	case e.Got.Sig != e.Want.Sig:

@@ -452,6 +452,11 @@ type ConnSetup struct {
 // socket with a reason instead of reading a handshake as data.
 const ConnTLS uint16 = 1
 
+// ConnBoard in ConnSetup.Flags says the dialer hands over a board, the
+// memory all of a host's ranks share (transport/shm), not a pair's
+// segment.
+const ConnBoard uint16 = 2
+
 const connSetupLen = 18
 
 func (c *ConnSetup) Len() int { return connSetupLen }

@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -61,6 +60,8 @@ type Endpoint struct {
 	cause   error
 	done    chan struct{} // closed by Close
 	closing chan struct{} // closed when Close has finished
+
+	board *board // see JoinBoard
 
 	down  atomic.Bool // Close has begun: waiters stop
 	drops atomic.Int64
@@ -190,7 +191,13 @@ func (e *Endpoint) setupIncoming(c *net.UnixConn) {
 		e.logDrop(err)
 		return
 	}
-	seg, err := e.receiveSegment(c)
+	isBoard := s.Flags&wire.ConnBoard != 0
+	var seg *segment
+	if isBoard {
+		seg, err = e.receiveBoard(c)
+	} else {
+		seg, err = e.receiveSegment(c)
+	}
 	if err != nil {
 		reject(err)
 		return
@@ -200,13 +207,14 @@ func (e *Endpoint) setupIncoming(c *net.UnixConn) {
 		e.logDrop(err)
 		return
 	}
-	ctl, err := dupConn(c)
-	if err != nil {
+	ctl, k := -1, connKey{int(s.From), int(s.Channel)}
+	if isBoard {
+		k = boardKey
+	} else if ctl, err = dupConn(c); err != nil {
 		seg.detach()
 		e.logDrop(err)
 		return
 	}
-	k := connKey{int(s.From), int(s.Channel)}
 	e.mu.Lock()
 	p := e.pendingLocked(k)
 	dup := p.seg != nil
@@ -218,14 +226,20 @@ func (e *Endpoint) setupIncoming(c *net.UnixConn) {
 	}
 	e.mu.Unlock()
 	seg.detach()
-	unix.Close(ctl)
+	if ctl >= 0 {
+		unix.Close(ctl)
+	}
 	if dup {
-		e.logDrop(fmt.Errorf("a second segment from rank %d for channel %d", s.From, s.Channel))
+		e.logDrop(fmt.Errorf("a second segment from rank %d for channel %d (board: %v)", s.From, s.Channel, isBoard))
 	}
 }
 
 func (e *Endpoint) checkSetup(s wire.ConnSetup) error {
 	switch {
+	case s.Flags&^wire.ConnBoard != 0:
+		return fmt.Errorf("unknown connection flags %#x", s.Flags)
+	case s.Flags&wire.ConnBoard != 0 && s.From != 0:
+		return fmt.Errorf("rank %d may not hand rank %d a board (rank 0 does)", s.From, e.o.Rank)
 	case int(s.To) != e.o.Rank:
 		return fmt.Errorf("segment meant for rank %d reached rank %d", s.To, e.o.Rank)
 	case int(s.From) >= e.o.NRanks || int(s.From) >= e.o.Rank:
@@ -239,32 +253,11 @@ func (e *Endpoint) checkSetup(s wire.ConnSetup) error {
 // receiveSegment reads the segment message and its descriptor, and maps it.
 func (e *Endpoint) receiveSegment(c *net.UnixConn) (*segment, error) {
 	buf := make([]byte, segMsgLen)
-	oob := make([]byte, unix.CmsgSpace(4*4))
-	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
-	var fds []int
-	if oobn > 0 {
-		if msgs, perr := unix.ParseSocketControlMessage(oob[:oobn]); perr == nil {
-			for _, m := range msgs {
-				if f, perr := unix.ParseUnixRights(&m); perr == nil {
-					fds = append(fds, f...)
-				}
-			}
-		}
-	}
-	defer func() {
-		for _, fd := range fds {
-			unix.Close(fd)
-		}
-	}()
-	if err == nil && n < segMsgLen {
-		_, err = io.ReadFull(c, buf[n:])
-	}
+	fd, err := readWithFD(c, buf)
 	if err != nil {
 		return nil, fmt.Errorf("reading the segment: %w", err)
 	}
-	if len(fds) != 1 {
-		return nil, fmt.Errorf("expected one segment descriptor, got %d", len(fds))
-	}
+	defer unix.Close(fd)
 	want := appendSegMsg(nil, e.g)
 	if string(buf[:8]) != string(want[:8]) {
 		return nil, errors.New("malformed segment message")
@@ -273,7 +266,7 @@ func (e *Endpoint) receiveSegment(c *net.UnixConn) (*segment, error) {
 		return nil, fmt.Errorf("peer's segments have %d slots of %d bytes, rank %d uses %d of %d (set the slot settings alike on every rank)",
 			binary.LittleEndian.Uint32(buf[8:]), binary.LittleEndian.Uint32(buf[12:]), e.o.Rank, e.g.slots, e.g.slotSize)
 	}
-	return mapSegment(fds[0], e.g, 1)
+	return mapSegment(fd, e.g, 1)
 }
 
 // dupConn returns a blocking-free duplicate of c's descriptor, to keep as
@@ -370,22 +363,34 @@ func (e *Endpoint) awaitIncoming(ctx context.Context, k connKey) (*segment, int,
 
 // dial makes the pair's segment and hands it to peer.
 func (e *Endpoint) dial(ctx context.Context, peer, ch int) (*segment, int, error) {
+	var seg *segment
+	ctl := -1
+	err := e.retry(ctx, peer, func() (err error) {
+		seg, ctl, err = e.dialOnce(ctx, peer, ch)
+		return err
+	})
+	return seg, ctl, err
+}
+
+// retry runs hand (a hand-over to peer) until it succeeds, is refused, or
+// ctx ends: the peer's listener may not be up yet.
+func (e *Endpoint) retry(ctx context.Context, peer int, hand func() error) error {
 	addr := e.o.Peers[peer]
 	backoff := 5 * time.Millisecond
 	for {
-		seg, ctl, err := e.dialOnce(ctx, peer, ch)
+		err := hand()
 		if err == nil {
-			return seg, ctl, nil
+			return nil
 		}
 		var rej *handshake.RejectedError
 		if errors.Is(err, handshake.ErrAuth) || errors.As(err, &rej) || ctx.Err() != nil {
-			return nil, -1, fmt.Errorf("handing rank %d a segment at %s: %w", peer, addr, err)
+			return fmt.Errorf("handing rank %d a segment at %s: %w", peer, addr, err)
 		}
 		select {
 		case <-ctx.Done():
-			return nil, -1, fmt.Errorf("handing rank %d a segment at %s: %v: %w", peer, addr, err, context.Cause(ctx))
+			return fmt.Errorf("handing rank %d a segment at %s: %v: %w", peer, addr, err, context.Cause(ctx))
 		case <-e.done:
-			return nil, -1, transport.ErrClosed
+			return transport.ErrClosed
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, 500*time.Millisecond)
@@ -412,27 +417,13 @@ func (e *Endpoint) dialOnce(ctx context.Context, peer, ch int) (*segment, int, e
 		}); err != nil {
 			return err
 		}
-		ack := func() error {
-			typ, payload, err := handshake.ReadFrame(c, wire.MaxString+64)
-			if err != nil {
-				return err
-			}
-			if typ == wire.FrameReject {
-				r, _, _ := wire.ParseReject(payload)
-				return &handshake.RejectedError{Reason: r.Reason}
-			}
-			if typ != wire.FrameConnSetup {
-				return fmt.Errorf("expected a setup acknowledgement, got a %v frame", typ)
-			}
-			return nil
-		}
-		if err := ack(); err != nil {
+		if err := expectAck(c); err != nil {
 			return err
 		}
 		if _, _, err := c.WriteMsgUnix(appendSegMsg(nil, e.g), unix.UnixRights(fd), nil); err != nil {
 			return err
 		}
-		return ack() // the peer has mapped it
+		return expectAck(c) // the peer has mapped it
 	})
 	var ctl int
 	if err == nil {
@@ -443,6 +434,23 @@ func (e *Endpoint) dialOnce(ctx context.Context, peer, ch int) (*segment, int, e
 		return nil, -1, err
 	}
 	return seg, ctl, nil
+}
+
+// expectAck reads the peer's acknowledgement of a hand-over step, or its
+// refusal.
+func expectAck(c *net.UnixConn) error {
+	typ, payload, err := handshake.ReadFrame(c, wire.MaxString+64)
+	if err != nil {
+		return err
+	}
+	if typ == wire.FrameReject {
+		r, _, _ := wire.ParseReject(payload)
+		return &handshake.RejectedError{Reason: r.Reason}
+	}
+	if typ != wire.FrameConnSetup {
+		return fmt.Errorf("expected a setup acknowledgement, got a %v frame", typ)
+	}
+	return nil
 }
 
 // Close implements transport.Endpoint. A second Close waits for the first
@@ -469,12 +477,20 @@ func (e *Endpoint) Close(cause error) error {
 	for _, c := range e.conns {
 		conns = append(conns, c)
 	}
+	b := e.board
 	for k, p := range e.pending {
-		if p.seg != nil { // handed over, never collected: the peer has it
+		switch {
+		case p.seg == nil:
+		case k == boardKey: // handed over, never joined
+			b = &board{e: e, seg: p.seg, me: e.o.Rank, n: e.o.NRanks}
+		default: // handed over, never collected: the peer has it
 			conns = append(conns, newConn(e, k.peer, k.ch, p.seg, p.ctl))
 		}
 	}
 	e.mu.Unlock()
+	if b != nil {
+		b.leave(cause)
+	}
 	for _, c := range conns {
 		// Tell the peer first (an abort's reason, or that nothing more
 		// comes), then wake everyone sleeping on the segment: the peer,

@@ -32,3 +32,12 @@ func (e *Endpoint) Connect(ctx context.Context, peer, ch int) (transport.Conn, e
 func (e *Endpoint) Caps() transport.Caps { return transport.Caps{} }
 
 func (e *Endpoint) Close(cause error) error { return nil }
+
+// JoinBoard fails with ErrUnsupported.
+func (e *Endpoint) JoinBoard(ctx context.Context) error { return ErrUnsupported }
+
+// Board returns nil: there is no board on this platform.
+func (e *Endpoint) Board() transport.Board { return nil }
+
+// BoardMax is the largest contribution the board carries (none here).
+const BoardMax = 0

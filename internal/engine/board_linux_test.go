@@ -1,0 +1,247 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goccl/goccl/algorithms"
+	"github.com/goccl/goccl/internal/kernels"
+	"github.com/goccl/goccl/memory"
+	"github.com/goccl/goccl/transport"
+	"github.com/goccl/goccl/transport/shm"
+)
+
+// shmEngines makes n engines over shared-memory endpoints in this
+// process that have joined their board, as Init does when every rank is
+// on one host.
+func shmEngines(t *testing.T, n int, cfg Config) []*Engine {
+	t.Helper()
+	lns := make([]*net.UnixListener, n)
+	addrs := make([]string, n)
+	for r := range lns {
+		ln, err := shm.Listen()
+		require.NoError(t, err)
+		lns[r], addrs[r] = ln, ln.Addr().String()
+	}
+	eps := make([]*shm.Endpoint, n)
+	for r := range eps {
+		ep, err := shm.New(shm.Options{Rank: r, NRanks: n, Peers: addrs, Secret: []byte("0123456789abcdef"), Listener: lns[r], Slots: 4, SlotSize: 8192})
+		require.NoError(t, err)
+		eps[r] = ep
+		t.Cleanup(func() { ep.Close(nil) })
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for r, ep := range eps {
+		wg.Go(func() { errs[r] = ep.JoinBoard(context.Background()) })
+	}
+	wg.Wait()
+	require.NoError(t, errors.Join(errs...))
+	if cfg.MaxChannels == 0 {
+		cfg.MaxChannels = 2
+	}
+	cfg.Link = testLink
+	es := make([]*Engine, n)
+	for r, ep := range eps {
+		var err error
+		es[r], err = New(r, n, ep, cfg)
+		require.NoError(t, err)
+		require.NotNil(t, es[r].board)
+	}
+	return es
+}
+
+// runPlans runs op(r) on every engine concurrently and returns the plans.
+// A rank that fails aborts every endpoint, as the communicator's abort
+// reaches every rank through the bootstrap root.
+func runPlans(es []*Engine, ctx context.Context, op func(r int) *Op) ([]Plan, []error) {
+	pls := make([]Plan, len(es))
+	errs := make([]error, len(es))
+	var wg sync.WaitGroup
+	for r, e := range es {
+		wg.Go(func() {
+			if pls[r], errs[r] = e.Run(ctx, op(r)); errs[r] != nil {
+				for _, e := range es {
+					e.ep.Close(fmt.Errorf("rank %d aborts: %w", r, errs[r]))
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return pls, errs
+}
+
+// TestBoardAllReduceMatchesTheConnections: every type and operator, in
+// place and not, on the board and through the connections' one-shot
+// (GOCCL_ALGO=oneshot), which reduces in the same order with the same
+// kernels: the results must agree bit for bit, on every rank.
+func TestBoardAllReduceMatchesTheConnections(t *testing.T) {
+	for _, n := range []int{2, 3, 4} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			onBoard := shmEngines(t, n, Config{})
+			onConns := shmEngines(t, n, Config{Algo: algorithms.OneShot})
+			rng := rand.New(rand.NewPCG(uint64(n), 1))
+			for typ := kernels.Type(0); typ.Valid(); typ++ {
+				for red := kernels.Op(0); red.Valid(); red++ {
+					for _, inPlace := range []bool{false, true} {
+						count := 1 + rng.IntN(shm.BoardMax/typ.Size())
+						ins := make([][]byte, n)
+						for r := range ins {
+							ins[r] = make([]byte, count*typ.Size())
+							for i := range ins[r] {
+								ins[r][i] = byte(rng.IntN(5)) // small values: no overflow to argue about
+							}
+						}
+						run := func(es []*Engine) ([][]byte, []Plan) {
+							outs := make([][]byte, n)
+							pls, errs := runPlans(es, context.Background(), func(r int) *Op {
+								in := bytes.Clone(ins[r])
+								outs[r] = in
+								if !inPlace {
+									outs[r] = make([]byte, len(in))
+								}
+								return &Op{Coll: algorithms.CollAllReduce, Type: typ, Red: red, Count: count, In: memory.HostBuffer(in), Out: memory.HostBuffer(outs[r])}
+							})
+							require.NoError(t, errors.Join(errs...), "%v %v", typ, red)
+							return outs, pls
+						}
+						got, pls := run(onBoard)
+						want, wpls := run(onConns)
+						require.Same(t, &boardSched, pls[0].Sched, "%v %v ran on the board", typ, red)
+						require.NotSame(t, &boardSched, wpls[0].Sched)
+						for r := range n {
+							require.Equal(t, want[r], got[r], "%v %v in place %v, %d elements, rank %d", typ, red, inPlace, count, r)
+							require.Equal(t, got[0], got[r], "ranks agree bit for bit")
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestBoardMismatches: ranks that disagree fail at once, whether both are
+// on the board or one runs the operation over its connections.
+func TestBoardMismatches(t *testing.T) {
+	small := func(count int, red kernels.Op) *Op {
+		return &Op{Coll: algorithms.CollAllReduce, Type: kernels.Float32, Red: red, Count: count,
+			In: memory.HostBuffer(make([]byte, 4*count)), Out: memory.HostBuffer(make([]byte, 4*count))}
+	}
+	for _, c := range []struct {
+		name  string
+		odd   func() *Op // rank 1's operation; the others run small(4, Sum)
+		wants string     // in some rank's error
+	}{
+		{"count", func() *Op { return small(5, kernels.Sum) }, "with a different count"},
+		{"operator", func() *Op { return small(4, kernels.Max) }, "allreduce(float32, max)"},
+		{"connections", func() *Op { return small(4096, kernels.Sum) }, "did not post operation 0 on the shared board, where this rank waits for 16 bytes: both called allreduce(float32, sum), with a different count"},
+		{"broadcast", func() *Op {
+			b := make([]byte, 16)
+			return &Op{Coll: algorithms.CollBroadcast, Type: kernels.Float32, Count: 4, In: memory.HostBuffer(b), Out: memory.HostBuffer(b)}
+		}, "it called broadcast(float32)"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			es := shmEngines(t, 3, Config{})
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			start := time.Now()
+			_, errs := runPlans(es, ctx, func(r int) *Op {
+				if r == 1 {
+					return c.odd()
+				}
+				return small(4, kernels.Sum)
+			})
+			own, found := 0, false
+			for r, err := range errs {
+				require.Error(t, err, "rank %d", r)
+				var me *MismatchError
+				if errors.As(err, &me) && !errors.Is(err, transport.ErrClosed) { // its own, not an abort's cause
+					own++
+					if r != 1 {
+						require.Equal(t, 1, me.Peer, "rank %d names the odd rank", r)
+					}
+				}
+				found = found || bytes.Contains([]byte(err.Error()), []byte(c.wants))
+				t.Logf("rank %d: %v", r, err)
+			}
+			require.Positive(t, own, "some rank finds the mismatch itself")
+			require.True(t, found, "no rank's error says %q", c.wants)
+			require.Less(t, time.Since(start), 5*time.Second, "at once, not at a timeout")
+		})
+	}
+}
+
+// TestBoardZeroCountThenWork: a rank that calls a zero-count all-reduce
+// (a no-op) where the others call a real one is named when it moves on.
+func TestBoardZeroCountThenWork(t *testing.T) {
+	es := shmEngines(t, 2, Config{})
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	op := func(count int) *Op {
+		return &Op{Coll: algorithms.CollAllReduce, Type: kernels.Int32, Red: kernels.Sum, Count: count,
+			In: memory.HostBuffer(make([]byte, 4*count)), Out: memory.HostBuffer(make([]byte, 4*count))}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	start := time.Now()
+	wg.Go(func() {
+		if _, errs[0] = es[0].Run(ctx, op(2)); errs[0] != nil {
+			es[0].ep.Close(errs[0]) // as the communicator aborts
+		}
+	})
+	wg.Go(func() {
+		if _, errs[1] = es[1].Run(ctx, op(0)); errs[1] == nil {
+			_, errs[1] = es[1].Run(ctx, op(2))
+		}
+	})
+	wg.Wait()
+	var me *MismatchError
+	require.ErrorAs(t, errs[0], &me)
+	require.Equal(t, 1, me.Peer)
+	require.Contains(t, errs[0].Error(), "rank 1 went past operation 0 without posting it on the shared board")
+	require.ErrorContains(t, errs[1], "rank 0 aborted", "the zero-count rank learns of it in its next operation")
+	require.Less(t, time.Since(start), 5*time.Second)
+	t.Log(errs[0])
+	t.Log(errs[1])
+}
+
+// TestBoardWaitIsReported: a rank waiting on the board for a peer that
+// never comes says whom it waits for, in Progress and in its error.
+func TestBoardWaitIsReported(t *testing.T) {
+	es := shmEngines(t, 3, Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	progress := make(chan []Progress, 1)
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		progress <- es[0].Progress()
+	}()
+	b := make([]byte, 8)
+	_, err := es[0].Run(ctx, &Op{Coll: algorithms.CollAllReduce, Type: kernels.Float64, Red: kernels.Sum, Count: 1, In: memory.HostBuffer(b), Out: memory.HostBuffer(b)})
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	var se *StepError
+	require.ErrorAs(t, err, &se)
+	require.Equal(t, 1, se.Peer)
+	require.Equal(t, []Progress{{Channel: 0, Step: 0, Kind: algorithms.SendRecv, Peer: 1}}, <-progress)
+}
+
+// TestForcedAlgorithmStaysOffTheBoard: GOCCL_ALGO picks the connections'
+// algorithm even where the board would serve.
+func TestForcedAlgorithmStaysOffTheBoard(t *testing.T) {
+	es := shmEngines(t, 2, Config{Algo: algorithms.Ring})
+	pls, errs := runPlans(es, context.Background(), func(r int) *Op {
+		b := make([]byte, 8)
+		return &Op{Coll: algorithms.CollAllReduce, Type: kernels.Float32, Red: kernels.Sum, Count: 2, In: memory.HostBuffer(b), Out: memory.HostBuffer(b)}
+	})
+	require.NoError(t, errors.Join(errs...))
+	require.Equal(t, algorithms.Ring, pls[0].Algo)
+}

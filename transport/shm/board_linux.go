@@ -1,0 +1,514 @@
+package shm
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/goccl/goccl/internal/handshake"
+	"github.com/goccl/goccl/internal/wire"
+	"github.com/goccl/goccl/transport"
+)
+
+// The board (transport.Board): one segment that all the communicator's
+// ranks map, when all of them share this host. Rank 0 makes it in
+// JoinBoard and hands it to every other rank the way a pair's segment is
+// handed over (ConnSetup with wire.ConnBoard).
+//
+// A collective of at most BoardMax bytes is then one post per rank: each
+// rank writes its contribution into its own entry and reads everyone
+// else's from theirs, where the connections would take n-1 posts and n-1
+// waits per rank, each on another segment. On 4 ranks sharing 2 cores,
+// where every wait is a context switch and what a rank does per turn on a
+// core sets the time (docs/performance.md), that is most of the work.
+//
+// Layout. Page 0 is the header; then a block per member; then a reason
+// area per member. Every field one side writes while others poll has a
+// 128-byte block to itself (Intel's adjacent-line prefetcher fetches lines
+// in pairs):
+//
+//	0                   magic, version, members
+//	128                 sleepers: members sleeping on wake
+//	256                 wake: futex word, bumped by posts that find sleepers
+//	page + m*memberLen  member m's block:
+//	  +0                last: the latest collective m posted or marked
+//	                    (seq+1, 8 bytes), its signature (4); m's flags
+//	                    at +64 (gone, aborted)
+//	  +128, +384        two entries, for even and odd seq:
+//	                    seq+1 (8 bytes, written last), signature (4),
+//	                    size (4), data (up to BoardMax bytes)
+//	...                 reasons: reasonLen bytes per member, why it aborted
+//
+// An entry is reused two collectives later. Before a member writes it
+// again it makes sure that every member has reached the collective in
+// between (posted or marked it), which a member does only after it has
+// finished reading the entry's previous contents. A member that runs
+// collectives on the board does know that from its reads; after
+// collectives that ran elsewhere it reads the others' last words.
+
+// BoardMax is the largest contribution the board carries: an entry is
+// four cache lines.
+const BoardMax = boardEntryLen - entryData
+
+const (
+	boardVersion  = 1
+	boardSleepers = 128
+	boardWake     = 256
+
+	memberLast    = 0
+	memberLastSig = 8
+	memberFlags   = 64
+	memberEntry   = 128
+	boardEntryLen = 256
+	memberLen     = memberEntry + 2*boardEntryLen
+
+	entrySeq  = 0
+	entrySig  = 8
+	entrySize = 12
+	entryData = 16
+
+	flagGone    = 1
+	flagAborted = 2
+
+	boardReasonLen = 512
+)
+
+func boardSize(n int) int {
+	return pageSize + roundPage(n*memberLen) + roundPage(n*boardReasonLen)
+}
+
+// board is this rank's view of the board.
+type board struct {
+	e    *Endpoint
+	seg  *segment // for its lifetime: acquire, release, detach
+	me   int
+	n    int
+	seen []uint64 // per member: collectives known reached (seq+1), from this rank's reads
+
+	sleeps atomic.Int32 // futex sleeps so far (tests look)
+}
+
+var _ transport.Board = (*board)(nil)
+
+func (b *board) member(m int) []byte {
+	off := pageSize + m*memberLen
+	return b.seg.mem[off : off+memberLen : off+memberLen]
+}
+
+func (b *board) u64(m, off int) *atomic.Uint64 {
+	return (*atomic.Uint64)(unsafe.Pointer(&b.member(m)[off]))
+}
+
+func (b *board) u32(m, off int) *atomic.Uint32 {
+	return (*atomic.Uint32)(unsafe.Pointer(&b.member(m)[off]))
+}
+
+func (b *board) entry(m int, seq uint64) []byte {
+	off := memberEntry + int(seq%2)*boardEntryLen
+	return b.member(m)[off : off+boardEntryLen : off+boardEntryLen]
+}
+
+func (b *board) reasonArea(m int) []byte {
+	off := pageSize + roundPage(b.n*memberLen) + m*boardReasonLen
+	return b.seg.mem[off : off+boardReasonLen : off+boardReasonLen]
+}
+
+func (b *board) sleepers() *atomic.Uint32 { return b.seg.u32(boardSleepers) }
+func (b *board) wake() *atomic.Uint32     { return b.seg.u32(boardWake) }
+
+// Max implements transport.Board.
+func (b *board) Max() int { return BoardMax }
+
+// Post implements transport.Board.
+func (b *board) Post(ctx context.Context, seq uint64, sig uint32, data []byte) error {
+	if len(data) > BoardMax {
+		return fmt.Errorf("shm: a %d-byte post to the board, which holds %d", len(data), BoardMax)
+	}
+	if !b.seg.acquire() || b.e.down.Load() {
+		return b.e.closedErr()
+	}
+	defer b.seg.release()
+	if seq >= 2 {
+		// The entry held seq-2: every member must be past it.
+		for m := range b.n {
+			if m == b.me || b.seen[m] >= seq {
+				continue
+			}
+			reached := func() bool {
+				b.seen[m] = max(b.seen[m], b.u64(m, memberLast).Load())
+				return b.seen[m] >= seq
+			}
+			if !reached() {
+				if err := b.wait(ctx, m, reached); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	e := b.entry(b.me, seq)
+	binary.LittleEndian.PutUint32(e[entrySig:], sig)
+	binary.LittleEndian.PutUint32(e[entrySize:], uint32(len(data)))
+	copy(e[entryData:], data)
+	(*atomic.Uint64)(unsafe.Pointer(&e[entrySeq])).Store(seq + 1)
+	b.setLast(seq, sig)
+	return nil
+}
+
+// Mark implements transport.Board.
+func (b *board) Mark(seq uint64, sig uint32) {
+	if !b.seg.acquire() {
+		return
+	}
+	b.setLast(seq, sig)
+	b.seg.release()
+}
+
+// setLast records seq as this member's latest collective and wakes the
+// sleepers. The store is sequentially consistent (an exchange on x86), so
+// either a member going to sleep sees it, or this sees the sleeper.
+func (b *board) setLast(seq uint64, sig uint32) {
+	b.u32(b.me, memberLastSig).Store(sig)
+	b.u64(b.me, memberLast).Store(seq + 1)
+	if b.sleepers().Load() != 0 {
+		b.wake().Add(1)
+		futexWake(b.wake())
+	}
+}
+
+// Read implements transport.Board.
+func (b *board) Read(ctx context.Context, r int, seq uint64) (uint32, []byte, bool, error) {
+	if r < 0 || r >= b.n || r == b.me {
+		return 0, nil, false, fmt.Errorf("shm: no board member %d to read", r)
+	}
+	if !b.seg.acquire() || b.e.down.Load() {
+		return 0, nil, false, b.e.closedErr()
+	}
+	e := b.entry(r, seq)
+	posted := (*atomic.Uint64)(unsafe.Pointer(&e[entrySeq]))
+	if posted.Load() != seq+1 {
+		var last uint64
+		ready := func() bool {
+			if posted.Load() == seq+1 {
+				return true
+			}
+			// Entries are written before last: once last says r is
+			// there, the entry is final.
+			last = b.u64(r, memberLast).Load()
+			return last >= seq+1
+		}
+		if !ready() {
+			if err := b.wait(ctx, r, ready); err != nil {
+				b.seg.release()
+				return 0, nil, false, err
+			}
+		}
+		if posted.Load() != seq+1 {
+			b.seen[r] = max(b.seen[r], last)
+			var sig uint32
+			if last == seq+1 {
+				sig = b.u32(r, memberLastSig).Load()
+			}
+			b.seg.release()
+			return sig, nil, false, nil
+		}
+	}
+	b.seen[r] = max(b.seen[r], seq+1)
+	size := min(int(binary.LittleEndian.Uint32(e[entrySize:])), BoardMax)
+	sig := binary.LittleEndian.Uint32(e[entrySig:])
+	b.seg.release()
+	return sig, e[entryData : entryData+size], true, nil
+}
+
+// wait waits until ready holds, polling like conn.await (yielding after
+// every failed poll when ranks outnumber cores), then sleeping on the
+// board's wake word. It fails when this endpoint closes, ctx ends, or
+// member r (whom it waits for) aborted or left; any member's abort ends
+// it too, since the collective cannot complete.
+func (b *board) wait(ctx context.Context, r int, ready func() bool) error {
+	every := 256 // polls between checks: with PAUSE, about 10 µs
+	if b.e.o.YieldWhenIdle {
+		every = 32 // each poll a sched_yield: about 30 µs or more
+	}
+	var start time.Time
+	for i := 1; ; i++ {
+		if ready() {
+			return nil
+		}
+		if b.e.o.YieldWhenIdle {
+			yieldCPU()
+		} else {
+			pause()
+		}
+		if i%every != 0 {
+			continue
+		}
+		if err := b.check(ctx, r); err != nil {
+			return err
+		}
+		now := time.Now()
+		if start.IsZero() {
+			start = now
+		}
+		if now.Sub(start) >= b.e.o.SpinFor {
+			break
+		}
+		if !b.e.o.YieldWhenIdle {
+			yieldCPU()
+		}
+	}
+	for {
+		b.sleepers().Add(1)
+		v := b.wake().Load()
+		if ready() {
+			b.sleepers().Add(^uint32(0))
+			return nil
+		}
+		if err := b.check(ctx, r); err != nil {
+			b.sleepers().Add(^uint32(0))
+			return err
+		}
+		b.sleeps.Add(1)
+		futexWait(b.wake(), v, sleepSlice)
+		b.sleepers().Add(^uint32(0))
+	}
+}
+
+func (b *board) check(ctx context.Context, r int) error {
+	if b.e.down.Load() {
+		return b.e.closedErr()
+	}
+	for m := range b.n {
+		if m != b.me && b.u32(m, memberFlags).Load()&flagAborted != 0 {
+			return &transport.PeerError{Peer: m, Op: "recv", Err: &transport.PeerAbortedError{Peer: m, Cause: errors.New(b.reason(m))}}
+		}
+	}
+	if b.u32(r, memberFlags).Load()&flagGone != 0 {
+		return &transport.PeerError{Peer: r, Op: "recv", Err: transport.ErrPeerClosed}
+	}
+	if err := ctx.Err(); err != nil {
+		return &transport.PeerError{Peer: r, Op: "recv", Err: context.Cause(ctx)}
+	}
+	return nil
+}
+
+func (b *board) reason(m int) string {
+	a := b.reasonArea(m)
+	n := min(int(binary.LittleEndian.Uint32(a)), boardReasonLen-4)
+	if n == 0 {
+		return "no reason given"
+	}
+	return string(a[4 : 4+n])
+}
+
+// leave marks this member gone (cause nil) or aborted, wakes everyone
+// and lets go of the board.
+func (b *board) leave(cause error) {
+	if b.seg.acquire() {
+		flag := uint32(flagGone)
+		if cause != nil {
+			a := b.reasonArea(b.me)
+			n := copy(a[4:], cause.Error())
+			binary.LittleEndian.PutUint32(a, uint32(n))
+			flag = flagAborted
+		}
+		b.u32(b.me, memberFlags).Or(flag)
+		b.wake().Add(1)
+		futexWake(b.wake())
+		b.seg.release()
+	}
+	b.seg.detach()
+}
+
+// boardMsg is what rank 0 sends with the board's descriptor.
+const boardMsgLen = 16
+
+func appendBoardMsg(b []byte, n int) []byte {
+	b = binary.LittleEndian.AppendUint64(b, magic)
+	b = binary.LittleEndian.AppendUint32(b, uint32(n))
+	return binary.LittleEndian.AppendUint32(b, uint32(boardSize(n)))
+}
+
+// boardKey files the board among the pending segments.
+var boardKey = connKey{peer: 0, ch: -1}
+
+// Board implements transport.BoardHolder: the board JoinBoard made, or
+// nil.
+func (e *Endpoint) Board() transport.Board {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.board == nil {
+		return nil
+	}
+	return e.board
+}
+
+// JoinBoard makes the board every rank of the communicator shares, when
+// all of them are this endpoint's peers (Options.Peers has no gaps):
+// rank 0 creates it and hands it to the others, who wait for it. Every
+// rank must call it, once, before its first operation.
+func (e *Endpoint) JoinBoard(ctx context.Context) error {
+	for r, p := range e.o.Peers {
+		if p == "" && r != e.o.Rank {
+			return fmt.Errorf("shm: rank %d is not a shared-memory peer, so there is no board", r)
+		}
+	}
+	if e.o.NRanks < 2 {
+		return nil
+	}
+	var seg *segment
+	var err error
+	if e.o.Rank == 0 {
+		seg, err = e.makeBoard(ctx)
+	} else {
+		seg, _, err = e.awaitIncoming(ctx, boardKey)
+	}
+	if err != nil {
+		return fmt.Errorf("shm: board: %w", err)
+	}
+	b := &board{e: e, seg: seg, me: e.o.Rank, n: e.o.NRanks, seen: make([]uint64, e.o.NRanks)}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed || e.board != nil {
+		seg.detach()
+		if e.closed {
+			return transport.ErrClosed
+		}
+		return errors.New("shm: JoinBoard called twice")
+	}
+	e.board = b
+	return nil
+}
+
+// makeBoard creates the board and hands it to every other rank.
+func (e *Endpoint) makeBoard(ctx context.Context) (*segment, error) {
+	n := e.o.NRanks
+	fd, err := unix.MemfdCreate("goccl-board", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("memfd_create: %w", err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Ftruncate(fd, int64(boardSize(n))); err != nil {
+		return nil, fmt.Errorf("size board: %w", err)
+	}
+	seg, err := mapBoard(fd, n, true)
+	if err != nil {
+		return nil, err
+	}
+	for peer := 1; peer < n; peer++ {
+		err := e.retry(ctx, peer, func() error { return e.handBoard(ctx, peer, fd) })
+		if err != nil {
+			seg.detach()
+			return nil, err
+		}
+	}
+	return seg, nil
+}
+
+// handBoard hands the board to peer.
+func (e *Endpoint) handBoard(ctx context.Context, peer, fd int) error {
+	d := net.Dialer{Timeout: setupTimeout}
+	nc, err := d.DialContext(ctx, "unix", e.o.Peers[peer])
+	if err != nil {
+		return err
+	}
+	c := nc.(*net.UnixConn)
+	defer c.Close()
+	s := wire.ConnSetup{From: uint32(e.o.Rank), To: uint32(peer), NSocks: 1, Flags: wire.ConnBoard}
+	return handshake.Bounded(ctx, c, setupTimeout, func() error {
+		if err := handshake.Client(c, e.o.Secret, wire.PurposeShm, func() (wire.FrameType, []byte) {
+			return wire.FrameConnSetup, s.Append(nil)
+		}); err != nil {
+			return err
+		}
+		if err := expectAck(c); err != nil {
+			return err
+		}
+		if _, _, err := c.WriteMsgUnix(appendBoardMsg(nil, e.o.NRanks), unix.UnixRights(fd), nil); err != nil {
+			return err
+		}
+		return expectAck(c) // the peer has mapped it
+	})
+}
+
+// receiveBoard reads the board message and its descriptor, and maps it.
+func (e *Endpoint) receiveBoard(c *net.UnixConn) (*segment, error) {
+	buf := make([]byte, boardMsgLen)
+	fd, err := readWithFD(c, buf)
+	if err != nil {
+		return nil, fmt.Errorf("reading the board: %w", err)
+	}
+	defer unix.Close(fd)
+	if string(buf) != string(appendBoardMsg(nil, e.o.NRanks)) {
+		return nil, fmt.Errorf("the board is for %d ranks of %d bytes; this communicator has %d ranks",
+			binary.LittleEndian.Uint32(buf[8:]), binary.LittleEndian.Uint32(buf[12:]), e.o.NRanks)
+	}
+	return mapBoard(fd, e.o.NRanks, false)
+}
+
+// mapBoard maps a board for n members; its creator writes the header,
+// the others check it.
+func mapBoard(fd, n int, create bool) (*segment, error) {
+	size := boardSize(n)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("stat board: %w", err)
+	}
+	if st.Size != int64(size) {
+		return nil, fmt.Errorf("board is %d bytes, want %d for %d ranks", st.Size, size, n)
+	}
+	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("map board: %w", err)
+	}
+	s := &segment{mem: mem}
+	if create {
+		binary.LittleEndian.PutUint64(mem[hdrMagic:], magic)
+		binary.LittleEndian.PutUint32(mem[hdrVersion:], boardVersion)
+		binary.LittleEndian.PutUint32(mem[hdrSlots:], uint32(n))
+		return s, nil
+	}
+	if binary.LittleEndian.Uint64(mem[hdrMagic:]) != magic || binary.LittleEndian.Uint32(mem[hdrVersion:]) != boardVersion ||
+		int(binary.LittleEndian.Uint32(mem[hdrSlots:])) != n {
+		unix.Munmap(mem)
+		return nil, errors.New("not a goccl board of this version and size")
+	}
+	return s, nil
+}
+
+// readWithFD reads len(buf) bytes from c and the one descriptor that
+// comes with them.
+func readWithFD(c *net.UnixConn, buf []byte) (int, error) {
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+	var fds []int
+	if oobn > 0 {
+		if msgs, perr := unix.ParseSocketControlMessage(oob[:oobn]); perr == nil {
+			for _, m := range msgs {
+				if f, perr := unix.ParseUnixRights(&m); perr == nil {
+					fds = append(fds, f...)
+				}
+			}
+		}
+	}
+	if err == nil && n < len(buf) {
+		_, err = io.ReadFull(c, buf[n:])
+	}
+	if err == nil && len(fds) != 1 {
+		err = fmt.Errorf("expected one descriptor, got %d", len(fds))
+	}
+	if err != nil {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		return -1, err
+	}
+	return fds[0], nil
+}

@@ -1,0 +1,240 @@
+//go:build linux
+
+package shm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goccl/goccl/transport"
+)
+
+// boards makes n endpoints that have joined their board (each rank's
+// JoinBoard runs concurrently, as every rank's Init does).
+func boards(t *testing.T, n int, mod func(r int, o *Options)) ([]*Endpoint, []transport.Board) {
+	t.Helper()
+	eps := endpoints(t, n, mod)
+	for _, ep := range eps {
+		require.Nil(t, ep.Board(), "no board before JoinBoard")
+	}
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r, ep := range eps {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			errs[r] = ep.JoinBoard(ctx)
+		})
+	}
+	wg.Wait()
+	bs := make([]transport.Board, n)
+	for r, ep := range eps {
+		require.NoError(t, errs[r], "rank %d", r)
+		bs[r] = ep.Board()
+		require.NotNil(t, bs[r])
+	}
+	return eps, bs
+}
+
+func contribution(seq uint64, r int) []byte { return []byte(fmt.Sprintf("seq %d from rank %d", seq, r)) }
+
+func TestBoardPostAndRead(t *testing.T) {
+	for _, n := range []int{2, 3, 5} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			_, bs := boards(t, n, nil)
+			errs := make([]error, n)
+			var wg sync.WaitGroup
+			for r, b := range bs {
+				wg.Go(func() {
+					errs[r] = func() error {
+						ctx := context.Background()
+						for seq := uint64(0); seq < 200; seq++ {
+							if err := b.Post(ctx, seq, uint32(seq)*7, contribution(seq, r)); err != nil {
+								return err
+							}
+							for p := range n {
+								if p == r {
+									continue
+								}
+								sig, data, posted, err := b.Read(ctx, p, seq)
+								switch {
+								case err != nil:
+									return err
+								case !posted || sig != uint32(seq)*7 || string(data) != string(contribution(seq, p)):
+									return fmt.Errorf("seq %d from rank %d: posted %v, sig %d, data %q", seq, p, posted, sig, data)
+								}
+							}
+						}
+						return nil
+					}()
+				})
+			}
+			wg.Wait()
+			for r, err := range errs {
+				require.NoError(t, err, "rank %d", r)
+			}
+		})
+	}
+}
+
+func TestBoardMarkAndWentPast(t *testing.T) {
+	_, bs := boards(t, 2, nil)
+	ctx := context.Background()
+	require.NoError(t, bs[0].Post(ctx, 0, 11, []byte("x")))
+	bs[1].Mark(0, 42) // rank 1 runs collective 0 on the connections
+	sig, data, posted, err := bs[0].Read(ctx, 1, 0)
+	require.NoError(t, err)
+	require.False(t, posted)
+	require.Equal(t, uint32(42), sig, "the mark's signature")
+	require.Nil(t, data)
+
+	// Rank 1 marks 1 and goes on to 2: asked about 1 after that, the board
+	// can only say that rank 1 went past it.
+	bs[1].Mark(1, 43)
+	bs[1].Mark(2, 44)
+	sig, _, posted, err = bs[0].Read(ctx, 1, 1)
+	require.NoError(t, err)
+	require.False(t, posted)
+	require.Zero(t, sig)
+}
+
+func TestBoardPostWaitsUntilTheEntryIsFree(t *testing.T) {
+	// An entry is reused two collectives later, once every member has
+	// reached the collective in between.
+	_, bs := boards(t, 2, nil)
+	ctx := context.Background()
+	require.NoError(t, bs[0].Post(ctx, 0, 1, []byte("a")))
+	require.NoError(t, bs[0].Post(ctx, 1, 1, []byte("b")))
+	done := make(chan error, 1)
+	go func() { done <- bs[0].Post(ctx, 2, 1, []byte("c")) }()
+	select {
+	case err := <-done:
+		t.Fatalf("posted over collective 0 before rank 1 reached collective 1: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	bs[1].Mark(0, 1)
+	select {
+	case err := <-done:
+		t.Fatalf("posted over collective 0 with rank 1 at collective 0: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	bs[1].Mark(1, 1)
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the post did not go ahead once rank 1 reached collective 1")
+	}
+	_, data, posted, err := bs[1].Read(ctx, 0, 2)
+	require.NoError(t, err)
+	require.True(t, posted)
+	require.Equal(t, "c", string(data))
+}
+
+func TestBoardAbortWakesReaders(t *testing.T) {
+	for _, spin := range []time.Duration{time.Millisecond, -1} {
+		t.Run(fmt.Sprint("spin=", spin), func(t *testing.T) {
+			eps, bs := boards(t, 3, func(_ int, o *Options) { o.SpinFor = spin })
+			got := make(chan error, 1)
+			go func() {
+				_, _, _, err := bs[1].Read(context.Background(), 0, 0) // rank 0 never posts
+				got <- err
+			}()
+			time.Sleep(20 * time.Millisecond)
+			start := time.Now()
+			eps[2].Close(errors.New("disk on fire"))
+			select {
+			case err := <-got:
+				var pa *transport.PeerAbortedError
+				require.ErrorAs(t, err, &pa)
+				require.Equal(t, 2, pa.Peer)
+				require.ErrorContains(t, err, "disk on fire")
+				require.Less(t, time.Since(start), time.Second)
+			case <-time.After(5 * time.Second):
+				t.Fatal("the abort did not reach the waiting reader")
+			}
+		})
+	}
+}
+
+func TestBoardGracefulLeave(t *testing.T) {
+	eps, bs := boards(t, 2, func(_ int, o *Options) { o.SpinFor = 100 * time.Microsecond })
+	ctx := context.Background()
+	require.NoError(t, bs[0].Post(ctx, 0, 1, []byte("last words")))
+	require.NoError(t, eps[0].Close(nil))
+	// What rank 0 posted stays readable; what it never posted is an error.
+	_, data, posted, err := bs[1].Read(ctx, 0, 0)
+	require.NoError(t, err)
+	require.True(t, posted)
+	require.Equal(t, "last words", string(data))
+	_, _, _, err = bs[1].Read(ctx, 0, 1)
+	require.ErrorIs(t, err, transport.ErrPeerClosed)
+}
+
+func TestBoardReadHonoursContext(t *testing.T) {
+	_, bs := boards(t, 2, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	_, _, _, err := bs[0].Read(ctx, 1, 0)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	var pe *transport.PeerError
+	require.ErrorAs(t, err, &pe)
+	require.Equal(t, 1, pe.Peer, "the error names whom it waited for")
+}
+
+func TestBoardSleepersAreWoken(t *testing.T) {
+	// Readers that sleep on the futex at once (no polling) still get every
+	// post: 20 rounds in which rank 0 takes 3 ms before it posts.
+	_, bs := boards(t, 2, func(_ int, o *Options) { o.SpinFor = -1 })
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for r, b := range bs {
+		wg.Go(func() {
+			for seq := uint64(0); seq < 20 && errs[r] == nil; seq++ {
+				if r == 0 {
+					time.Sleep(3 * time.Millisecond)
+				}
+				if errs[r] = b.Post(context.Background(), seq, 0, []byte{byte(r), byte(seq)}); errs[r] != nil {
+					break
+				}
+				_, data, _, err := b.Read(context.Background(), 1-r, seq)
+				if err == nil && string(data) != string([]byte{byte(1 - r), byte(seq)}) {
+					err = fmt.Errorf("seq %d: read %v", seq, data)
+				}
+				errs[r] = err
+			}
+		})
+	}
+	wg.Wait()
+	require.NoError(t, errors.Join(errs...))
+	require.Positive(t, bs[1].(*board).sleeps.Load(), "rank 1 slept while rank 0 took its time")
+}
+
+func TestBoardRefusals(t *testing.T) {
+	_, bs := boards(t, 2, nil)
+	require.ErrorContains(t, bs[0].Post(context.Background(), 0, 0, make([]byte, BoardMax+1)), "holds 240")
+	_, _, _, err := bs[0].Read(context.Background(), 0, 0)
+	require.ErrorContains(t, err, "no board member 0")
+
+	eps := endpoints(t, 3, func(r int, o *Options) { o.Peers[2] = "" })
+	require.ErrorContains(t, eps[0].JoinBoard(context.Background()), "rank 2 is not a shared-memory peer")
+}
+
+func TestBoardCloseUnmaps(t *testing.T) {
+	before := memfdMappings(t)
+	eps, bs := boards(t, 3, nil)
+	require.NoError(t, bs[1].Post(context.Background(), 0, 0, []byte("x")))
+	require.Equal(t, before+3, memfdMappings(t), "one board, mapped by each rank")
+	for _, ep := range eps {
+		ep.Close(nil)
+	}
+	require.Equal(t, before, memfdMappings(t))
+	_, _, _, err := bs[0].Read(context.Background(), 1, 0)
+	require.ErrorIs(t, err, transport.ErrClosed)
+}
