@@ -44,8 +44,9 @@
 // to self, overlapping buffers, a closed or nil communicator) return an
 // *ArgError before any data moves; the communicator stays usable. Ranks
 // that disagree about an operation's collective, type, operator, count or
-// root are caught by a signature every slice carries (ErrMismatch), at the
-// first slice a rank receives from a disagreeing peer: in the operation
+// root are caught by a signature every slice (and every post to a host's
+// shared board) carries (ErrMismatch), at the first slice a rank receives
+// from a disagreeing peer: in the operation
 // itself, or, when the disagreement leaves nobody receiving (every rank a
 // broadcast root), in the next one. The signature encodes the collective,
 // type, operator, algorithm and channels, so the error names what both

@@ -13,7 +13,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/goccl/goccl/internal/handshake"
 	"github.com/goccl/goccl/internal/wire"
 	"github.com/goccl/goccl/transport"
 )
@@ -233,6 +232,13 @@ func (b *board) Read(ctx context.Context, r int, seq uint64) (uint32, []byte, bo
 // member r (whom it waits for) aborted or left; any member's abort ends
 // it too, since the collective cannot complete.
 func (b *board) wait(ctx context.Context, r int, ready func() bool) error {
+	check := func() error {
+		err := b.check(ctx, r)
+		if errors.Is(err, transport.ErrPeerClosed) && ready() {
+			return nil // r left, but not before it got there
+		}
+		return err
+	}
 	every := 256 // polls between checks: with PAUSE, about 10 µs
 	if b.e.o.YieldWhenIdle {
 		every = 32 // each poll a sched_yield: about 30 µs or more
@@ -250,7 +256,7 @@ func (b *board) wait(ctx context.Context, r int, ready func() bool) error {
 		if i%every != 0 {
 			continue
 		}
-		if err := b.check(ctx, r); err != nil {
+		if err := check(); err != nil {
 			return err
 		}
 		now := time.Now()
@@ -271,7 +277,7 @@ func (b *board) wait(ctx context.Context, r int, ready func() bool) error {
 			b.sleepers().Add(^uint32(0))
 			return nil
 		}
-		if err := b.check(ctx, r); err != nil {
+		if err := check(); err != nil {
 			b.sleepers().Add(^uint32(0))
 			return err
 		}
@@ -403,39 +409,14 @@ func (e *Endpoint) makeBoard(ctx context.Context) (*segment, error) {
 		return nil, err
 	}
 	for peer := 1; peer < n; peer++ {
-		err := e.retry(ctx, peer, func() error { return e.handBoard(ctx, peer, fd) })
+		s := wire.ConnSetup{From: uint32(e.o.Rank), To: uint32(peer), NSocks: 1, Flags: wire.ConnBoard}
+		err := e.retry(ctx, peer, func() error { return e.handOver(ctx, peer, s, appendBoardMsg(nil, n), fd, nil) })
 		if err != nil {
 			seg.detach()
 			return nil, err
 		}
 	}
 	return seg, nil
-}
-
-// handBoard hands the board to peer.
-func (e *Endpoint) handBoard(ctx context.Context, peer, fd int) error {
-	d := net.Dialer{Timeout: setupTimeout}
-	nc, err := d.DialContext(ctx, "unix", e.o.Peers[peer])
-	if err != nil {
-		return err
-	}
-	c := nc.(*net.UnixConn)
-	defer c.Close()
-	s := wire.ConnSetup{From: uint32(e.o.Rank), To: uint32(peer), NSocks: 1, Flags: wire.ConnBoard}
-	return handshake.Bounded(ctx, c, setupTimeout, func() error {
-		if err := handshake.Client(c, e.o.Secret, wire.PurposeShm, func() (wire.FrameType, []byte) {
-			return wire.FrameConnSetup, s.Append(nil)
-		}); err != nil {
-			return err
-		}
-		if err := expectAck(c); err != nil {
-			return err
-		}
-		if _, _, err := c.WriteMsgUnix(appendBoardMsg(nil, e.o.NRanks), unix.UnixRights(fd), nil); err != nil {
-			return err
-		}
-		return expectAck(c) // the peer has mapped it
-	})
 }
 
 // receiveBoard reads the board message and its descriptor, and maps it.

@@ -42,7 +42,9 @@ func boards(t *testing.T, n int, mod func(r int, o *Options)) ([]*Endpoint, []tr
 	return eps, bs
 }
 
-func contribution(seq uint64, r int) []byte { return []byte(fmt.Sprintf("seq %d from rank %d", seq, r)) }
+func contribution(seq uint64, r int) []byte {
+	return []byte(fmt.Sprintf("seq %d from rank %d", seq, r))
+}
 
 func TestBoardPostAndRead(t *testing.T) {
 	for _, n := range []int{2, 3, 5} {

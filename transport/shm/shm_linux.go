@@ -398,19 +398,35 @@ func (e *Endpoint) retry(ctx context.Context, peer int, hand func() error) error
 }
 
 func (e *Endpoint) dialOnce(ctx context.Context, peer, ch int) (*segment, int, error) {
-	d := net.Dialer{Timeout: setupTimeout}
-	nc, err := d.DialContext(ctx, "unix", e.o.Peers[peer])
-	if err != nil {
-		return nil, -1, err
-	}
-	c := nc.(*net.UnixConn)
-	defer c.Close()
 	fd, seg, err := createSegment(e.g)
 	if err != nil {
 		return nil, -1, err
 	}
 	defer unix.Close(fd)
 	s := wire.ConnSetup{From: uint32(e.o.Rank), To: uint32(peer), Channel: uint32(ch), Socket: 0, NSocks: 1}
+	ctl := -1
+	err = e.handOver(ctx, peer, s, appendSegMsg(nil, e.g), fd, func(c *net.UnixConn) (err error) {
+		ctl, err = dupConn(c)
+		return err
+	})
+	if err != nil {
+		seg.detach()
+		return nil, -1, err
+	}
+	return seg, ctl, nil
+}
+
+// handOver dials peer, authenticates, and hands it fd with msg (a pair's
+// segment, or the board); keep, if set, runs on the connection once the
+// peer has mapped it.
+func (e *Endpoint) handOver(ctx context.Context, peer int, s wire.ConnSetup, msg []byte, fd int, keep func(*net.UnixConn) error) error {
+	d := net.Dialer{Timeout: setupTimeout}
+	nc, err := d.DialContext(ctx, "unix", e.o.Peers[peer])
+	if err != nil {
+		return err
+	}
+	c := nc.(*net.UnixConn)
+	defer c.Close()
 	err = handshake.Bounded(ctx, c, setupTimeout, func() error {
 		if err := handshake.Client(c, e.o.Secret, wire.PurposeShm, func() (wire.FrameType, []byte) {
 			return wire.FrameConnSetup, s.Append(nil)
@@ -420,20 +436,15 @@ func (e *Endpoint) dialOnce(ctx context.Context, peer, ch int) (*segment, int, e
 		if err := expectAck(c); err != nil {
 			return err
 		}
-		if _, _, err := c.WriteMsgUnix(appendSegMsg(nil, e.g), unix.UnixRights(fd), nil); err != nil {
+		if _, _, err := c.WriteMsgUnix(msg, unix.UnixRights(fd), nil); err != nil {
 			return err
 		}
 		return expectAck(c) // the peer has mapped it
 	})
-	var ctl int
-	if err == nil {
-		ctl, err = dupConn(c)
+	if err == nil && keep != nil {
+		err = keep(c)
 	}
-	if err != nil {
-		seg.detach()
-		return nil, -1, err
-	}
-	return seg, ctl, nil
+	return err
 }
 
 // expectAck reads the peer's acknowledgement of a hand-over step, or its
