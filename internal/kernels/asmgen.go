@@ -1,7 +1,8 @@
 //go:build ignore
 
 // asmgen writes zkernels_amd64.s and zkernels_amd64.go, the AVX2 kernels of
-// package kernels. Run it with `go generate ./internal/kernels/`.
+// package kernels and the AVX-512 forms of its streaming ones. Run it with
+// `go generate ./internal/kernels/`.
 //
 // Every kernel has the same shape (a loop of U vectors per iteration, then a
 // loop of one vector, then one element at a time), so it is cheaper to review
@@ -53,6 +54,9 @@ type elemFormat struct {
 	// aligned memory), for formats whose storeV is a plain move; "" for
 	// the others, which get no streaming kernels.
 	ntStore string
+	// wideMove is the unaligned load and store of a 64-byte Z register,
+	// for formats with AVX-512 streaming kernels ("" for none).
+	wideMove string
 }
 
 func lines(s ...string) []string { return s }
@@ -66,7 +70,7 @@ var (
 		storeV:  func(r []string, m string, _ []string) []string { return lines("VMOVUPS " + r[0] + ", " + m) },
 		loadS:   func(m, r string) []string { return lines("VMOVSS " + m + ", " + r) },
 		storeS:  func(r, m string, _ []string) []string { return lines("VMOVSS " + r + ", " + m) },
-		ntStore: "VMOVNTPS",
+		ntStore: "VMOVNTPS", wideMove: "VMOVUPS",
 	}
 	f64 = &elemFormat{
 		name: "F64", size: 8, vecBytes: 32, float: "PD", bInMem: true,
@@ -74,7 +78,7 @@ var (
 		storeV:  func(r []string, m string, _ []string) []string { return lines("VMOVUPD " + r[0] + ", " + m) },
 		loadS:   func(m, r string) []string { return lines("VMOVSD " + m + ", " + r) },
 		storeS:  func(r, m string, _ []string) []string { return lines("VMOVSD " + r + ", " + m) },
-		ntStore: "VMOVNTPD",
+		ntStore: "VMOVNTPD", wideMove: "VMOVUPD",
 	}
 	// f16 uses F16C: VCVTPH2PS widens 8 halves to 8 singles exactly;
 	// VCVTPS2PH with imm8 = 0 narrows rounding to nearest even (imm8 bit 2
@@ -140,7 +144,7 @@ var (
 		storeV:  func(r []string, m string, _ []string) []string { return lines("VMOVDQU " + r[0] + ", " + m) },
 		loadS:   func(m, r string) []string { return lines("MOVBLZX "+m+", R8", "VMOVD R8, "+r) },
 		storeS:  func(r, m string, _ []string) []string { return lines("VMOVD "+r+", R8", "MOVB R8, "+m) },
-		ntStore: "VMOVNTDQ",
+		ntStore: "VMOVNTDQ", wideMove: "VMOVDQU64",
 	}
 	i32 = &elemFormat{
 		name: "I32", size: 4, vecBytes: 32, bInMem: true,
@@ -148,7 +152,7 @@ var (
 		storeV:  func(r []string, m string, _ []string) []string { return lines("VMOVDQU " + r[0] + ", " + m) },
 		loadS:   func(m, r string) []string { return lines("VMOVD " + m + ", " + r) },
 		storeS:  func(r, m string, _ []string) []string { return lines("VMOVD " + r + ", " + m) },
-		ntStore: "VMOVNTDQ",
+		ntStore: "VMOVNTDQ", wideMove: "VMOVDQU64",
 	}
 	i64 = &elemFormat{
 		name: "I64", size: 8, vecBytes: 32, bInMem: true,
@@ -156,7 +160,7 @@ var (
 		storeV:  func(r []string, m string, _ []string) []string { return lines("VMOVDQU " + r[0] + ", " + m) },
 		loadS:   func(m, r string) []string { return lines("VMOVQ " + m + ", " + r) },
 		storeS:  func(r, m string, _ []string) []string { return lines("VMOVQ " + r + ", " + m) },
-		ntStore: "VMOVNTDQ",
+		ntStore: "VMOVNTDQ", wideMove: "VMOVDQU64",
 	}
 )
 
@@ -184,6 +188,10 @@ type operation struct {
 	consts []string // constant registers needed (set up by setup)
 	setup  []string
 	emit   func(f *elemFormat, a, b string, tmp []string, w string) []string
+	// wide is the AVX-512 form where it differs (w is "Z"); nil when
+	// emit serves, or when the operation has no AVX-512 kernel (noWide).
+	wide   func(f *elemFormat, a, b string) []string
+	noWide bool
 }
 
 func simple(name, instr string) *operation {
@@ -204,6 +212,10 @@ func floatArith(name, base string) *operation {
 // unless SRC1 < SRC2), so b's NaNs come out already; a's are restored with
 // a blend under an unordered self-compare of a (VCMPPS predicate 3,
 // UNORD_Q).
+//
+// AVX-512 has no VBLENDVPS on Z registers; there a mask of a's ordered
+// lanes (VCMPPS predicate 7, ORD_Q) limits the min/max to them, and a's
+// NaN lanes keep their value.
 func floatMinMax(name, base string) *operation {
 	return &operation{name: name, temps: 2, emit: func(f *elemFormat, a, b string, t []string, _ string) []string {
 		p := f.float
@@ -211,6 +223,12 @@ func floatMinMax(name, base string) *operation {
 			"V"+base+p+" "+b+", "+a+", "+t[0],
 			"VCMP"+p+" $3, "+a+", "+a+", "+t[1],
 			"VBLENDV"+p+" "+t[1]+", "+a+", "+t[0]+", "+a,
+		)
+	}, wide: func(f *elemFormat, a, b string) []string {
+		p := f.float
+		return lines(
+			"VCMP"+p+" $7, "+a+", "+a+", K1",
+			"V"+base+p+" "+b+", "+a+", K1, "+a,
 		)
 	}}
 }
@@ -238,7 +256,8 @@ var copyOp = &operation{name: "copy", emit: func(*elemFormat, string, string, []
 
 // mul64 is the low 64 bits of a 64x64 product (AVX2 has no VPMULLQ): with
 // a = ah*2^32 + al, b = bh*2^32 + bl, a*b mod 2^64 = al*bl + (ah*bl + al*bh)*2^32.
-var mul64 = &operation{name: "prod", temps: 2, bReg: true, emit: func(_ *elemFormat, a, b string, t []string, _ string) []string {
+// AVX-512DQ has VPMULLQ.
+var mul64 = &operation{name: "prod", temps: 2, bReg: true, wide: wideSimple("VPMULLQ"), emit: func(_ *elemFormat, a, b string, t []string, _ string) []string {
 	return lines(
 		"VPMULUDQ "+b+", "+a+", "+t[0], // al*bl
 		"VPSRLQ $32, "+a+", "+t[1],
@@ -254,8 +273,10 @@ var mul64 = &operation{name: "prod", temps: 2, bReg: true, emit: func(_ *elemFor
 // minMax64 selects with a signed 64-bit compare (VPCMPGTQ). Unsigned
 // compares flip the sign bit of both sides first (Y12 holds 1<<63), which
 // maps unsigned order onto signed order.
+// AVX-512F has the 64-bit minimum and maximum (VPMINSQ and its kin).
 func minMax64(name string, isMax, unsigned bool) *operation {
-	op := &operation{name: name, temps: 2, bReg: true}
+	instr := map[[2]bool]string{{false, false}: "VPMINSQ", {false, true}: "VPMINUQ", {true, false}: "VPMAXSQ", {true, true}: "VPMAXUQ"}[[2]bool{isMax, unsigned}]
+	op := &operation{name: name, temps: 2, bReg: true, wide: wideSimple(instr)}
 	if unsigned {
 		op.consts = []string{"Y12"}
 		op.setup = lines("MOVQ $0x8000000000000000, R8", "VMOVQ R8, X12", "VPBROADCASTQ X12, Y12")
@@ -278,6 +299,10 @@ func minMax64(name string, isMax, unsigned bool) *operation {
 	return op
 }
 
+func wideSimple(instr string) func(*elemFormat, string, string) []string {
+	return func(_ *elemFormat, a, b string) []string { return lines(instr + " " + b + ", " + a + ", " + a) }
+}
+
 type kernel struct {
 	f     *elemFormat
 	op    *operation
@@ -287,7 +312,15 @@ type kernel struct {
 	// and the kernel ends with SFENCE. dual: the result also goes to a
 	// second destination, dst2, with ordinary stores.
 	nt, dual bool
+	// wide: an AVX-512 streaming kernel on Z registers. It runs only the
+	// unrolled loop over whole blocks of wideBlock bytes (dst 64-byte
+	// aligned); the Go side hands the rest to the AVX2 kernel.
+	wide bool
 }
+
+// wideBlock is what a wide kernel's loop takes per iteration: four Z
+// registers. kernels_amd64.go has the same constant.
+const wideBlock = 256
 
 func (k *kernel) fname() string {
 	n := k.op.name + k.f.name
@@ -296,6 +329,9 @@ func (k *kernel) fname() string {
 	}
 	if k.dual {
 		n += "2"
+	}
+	if k.wide {
+		return n + "AVX512"
 	}
 	return n + "AVX2"
 }
@@ -315,6 +351,10 @@ type gen struct {
 func (g *gen) p(format string, a ...any) { fmt.Fprintf(&g.s, format+"\n", a...) }
 
 func (g *gen) kernel(k *kernel) {
+	if k.wide {
+		g.wideKernel(k)
+		return
+	}
 	f, op := k.f, k.op
 	consts := append(append([]string{}, f.consts...), op.consts...)
 	avail := 16 - len(consts)
@@ -521,6 +561,95 @@ func (g *gen) kernel(k *kernel) {
 	g.p("")
 }
 
+// wideKernel writes an AVX-512 streaming kernel: four Z registers of a
+// (and b from memory) per iteration, the result to dst with a streaming
+// store (and, dual, to dst2 with an ordinary one), over the whole blocks
+// of wideBlock bytes only.
+func (g *gen) wideKernel(k *kernel) {
+	f, op := k.f, k.op
+	name := k.fname()
+	var args string
+	var nOff, in int
+	switch {
+	case k.unary:
+		args, nOff = "dst, src []byte", 48
+	case k.dual:
+		args, nOff, in = "dst, dst2, a, b []byte", 96, 48
+	default:
+		args, nOff, in = "dst, a, b []byte", 72, 24
+	}
+	frame := fmt.Sprint(nOff)
+	hasN := op.name == "avg"
+	if hasN {
+		args += ", n " + k.nType()
+		if k.nType() == "float64" {
+			frame = fmt.Sprint(nOff + 8)
+		} else {
+			frame = fmt.Sprint(nOff + 4)
+		}
+	}
+	fmt.Fprintf(&g.gd, "//go:noescape\nfunc %s(%s)\n\n", name, args)
+	g.p("// func %s(%s)", name, args)
+	g.p("TEXT ·%s(SB), NOSPLIT, $0-%s", name, frame)
+	g.p("\tMOVQ dst_base+0(FP), DI")
+	g.p("\tMOVQ dst_len+8(FP), CX")
+	if k.unary {
+		g.p("\tMOVQ src_base+24(FP), SI")
+	} else {
+		if k.dual {
+			g.p("\tMOVQ dst2_base+24(FP), R10")
+		}
+		g.p("\tMOVQ a_base+%d(FP), SI", in)
+		g.p("\tMOVQ b_base+%d(FP), DX", in+24)
+	}
+	// The Go side passes equal lengths, a multiple of wideBlock.
+	g.p("\tANDQ $-%d, CX", wideBlock)
+	g.p("\tJZ done")
+	if hasN {
+		if k.nType() == "float64" {
+			g.p("\tVBROADCASTSD n+%d(FP), Z15", nOff)
+		} else {
+			g.p("\tVBROADCASTSS n+%d(FP), Z15", nOff)
+		}
+	}
+	g.p("\tXORQ AX, AX")
+	g.p("loop:")
+	for i := 0; i < wideBlock/64; i++ {
+		a := fmt.Sprintf("Z%d", i)
+		off := i * 64
+		var l []string
+		l = append(l, fmt.Sprintf("%s %d(SI)(AX*1), %s", f.wideMove, off, a))
+		b := fmt.Sprintf("%d(DX)(AX*1)", off)
+		if !k.unary {
+			if op.wide != nil {
+				if op.bReg {
+					bz := fmt.Sprintf("Z%d", i+4)
+					l = append(l, fmt.Sprintf("%s %s, %s", f.wideMove, b, bz))
+					b = bz
+				}
+				l = append(l, op.wide(f, a, b)...)
+			} else {
+				l = append(l, op.emit(f, a, b, nil, "Z")...)
+			}
+		}
+		l = append(l, fmt.Sprintf("%s %s, %d(DI)(AX*1)", f.ntStore, a, off))
+		if k.dual {
+			l = append(l, fmt.Sprintf("%s %s, %d(R10)(AX*1)", f.wideMove, a, off))
+		}
+		for _, s := range l {
+			g.p("\t%s", s)
+		}
+	}
+	g.p("\tADDQ $%d, AX", wideBlock)
+	g.p("\tCMPQ AX, CX")
+	g.p("\tJB loop")
+	g.p("\tSFENCE")
+	g.p("\tVZEROUPPER")
+	g.p("done:")
+	g.p("\tRET")
+	g.p("")
+}
+
 func main() {
 	outS := flag.String("s", "zkernels_amd64.s", "assembly output")
 	outGo := flag.String("go", "zkernels_amd64.go", "Go declarations output")
@@ -569,8 +698,20 @@ func main() {
 		}
 		streams = append(streams, &kernel{f: k.f, op: k.op, nt: true}, &kernel{f: k.f, op: k.op, nt: true, dual: true})
 	}
+	// AVX-512 forms of the streaming reductions: at 256 MiB a 2-rank
+	// all-reduce ran 16% faster with them (docs/performance.md). A wide
+	// streaming copy made no difference there, so there is none. Every
+	// such kernel needs one Z register per vector of a (b stays in
+	// memory or takes one more), so four fit per iteration.
+	var wides []*kernel
+	for _, k := range streams {
+		if k.f.wideMove != "" && !k.op.noWide {
+			wides = append(wides, &kernel{f: k.f, op: k.op, nt: true, dual: k.dual, wide: true})
+		}
+	}
 	ks = append(ks, streams...)
 	ks = append(ks, &kernel{f: i8, op: copyOp, unary: true, nt: true})
+	ks = append(ks, wides...)
 
 	var g gen
 	g.p("// Code generated by asmgen.go; DO NOT EDIT.")

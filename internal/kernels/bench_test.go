@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/goccl/goccl/internal/half"
@@ -179,6 +180,9 @@ func loopOf[T number](dst, a, b []byte) {
 // all-reduce).
 func BenchmarkSmall(b *testing.B) {
 	for _, p := range paths() {
+		if p.avx2 {
+			continue // the same kernels as asm at this size
+		}
 		for _, tp := range []Type{Float32, Float64, Int32, Float16} {
 			b.Run(fmt.Sprintf("path=%s/type=%v/bytes=8", p.name, tp), func(b *testing.B) {
 				forcePortable = p.portable
@@ -201,6 +205,9 @@ func BenchmarkOps(b *testing.B) {
 		bufs := newBenchBufs(tp, 1<<20)
 		for _, op := range allOps {
 			for _, p := range paths() {
+				if p.avx2 {
+					continue // the same kernels as asm: these do not stream
+				}
 				b.Run(fmt.Sprintf("type=%v/op=%v/bytes=1MiB/path=%s", tp, op, p.name), func(b *testing.B) {
 					forcePortable = p.portable
 					f := ReduceFinal(tp, op, 3)
@@ -235,11 +242,22 @@ func BenchmarkStream(b *testing.B) {
 		{"copy/plain", func() { copy(d, x) }},
 		{"copy/stream", func() { CopyStream(d, x) }},
 	} {
-		b.Run(c.name, func(b *testing.B) {
-			b.SetBytes(n)
-			for b.Loop() {
-				c.f()
+		for _, avx2 := range []bool{false, true} {
+			name := c.name
+			if avx2 {
+				if !strings.Contains(name, "stream") {
+					continue
+				}
+				name += "/avx2"
 			}
-		})
+			b.Run(name, func(b *testing.B) {
+				forceAVX2 = avx2
+				defer func() { forceAVX2 = false }()
+				b.SetBytes(n)
+				for b.Loop() {
+					c.f()
+				}
+			})
+		}
 	}
 }

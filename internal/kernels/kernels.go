@@ -94,6 +94,10 @@ type Func func(dst, a, b []byte)
 // paths in one run; it is read when a kernel is chosen, not when it runs.
 var forcePortable bool
 
+// forceAVX2 makes the streaming kernels use AVX2 where AVX-512 ones
+// exist, so that tests on AVX-512 machines check both.
+var forceAVX2 bool
+
 func mustValid(t Type, op Op) {
 	if !t.Valid() {
 		panic(fmt.Sprintf("kernels: invalid type %v", t))

@@ -16,7 +16,38 @@ import "golang.org/x/sys/cpu"
 var (
 	useAVX2 = cpu.X86.HasAVX2
 	useF16C = cpu.X86.HasAVX2 && cpu.X86.HasF16C
+	// useAVX512: the streaming reductions have AVX-512 forms (Z
+	// registers: F for the arithmetic, BW for bytes, DQ for VPMULLQ),
+	// which take whole blocks of wideBlock bytes; the AVX2 kernels take
+	// the rest. Tests set forceAVX2 to check those alone.
+	useAVX512 = cpu.X86.HasAVX2 && cpu.X86.HasAVX512F && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512DQ
 )
+
+// wideBlock is what an AVX-512 kernel takes per iteration (asmgen.go).
+const wideBlock = 256
+
+// wide runs z on the whole blocks of wideBlock bytes and y on the rest.
+func wide(z, y Func) Func {
+	if z == nil {
+		return y
+	}
+	return func(dst, a, b []byte) {
+		n := min(len(dst), len(a), len(b)) &^ (wideBlock - 1)
+		z(dst[:n], a[:n], b[:n])
+		y(dst[n:], a[n:], b[n:])
+	}
+}
+
+func wide2(z, y Func2) Func2 {
+	if z == nil {
+		return y
+	}
+	return func(dst, dst2, a, b []byte) {
+		n := min(len(dst), len(dst2), len(a), len(b)) &^ (wideBlock - 1)
+		z(dst[:n], dst2[:n], a[:n], b[:n])
+		y(dst[n:], dst2[n:], a[n:], b[n:])
+	}
+}
 
 // avx2Kernels is indexed by Type and Op (Sum, Prod, Min, Max). Nil entries
 // (8-bit products) fall back to the portable kernels. Signed and unsigned
@@ -115,9 +146,34 @@ var avx2Stream2 = [numTypes][Avg]Func2{
 	Float64: {sumF64NT2AVX2, prodF64NT2AVX2, minF64NT2AVX2, maxF64NT2AVX2},
 }
 
+var avx512Stream = [numTypes][Avg]Func{
+	Int8:    {Sum: sumI8NTAVX512, Min: minSI8NTAVX512, Max: maxSI8NTAVX512},
+	Uint8:   {Sum: sumI8NTAVX512, Min: minUI8NTAVX512, Max: maxUI8NTAVX512},
+	Int32:   {sumI32NTAVX512, prodI32NTAVX512, minSI32NTAVX512, maxSI32NTAVX512},
+	Uint32:  {sumI32NTAVX512, prodI32NTAVX512, minUI32NTAVX512, maxUI32NTAVX512},
+	Int64:   {sumI64NTAVX512, prodI64NTAVX512, minSI64NTAVX512, maxSI64NTAVX512},
+	Uint64:  {sumI64NTAVX512, prodI64NTAVX512, minUI64NTAVX512, maxUI64NTAVX512},
+	Float32: {sumF32NTAVX512, prodF32NTAVX512, minF32NTAVX512, maxF32NTAVX512},
+	Float64: {sumF64NTAVX512, prodF64NTAVX512, minF64NTAVX512, maxF64NTAVX512},
+}
+
+var avx512Stream2 = [numTypes][Avg]Func2{
+	Int8:    {Sum: sumI8NT2AVX512, Min: minSI8NT2AVX512, Max: maxSI8NT2AVX512},
+	Uint8:   {Sum: sumI8NT2AVX512, Min: minUI8NT2AVX512, Max: maxUI8NT2AVX512},
+	Int32:   {sumI32NT2AVX512, prodI32NT2AVX512, minSI32NT2AVX512, maxSI32NT2AVX512},
+	Uint32:  {sumI32NT2AVX512, prodI32NT2AVX512, minUI32NT2AVX512, maxUI32NT2AVX512},
+	Int64:   {sumI64NT2AVX512, prodI64NT2AVX512, minSI64NT2AVX512, maxSI64NT2AVX512},
+	Uint64:  {sumI64NT2AVX512, prodI64NT2AVX512, minUI64NT2AVX512, maxUI64NT2AVX512},
+	Float32: {sumF32NT2AVX512, prodF32NT2AVX512, minF32NT2AVX512, maxF32NT2AVX512},
+	Float64: {sumF64NT2AVX512, prodF64NT2AVX512, minF64NT2AVX512, maxF64NT2AVX512},
+}
+
 func archReduceStream(t Type, op Op) Func {
 	if !useAVX2 {
 		return nil
+	}
+	if y := avx2Stream[t][op]; y != nil && useAVX512 && !forceAVX2 {
+		return wide(avx512Stream[t][op], y)
 	}
 	return avx2Stream[t][op]
 }
@@ -126,6 +182,9 @@ func archReduceStream2(t Type, op Op) Func2 {
 	if !useAVX2 {
 		return nil
 	}
+	if y := avx2Stream2[t][op]; y != nil && useAVX512 && !forceAVX2 {
+		return wide2(avx512Stream2[t][op], y)
+	}
 	return avx2Stream2[t][op]
 }
 
@@ -133,30 +192,46 @@ func archAvgStream(t Type, n int) Func {
 	if !useAVX2 {
 		return nil
 	}
+	var z, y Func
 	switch t {
 	case Float32:
 		div := float32(n)
-		return func(dst, a, b []byte) { avgF32NTAVX2(dst, a, b, div) }
+		z = func(dst, a, b []byte) { avgF32NTAVX512(dst, a, b, div) }
+		y = func(dst, a, b []byte) { avgF32NTAVX2(dst, a, b, div) }
 	case Float64:
 		div := float64(n)
-		return func(dst, a, b []byte) { avgF64NTAVX2(dst, a, b, div) }
+		z = func(dst, a, b []byte) { avgF64NTAVX512(dst, a, b, div) }
+		y = func(dst, a, b []byte) { avgF64NTAVX2(dst, a, b, div) }
+	default:
+		return nil
 	}
-	return nil
+	if useAVX512 && !forceAVX2 {
+		return wide(z, y)
+	}
+	return y
 }
 
 func archAvgStream2(t Type, n int) Func2 {
 	if !useAVX2 {
 		return nil
 	}
+	var z, y Func2
 	switch t {
 	case Float32:
 		div := float32(n)
-		return func(dst, dst2, a, b []byte) { avgF32NT2AVX2(dst, dst2, a, b, div) }
+		z = func(dst, dst2, a, b []byte) { avgF32NT2AVX512(dst, dst2, a, b, div) }
+		y = func(dst, dst2, a, b []byte) { avgF32NT2AVX2(dst, dst2, a, b, div) }
 	case Float64:
 		div := float64(n)
-		return func(dst, dst2, a, b []byte) { avgF64NT2AVX2(dst, dst2, a, b, div) }
+		z = func(dst, dst2, a, b []byte) { avgF64NT2AVX512(dst, dst2, a, b, div) }
+		y = func(dst, dst2, a, b []byte) { avgF64NT2AVX2(dst, dst2, a, b, div) }
+	default:
+		return nil
 	}
-	return nil
+	if useAVX512 && !forceAVX2 {
+		return wide2(z, y)
+	}
+	return y
 }
 
 func archCopyStream(dst, src []byte) { copyI8NTAVX2(dst, src) }

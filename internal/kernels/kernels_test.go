@@ -40,10 +40,11 @@ var allOps = []Op{Sum, Prod, Min, Max, Avg}
 type path struct {
 	name     string
 	portable bool
+	avx2     bool // the AVX2 streaming kernels even where AVX-512 ones exist
 }
 
 func paths() []path {
-	return []path{{"asm", false}, {"portable", true}}
+	return []path{{"asm", false, false}, {"avx2", false, true}, {"portable", true, false}}
 }
 
 // eachKernel runs body as a subtest for every code path, every type of
@@ -62,9 +63,9 @@ func eachKernel(t *testing.T, types []Type, ops []Op, body func(t *testing.T, tp
 }
 
 func usePath(t *testing.T, p path) {
-	old := forcePortable
-	forcePortable = p.portable
-	t.Cleanup(func() { forcePortable = old })
+	old, oldAVX2 := forcePortable, forceAVX2
+	forcePortable, forceAVX2 = p.portable, p.avx2
+	t.Cleanup(func() { forcePortable, forceAVX2 = old, oldAVX2 })
 }
 
 // --- element encoding, independent of the package's unsafe views ---

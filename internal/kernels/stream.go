@@ -107,14 +107,15 @@ func CopyStream(dst, src []byte) int {
 	return n
 }
 
-// streamHead returns how many bytes of dst precede its first 32-byte
-// boundary (streaming vector stores need aligned addresses), or -1 if dst
-// is too short to stream or cannot be aligned on an element boundary.
+// streamHead returns how many bytes of dst precede its first 64-byte
+// boundary (streaming vector stores need addresses aligned to the
+// register: 32 bytes for AVX2, 64 for AVX-512), or -1 if dst is too short
+// to stream or cannot be aligned on an element boundary.
 func streamHead(dst []byte, esize int) int {
 	if len(dst) < minStream {
 		return -1
 	}
-	h := int(-uintptrOf(dst) & 31)
+	h := int(-uintptrOf(dst) & 63)
 	if h%esize != 0 {
 		return -1
 	}

@@ -291,3 +291,165 @@ func maxUI64NT2AVX2(dst, dst2, a, b []byte)
 
 //go:noescape
 func copyI8NTAVX2(dst, src []byte)
+
+//go:noescape
+func sumF32NTAVX512(dst, a, b []byte)
+
+//go:noescape
+func sumF32NT2AVX512(dst, dst2, a, b []byte)
+
+//go:noescape
+func prodF32NTAVX512(dst, a, b []byte)
+
+//go:noescape
+func prodF32NT2AVX512(dst, dst2, a, b []byte)
+
+//go:noescape
+func minF32NTAVX512(dst, a, b []byte)
+
+//go:noescape
+func minF32NT2AVX512(dst, dst2, a, b []byte)
+
+//go:noescape
+func maxF32NTAVX512(dst, a, b []byte)
+
+//go:noescape
+func maxF32NT2AVX512(dst, dst2, a, b []byte)
+
+//go:noescape
+func avgF32NTAVX512(dst, a, b []byte, n float32)
+
+//go:noescape
+func avgF32NT2AVX512(dst, dst2, a, b []byte, n float32)
+
+//go:noescape
+func sumF64NTAVX512(dst, a, b []byte)
+
+//go:noescape
+func sumF64NT2AVX512(dst, dst2, a, b []byte)
+
+//go:noescape
+func prodF64NTAVX512(dst, a, b []byte)
+
+//go:noescape
+func prodF64NT2AVX512(dst, dst2, a, b []byte)
+
+//go:noescape
+func minF64NTAVX512(dst, a, b []byte)
+
+//go:noescape
+func minF64NT2AVX512(dst, dst2, a, b []byte)
+
+//go:noescape
+func maxF64NTAVX512(dst, a, b []byte)
+
+//go:noescape
+func maxF64NT2AVX512(dst, dst2, a, b []byte)
+
+//go:noescape
+func avgF64NTAVX512(dst, a, b []byte, n float64)
+
+//go:noescape
+func avgF64NT2AVX512(dst, dst2, a, b []byte, n float64)
+
+//go:noescape
+func sumI8NTAVX512(dst, a, b []byte)
+
+//go:noescape
+func sumI8NT2AVX512(dst, dst2, a, b []byte)
+
+//go:noescape
+func minSI8NTAVX512(dst, a, b []byte)
+
+//go:noescape
+func minSI8NT2AVX512(dst, dst2, a, b []byte)
+
+//go:noescape
+func minUI8NTAVX512(dst, a, b []byte)
+
+//go:noescape
+func minUI8NT2AVX512(dst, dst2, a, b []byte)
+
+//go:noescape
+func maxSI8NTAVX512(dst, a, b []byte)
+
+//go:noescape
+func maxSI8NT2AVX512(dst, dst2, a, b []byte)
+
+//go:noescape
+func maxUI8NTAVX512(dst, a, b []byte)
+
+//go:noescape
+func maxUI8NT2AVX512(dst, dst2, a, b []byte)
+
+//go:noescape
+func sumI32NTAVX512(dst, a, b []byte)
+
+//go:noescape
+func sumI32NT2AVX512(dst, dst2, a, b []byte)
+
+//go:noescape
+func prodI32NTAVX512(dst, a, b []byte)
+
+//go:noescape
+func prodI32NT2AVX512(dst, dst2, a, b []byte)
+
+//go:noescape
+func minSI32NTAVX512(dst, a, b []byte)
+
+//go:noescape
+func minSI32NT2AVX512(dst, dst2, a, b []byte)
+
+//go:noescape
+func minUI32NTAVX512(dst, a, b []byte)
+
+//go:noescape
+func minUI32NT2AVX512(dst, dst2, a, b []byte)
+
+//go:noescape
+func maxSI32NTAVX512(dst, a, b []byte)
+
+//go:noescape
+func maxSI32NT2AVX512(dst, dst2, a, b []byte)
+
+//go:noescape
+func maxUI32NTAVX512(dst, a, b []byte)
+
+//go:noescape
+func maxUI32NT2AVX512(dst, dst2, a, b []byte)
+
+//go:noescape
+func sumI64NTAVX512(dst, a, b []byte)
+
+//go:noescape
+func sumI64NT2AVX512(dst, dst2, a, b []byte)
+
+//go:noescape
+func prodI64NTAVX512(dst, a, b []byte)
+
+//go:noescape
+func prodI64NT2AVX512(dst, dst2, a, b []byte)
+
+//go:noescape
+func minSI64NTAVX512(dst, a, b []byte)
+
+//go:noescape
+func minSI64NT2AVX512(dst, dst2, a, b []byte)
+
+//go:noescape
+func minUI64NTAVX512(dst, a, b []byte)
+
+//go:noescape
+func minUI64NT2AVX512(dst, dst2, a, b []byte)
+
+//go:noescape
+func maxSI64NTAVX512(dst, a, b []byte)
+
+//go:noescape
+func maxSI64NT2AVX512(dst, dst2, a, b []byte)
+
+//go:noescape
+func maxUI64NTAVX512(dst, a, b []byte)
+
+//go:noescape
+func maxUI64NT2AVX512(dst, dst2, a, b []byte)
