@@ -207,7 +207,9 @@ func TestBoardZeroCountThenWork(t *testing.T) {
 	var me *MismatchError
 	require.ErrorAs(t, errs[0], &me)
 	require.Equal(t, 1, me.Peer)
-	require.Contains(t, errs[0].Error(), "rank 1 went past operation 0 without posting it on the shared board")
+	// Rank 0 finds either rank 1's mark for operation 0 or, if rank 1 has
+	// already moved on, that it went past.
+	require.Regexp(t, `rank 1 (did not post operation 0 on the shared board, where this rank waits for 8 bytes: both called allreduce\(int32, sum\), with a different count|went past operation 0 without posting it on the shared board)`, errs[0].Error())
 	require.ErrorContains(t, errs[1], "rank 0 aborted", "the zero-count rank learns of it in its next operation")
 	require.Less(t, time.Since(start), 5*time.Second)
 	t.Log(errs[0])
