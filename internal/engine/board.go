@@ -39,12 +39,15 @@ func (e *Engine) onBoard(op *Op) bool {
 		op.Bytes(e.nranks) <= int64(e.board.Max())
 }
 
-// boardPlan is the plan of an operation on the board.
-func boardPlan(op *Op, seq uint64) Plan {
-	pl := Plan{Plan: algorithms.Plan{Algo: algorithms.OneShot, Channels: 1}, Pieces: 1, Sched: &boardSched, Seq: seq}
-	// Slice 0 tells it apart from the connections' one-shot, whose slice
-	// is at least the count.
-	pl.Sig = signature(op, pl.Plan, 1, 0)
+// boardPlan is the plan of an operation on the board; sig is its
+// signature, or 0 to work it out.
+func boardPlan(op *Op, seq uint64, sig uint32) Plan {
+	pl := Plan{Plan: algorithms.Plan{Algo: algorithms.OneShot, Channels: 1}, Pieces: 1, Sched: &boardSched, Seq: seq, Sig: sig}
+	if sig == 0 {
+		// Slice 0 tells it apart from the connections' one-shot, whose
+		// slice is at least the count.
+		pl.Sig = signature(op, pl.Plan, 1, 0)
+	}
 	return pl
 }
 
@@ -70,13 +73,11 @@ func (e *Engine) markOff(op *Op, seq uint64, sig uint32) {
 // runOnBoard runs an all-reduce on the board.
 func (e *Engine) runOnBoard(ctx context.Context, op *Op, seq uint64) (Plan, error) {
 	k := &e.boardK
-	var pl Plan
-	if key := keyOf(op); key == k.key && k.red != nil {
-		pl = Plan{Plan: algorithms.Plan{Algo: algorithms.OneShot, Channels: 1}, Pieces: 1, Sched: &boardSched, Seq: seq, Sig: k.sig}
-	} else {
-		pl = boardPlan(op, seq)
-		*k = boardKernels{key: key, sig: pl.Sig, red: kernels.Reduce(op.Type, op.Red), final: kernels.ReduceFinal(op.Type, op.Red, e.nranks)}
+	if key := keyOf(op); key != k.key || k.red == nil {
+		sig := boardPlan(op, seq, 0).Sig
+		*k = boardKernels{key: key, sig: sig, red: kernels.Reduce(op.Type, op.Red), final: kernels.ReduceFinal(op.Type, op.Red, e.nranks)}
 	}
+	pl := boardPlan(op, seq, k.sig)
 	nb := op.Count * op.Type.Size()
 	in, out := op.In.Bytes()[:nb], op.Out.Bytes()[:nb]
 	fail := func(peer int, err error) error {

@@ -178,7 +178,7 @@ func (op *Op) Bytes(n int) int64 {
 // It does not consume a sequence number.
 func (e *Engine) Plan(op *Op) (Plan, error) {
 	if e.onBoard(op) {
-		return boardPlan(op, 0), nil
+		return boardPlan(op, 0, 0), nil
 	}
 	k := keyOf(op)
 	e.mu.Lock()
