@@ -343,6 +343,33 @@ func (k *kernel) nType() string {
 	return "float32"
 }
 
+// header returns a kernel's Go arguments and its frame size, with the
+// frame offsets of n (the divisor of avg and post, if hasN) and of a.
+// Every slice takes 24 bytes of the frame: dst [, dst2], a [, b] (or
+// src) [, n].
+func (k *kernel) header() (args, frame string, nOff, in int, hasN bool) {
+	in = 24
+	switch {
+	case k.unary:
+		args, nOff = "dst, src []byte", 48
+	case k.dual:
+		args, nOff, in = "dst, dst2, a, b []byte", 96, 48
+	default:
+		args, nOff = "dst, a, b []byte", 72
+	}
+	frame = fmt.Sprint(nOff)
+	hasN = k.op.name == "avg" || k.op.name == "post"
+	if hasN {
+		args += ", n " + k.nType()
+		if k.nType() == "float64" {
+			frame = fmt.Sprint(nOff + 8)
+		} else {
+			frame = fmt.Sprint(nOff + 4)
+		}
+	}
+	return args, frame, nOff, in, hasN
+}
+
 type gen struct {
 	s  bytes.Buffer
 	gd bytes.Buffer
@@ -387,33 +414,7 @@ func (g *gen) kernel(k *kernel) {
 	}
 
 	name := k.fname()
-	var args, frame string
-	var nOff int
-	// Arguments: dst [, dst2], a [, b] (or src) [, n]; each slice takes
-	// 24 bytes of the frame.
-	in := 24
-	switch {
-	case k.unary:
-		args = "dst, src []byte"
-		nOff = 48
-	case k.dual:
-		args = "dst, dst2, a, b []byte"
-		nOff = 96
-		in = 48
-	default:
-		args = "dst, a, b []byte"
-		nOff = 72
-	}
-	frame = fmt.Sprint(nOff)
-	hasN := op.name == "avg" || op.name == "post"
-	if hasN {
-		args += ", n " + k.nType()
-		if k.nType() == "float64" {
-			frame = fmt.Sprint(nOff + 8)
-		} else {
-			frame = fmt.Sprint(nOff + 4)
-		}
-	}
+	args, frame, nOff, in, hasN := k.header()
 	fmt.Fprintf(&g.gd, "//go:noescape\nfunc %s(%s)\n\n", name, args)
 
 	vb := f.vecBytes
@@ -568,26 +569,7 @@ func (g *gen) kernel(k *kernel) {
 func (g *gen) wideKernel(k *kernel) {
 	f, op := k.f, k.op
 	name := k.fname()
-	var args string
-	var nOff, in int
-	switch {
-	case k.unary:
-		args, nOff = "dst, src []byte", 48
-	case k.dual:
-		args, nOff, in = "dst, dst2, a, b []byte", 96, 48
-	default:
-		args, nOff, in = "dst, a, b []byte", 72, 24
-	}
-	frame := fmt.Sprint(nOff)
-	hasN := op.name == "avg"
-	if hasN {
-		args += ", n " + k.nType()
-		if k.nType() == "float64" {
-			frame = fmt.Sprint(nOff + 8)
-		} else {
-			frame = fmt.Sprint(nOff + 4)
-		}
-	}
+	args, frame, nOff, in, hasN := k.header()
 	fmt.Fprintf(&g.gd, "//go:noescape\nfunc %s(%s)\n\n", name, args)
 	g.p("// func %s(%s)", name, args)
 	g.p("TEXT ·%s(SB), NOSPLIT, $0-%s", name, frame)
