@@ -6,12 +6,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
+	"github.com/goccl/goccl/internal/handshake"
+	"github.com/goccl/goccl/internal/wire"
 	"github.com/goccl/goccl/transport"
 )
 
@@ -239,4 +243,51 @@ func TestBoardCloseUnmaps(t *testing.T) {
 	require.Equal(t, before, memfdMappings(t))
 	_, _, _, err := bs[0].Read(context.Background(), 1, 0)
 	require.ErrorIs(t, err, transport.ErrClosed)
+}
+
+func TestBoardHandOverRefusals(t *testing.T) {
+	eps := endpoints(t, 3, nil)
+	addr := eps[2].o.Peers[2]
+	offer := func(s wire.ConnSetup, msg []byte) string {
+		c, err := net.Dial("unix", addr)
+		require.NoError(t, err)
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		require.NoError(t, handshake.Client(c, secret, wire.PurposeShm, func() (wire.FrameType, []byte) {
+			return wire.FrameConnSetup, s.Append(nil)
+		}))
+		typ, payload, err := handshake.ReadFrame(c, 4096)
+		require.NoError(t, err)
+		if typ == wire.FrameConnSetup && msg != nil {
+			// Accepted so far: hand over a board of the wrong size.
+			fd, err := unix.MemfdCreate("goccl-board-test", unix.MFD_CLOEXEC)
+			require.NoError(t, err)
+			defer unix.Close(fd)
+			require.NoError(t, unix.Ftruncate(fd, int64(boardSize(2))))
+			_, _, err = c.(*net.UnixConn).WriteMsgUnix(msg, unix.UnixRights(fd), nil)
+			require.NoError(t, err)
+			typ, payload, err = handshake.ReadFrame(c, 4096)
+			require.NoError(t, err)
+		}
+		require.Equal(t, wire.FrameReject, typ)
+		r, _, err := wire.ParseReject(payload)
+		require.NoError(t, err)
+		return r.Reason
+	}
+	require.Contains(t, offer(wire.ConnSetup{From: 1, To: 2, NSocks: 1, Flags: wire.ConnBoard}, nil), "rank 1 may not hand rank 2 a board (rank 0 does)")
+	require.Contains(t, offer(wire.ConnSetup{From: 0, To: 2, NSocks: 1, Flags: 0x80}, nil), "unknown connection flags 0x80")
+	require.Contains(t, offer(wire.ConnSetup{From: 0, To: 2, NSocks: 1, Flags: wire.ConnBoard}, appendBoardMsg(nil, 2)),
+		"the board is for 2 ranks")
+	// None of it was taken for the real board.
+	errs := make([]error, 3)
+	var wg sync.WaitGroup
+	for r, ep := range eps {
+		wg.Go(func() { errs[r] = ep.JoinBoard(context.Background()) })
+	}
+	wg.Wait()
+	require.NoError(t, errors.Join(errs...))
+	require.NoError(t, eps[0].Board().Post(context.Background(), 0, 9, []byte("real")))
+	_, data, _, err := eps[2].Board().Read(context.Background(), 0, 0)
+	require.NoError(t, err)
+	require.Equal(t, "real", string(data))
 }
