@@ -328,7 +328,7 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		}
 		rep.all = append(rep.all, ep)
 		if nShm == nranks-1 {
-			// Every rank is on this host: small collectives go on a board
+			// Every rank is on this host: small all-reduces go on a board
 			// they all share (transport/shm's JoinBoard).
 			if err := ep.JoinBoard(ctx); err != nil {
 				rep.Close(err)

@@ -407,7 +407,7 @@ func (e *Engine) Run(ctx context.Context, op *Op) (Plan, error) {
 		return e.runOnBoard(ctx, op, seq)
 	}
 	var pl Plan
-	if k := (keyOf(op)); e.lastPlan != nil && k == e.lastKey {
+	if k := keyOf(op); e.lastPlan != nil && k == e.lastKey {
 		pl = *e.lastPlan
 	} else {
 		var err error
