@@ -3,7 +3,9 @@ package handshake
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
+	"sync/atomic"
 	"time"
 )
 
@@ -51,4 +53,33 @@ func AcceptLoop(ln net.Listener, onError func(error), admit func(net.Conn) Admis
 			return
 		}
 	}
+}
+
+// Admit is the admission of an endpoint that keeps the connections still
+// authenticating in pending: Stop once it is closing, Drop while
+// MaxPending are pending, else Serve, with c filed in pending. The caller
+// holds the lock that guards closed and pending.
+func Admit(closed bool, pending map[net.Conn]struct{}, c net.Conn) Admission {
+	switch {
+	case closed:
+		return Stop
+	case len(pending) >= MaxPending:
+		return Drop
+	}
+	pending[c] = struct{}{}
+	return Serve
+}
+
+// DropLog counts refused connections and logs the first few, then one in
+// a hundred, so that a stranger hammering a port cannot flood the log.
+type DropLog struct{ n atomic.Int64 }
+
+// Log counts one refusal and logs msg with args and the count so far, if
+// this one is due.
+func (d *DropLog) Log(log *slog.Logger, msg string, args ...any) {
+	n := d.n.Add(1)
+	if n > 5 && n%100 != 0 {
+		return
+	}
+	log.Warn(msg, append(args, "dropped so far", n)...)
 }

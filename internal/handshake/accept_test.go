@@ -1,7 +1,10 @@
 package handshake
 
 import (
+	"bytes"
+	"log/slog"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -45,4 +48,40 @@ func TestAcceptLoopAdmission(t *testing.T) {
 		t.Fatal("Stop did not end the loop")
 	}
 	require.Len(t, served, 0)
+}
+
+func TestAdmit(t *testing.T) {
+	pending := map[net.Conn]struct{}{}
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	require.Equal(t, Stop, Admit(true, pending, a))
+	require.Empty(t, pending, "nothing filed while closing")
+	require.Equal(t, Serve, Admit(false, pending, a))
+	require.Contains(t, pending, a)
+	for len(pending) < MaxPending {
+		c, d := net.Pipe()
+		defer c.Close()
+		defer d.Close()
+		pending[c] = struct{}{}
+	}
+	require.Equal(t, Drop, Admit(false, pending, b))
+	require.NotContains(t, pending, b)
+}
+
+func TestDropLogSamples(t *testing.T) {
+	var buf bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&buf, nil))
+	var d DropLog
+	for range 250 {
+		d.Log(log, "dropped", "rank", 3)
+	}
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	var counts []string
+	for _, l := range lines {
+		require.Contains(t, l, "rank=3")
+		_, n, _ := strings.Cut(l, `"dropped so far"=`)
+		counts = append(counts, n)
+	}
+	require.Equal(t, []string{"1", "2", "3", "4", "5", "100", "200"}, counts)
 }

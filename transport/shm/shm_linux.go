@@ -64,7 +64,7 @@ type Endpoint struct {
 	board *board // see JoinBoard
 
 	down  atomic.Bool // Close has begun: waiters stop
-	drops atomic.Int64
+	drops handshake.DropLog
 }
 
 type connKey struct{ peer, ch int }
@@ -125,24 +125,16 @@ func (e *Endpoint) accept() {
 func (e *Endpoint) admit(c net.Conn) handshake.Admission {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	switch {
-	case e.closed:
-		return handshake.Stop
-	case len(e.setup) >= handshake.MaxPending:
-		return handshake.Drop
+	a := handshake.Admit(e.closed, e.setup, c)
+	if a == handshake.Serve {
+		e.wg.Add(1)
 	}
-	e.setup[c] = struct{}{}
-	e.wg.Add(1)
-	return handshake.Serve
+	return a
 }
 
-// logDrop logs a refused connection: the first few, then one in a hundred.
+// logDrop logs a refused connection (handshake.DropLog samples them).
 func (e *Endpoint) logDrop(err error) {
-	n := e.drops.Add(1)
-	if n > 5 && n%100 != 0 {
-		return
-	}
-	e.log.Warn("goccl: shm transport dropped a connection", "rank", e.o.Rank, "err", err, "dropped so far", n)
+	e.drops.Log(e.log, "goccl: shm transport dropped a connection", "rank", e.o.Rank, "err", err)
 }
 
 // segMsg is what the lower rank sends with the segment's descriptor.

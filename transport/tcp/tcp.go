@@ -45,7 +45,6 @@ import (
 	"log/slog"
 	"net"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/goccl/goccl/internal/handshake"
@@ -70,8 +69,8 @@ type Endpoint struct {
 	cause    error
 	done     chan struct{} // closed by Close
 
-	drops   atomic.Int64  // connections refused
-	closing chan struct{} // closed when Close has finished
+	drops   handshake.DropLog // connections refused
+	closing chan struct{}     // closed when Close has finished
 }
 
 type connKey struct{ peer, ch int }
@@ -140,29 +139,20 @@ func (e *Endpoint) accept() {
 func (e *Endpoint) admit(c net.Conn) handshake.Admission {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	switch {
-	case e.closed:
-		return handshake.Stop
-	case len(e.setup) >= handshake.MaxPending:
-		return handshake.Drop
+	a := handshake.Admit(e.closed, e.setup, c)
+	if a == handshake.Serve {
+		e.wg.Add(1)
 	}
-	e.setup[c] = struct{}{}
-	e.wg.Add(1)
-	return handshake.Serve
+	return a
 }
 
-// logDrop logs a refused connection: the first few, then one in a hundred,
-// so that a stranger hammering the port cannot flood the log.
+// logDrop logs a refused connection (handshake.DropLog samples them).
 func (e *Endpoint) logDrop(c net.Conn, err error) {
-	n := e.drops.Add(1)
-	if n > 5 && n%100 != 0 {
-		return
-	}
 	from := ""
 	if c != nil {
 		from = c.RemoteAddr().String()
 	}
-	e.log.Warn("goccl: tcp transport dropped a connection", "rank", e.o.Rank, "from", from, "err", err, "dropped so far", n)
+	e.drops.Log(e.log, "goccl: tcp transport dropped a connection", "rank", e.o.Rank, "from", from, "err", err)
 }
 
 // setupIncoming authenticates an incoming socket and files it with its
