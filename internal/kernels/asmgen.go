@@ -370,6 +370,16 @@ func (k *kernel) header() (args, frame string, nOff, in int, hasN bool) {
 	return args, frame, nOff, in, hasN
 }
 
+// broadcastN fills reg with the divisor n (at frame offset nOff) of avg
+// and post.
+func (g *gen) broadcastN(k *kernel, nOff int, reg string) {
+	if k.nType() == "float64" {
+		g.p("\tVBROADCASTSD n+%d(FP), %s", nOff, reg)
+	} else {
+		g.p("\tVBROADCASTSS n+%d(FP), %s", nOff, reg)
+	}
+}
+
 type gen struct {
 	s  bytes.Buffer
 	gd bytes.Buffer
@@ -453,11 +463,7 @@ func (g *gen) kernel(k *kernel) {
 		g.p("\t%s", l)
 	}
 	if hasN {
-		if k.nType() == "float64" {
-			g.p("\tVBROADCASTSD n+%d(FP), Y15", nOff)
-		} else {
-			g.p("\tVBROADCASTSS n+%d(FP), Y15", nOff)
-		}
+		g.broadcastN(k, nOff, "Y15")
 	}
 	g.p("\tXORQ AX, AX")
 
@@ -588,11 +594,7 @@ func (g *gen) wideKernel(k *kernel) {
 	g.p("\tANDQ $-%d, CX", wideBlock)
 	g.p("\tJZ done")
 	if hasN {
-		if k.nType() == "float64" {
-			g.p("\tVBROADCASTSD n+%d(FP), Z15", nOff)
-		} else {
-			g.p("\tVBROADCASTSS n+%d(FP), Z15", nOff)
-		}
+		g.broadcastN(k, nOff, "Z15")
 	}
 	g.p("\tXORQ AX, AX")
 	g.p("loop:")
