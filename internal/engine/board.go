@@ -110,16 +110,7 @@ func (e *Engine) runOnBoard(ctx context.Context, op *Op, seq uint64) (Plan, erro
 			}
 			src = data
 		}
-		switch r {
-		case 0:
-			if !sameStart(out, src) {
-				copy(out, src)
-			}
-		case e.nranks - 1:
-			k.final(out, out, src)
-		default:
-			k.red(out, out, src)
-		}
+		accumulate(out, src, r, e.nranks, k.red, k.final)
 	}
 	return pl, nil
 }

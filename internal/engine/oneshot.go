@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/goccl/goccl/algorithms"
+	"github.com/goccl/goccl/internal/kernels"
 	"github.com/goccl/goccl/transport"
 )
 
@@ -57,16 +58,7 @@ func (x *chanRun) oneShot(ctx context.Context, rank, nranks int) error {
 			}
 			src = in
 		}
-		switch r {
-		case 0:
-			if !sameStart(out, src) {
-				copy(out, src)
-			}
-		case nranks - 1:
-			x.final(out, out, src)
-		default:
-			x.red(out, out, src)
-		}
+		accumulate(out, src, r, nranks, x.red, x.final)
 		if r != rank {
 			if err := x.conns[r].Release(); err != nil {
 				return x.fail(&oneShotStep, r, err)
@@ -77,4 +69,21 @@ func (x *chanRun) oneShot(ctx context.Context, rank, nranks int) error {
 		return x.fail(&oneShotStep, p, err)
 	}
 	return nil
+}
+
+// accumulate folds rank r's contribution src into out, in rank order, so
+// that every rank that runs the same sequence gets the same bits: the
+// first is copied, the last reduced with the operator's final step
+// (Avg's division).
+func accumulate(out, src []byte, r, n int, red, final kernels.Func) {
+	switch r {
+	case 0:
+		if !sameStart(out, src) {
+			copy(out, src)
+		}
+	case n - 1:
+		final(out, out, src)
+	default:
+		red(out, out, src)
+	}
 }
