@@ -208,15 +208,35 @@ func (c *Comm) checkRoot(name string, root int) error {
 	return nil
 }
 
-func newCall[T Number](name string, coll algorithms.Collective, count int, send, recv []T) call {
-	t := TypeOf[T]()
-	return call{name: name, op: engine.Op{
-		Coll: coll, Type: t.kernel(), Count: count,
-		In: memory.HostBuffer(asBytes(send)), Out: memory.HostBuffer(asBytes(recv)),
-	}}
+// Every check works on buffers and element counts, so that host slices
+// (the generic functions above) and device buffers (device.go) share it.
+
+// args is a call's buffers as the checks see them.
+type args struct {
+	t          DataType
+	send, recv memory.Buffer
+}
+
+// hostArgs describes host slices.
+func hostArgs[T Number](send, recv []T) args {
+	return args{t: TypeOf[T](), send: memory.HostBuffer(asBytes(send)), recv: memory.HostBuffer(asBytes(recv))}
+}
+
+// lens returns the buffers' lengths in elements.
+func (a args) lens() (int, int) {
+	es := a.t.Size()
+	return a.send.Len() / es, a.recv.Len() / es
+}
+
+func newCall(name string, coll algorithms.Collective, count int, a args) call {
+	return call{name: name, op: engine.Op{Coll: coll, Type: a.t.kernel(), Count: count, In: a.send, Out: a.recv}}
 }
 
 func allReduceCall[T Number](c *Comm, send, recv []T, op Op) (call, error) {
+	return allReduceArgs(c, hostArgs(send, recv), op)
+}
+
+func allReduceArgs(c *Comm, a args, op Op) (call, error) {
 	const name = "allreduce"
 	if err := checkComm(c, name); err != nil {
 		return call{}, err
@@ -224,10 +244,11 @@ func allReduceCall[T Number](c *Comm, send, recv []T, op Op) (call, error) {
 	if err := c.checkOp(name, op); err != nil {
 		return call{}, err
 	}
-	if len(send) != len(recv) {
-		return call{}, c.argError(name, "len(send) = %d but len(recv) = %d; they must be equal", len(send), len(recv))
+	ns, nr := a.lens()
+	if ns != nr {
+		return call{}, c.argError(name, "len(send) = %d but len(recv) = %d; they must be equal", ns, nr)
 	}
-	k := newCall(name, algorithms.CollAllReduce, len(send), send, recv)
+	k := newCall(name, algorithms.CollAllReduce, ns, a)
 	if k.op.In.Overlaps(k.op.Out) && !k.op.In.Same(k.op.Out) {
 		return call{}, c.argError(name, "send and recv overlap without being the same slice")
 	}
@@ -236,6 +257,10 @@ func allReduceCall[T Number](c *Comm, send, recv []T, op Op) (call, error) {
 }
 
 func reduceScatterCall[T Number](c *Comm, send, recv []T, op Op) (call, error) {
+	return reduceScatterArgs(c, hostArgs(send, recv), op)
+}
+
+func reduceScatterArgs(c *Comm, a args, op Op) (call, error) {
 	const name = "reducescatter"
 	if err := checkComm(c, name); err != nil {
 		return call{}, err
@@ -243,10 +268,11 @@ func reduceScatterCall[T Number](c *Comm, send, recv []T, op Op) (call, error) {
 	if err := c.checkOp(name, op); err != nil {
 		return call{}, err
 	}
-	if len(send) != c.size*len(recv) {
-		return call{}, c.argError(name, "len(send) = %d, want Size()*len(recv) = %d*%d = %d", len(send), c.size, len(recv), c.size*len(recv))
+	ns, nr := a.lens()
+	if ns != c.size*nr {
+		return call{}, c.argError(name, "len(send) = %d, want Size()*len(recv) = %d*%d = %d", ns, c.size, nr, c.size*nr)
 	}
-	k := newCall(name, algorithms.CollReduceScatter, len(recv), send, recv)
+	k := newCall(name, algorithms.CollReduceScatter, nr, a)
 	if k.op.In.Overlaps(k.op.Out) {
 		if off, ok := k.op.In.Offset(k.op.Out); !ok || off != c.rank*k.op.Out.Len() {
 			return call{}, c.argError(name, "recv overlaps send but is not send[rank*len(recv):(rank+1)*len(recv)]")
@@ -257,14 +283,19 @@ func reduceScatterCall[T Number](c *Comm, send, recv []T, op Op) (call, error) {
 }
 
 func allGatherCall[T Number](c *Comm, send, recv []T) (call, error) {
+	return allGatherArgs(c, hostArgs(send, recv))
+}
+
+func allGatherArgs(c *Comm, a args) (call, error) {
 	const name = "allgather"
 	if err := checkComm(c, name); err != nil {
 		return call{}, err
 	}
-	if len(recv) != c.size*len(send) {
-		return call{}, c.argError(name, "len(recv) = %d, want Size()*len(send) = %d*%d = %d", len(recv), c.size, len(send), c.size*len(send))
+	ns, nr := a.lens()
+	if nr != c.size*ns {
+		return call{}, c.argError(name, "len(recv) = %d, want Size()*len(send) = %d*%d = %d", nr, c.size, ns, c.size*ns)
 	}
-	k := newCall(name, algorithms.CollAllGather, len(send), send, recv)
+	k := newCall(name, algorithms.CollAllGather, ns, a)
 	if k.op.In.Overlaps(k.op.Out) {
 		if off, ok := k.op.Out.Offset(k.op.In); !ok || off != c.rank*k.op.In.Len() {
 			return call{}, c.argError(name, "send overlaps recv but is not recv[rank*len(send):(rank+1)*len(send)]")
@@ -274,6 +305,10 @@ func allGatherCall[T Number](c *Comm, send, recv []T) (call, error) {
 }
 
 func broadcastCall[T Number](c *Comm, send, recv []T, root int) (call, error) {
+	return broadcastArgs(c, hostArgs(send, recv), root)
+}
+
+func broadcastArgs(c *Comm, a args, root int) (call, error) {
 	const name = "broadcast"
 	if err := checkComm(c, name); err != nil {
 		return call{}, err
@@ -282,11 +317,12 @@ func broadcastCall[T Number](c *Comm, send, recv []T, root int) (call, error) {
 		return call{}, err
 	}
 	if c.rank != root {
-		send = nil // not read
-	} else if len(send) != len(recv) {
-		return call{}, c.argError(name, "on the root len(send) = %d but len(recv) = %d; they must be equal", len(send), len(recv))
+		a.send = memory.Buffer{} // not read
+	} else if ns, nr := a.lens(); ns != nr {
+		return call{}, c.argError(name, "on the root len(send) = %d but len(recv) = %d; they must be equal", ns, nr)
 	}
-	k := newCall(name, algorithms.CollBroadcast, len(recv), send, recv)
+	_, nr := a.lens()
+	k := newCall(name, algorithms.CollBroadcast, nr, a)
 	if k.op.In.Overlaps(k.op.Out) && !k.op.In.Same(k.op.Out) {
 		return call{}, c.argError(name, "send and recv overlap without being the same slice")
 	}
@@ -295,6 +331,10 @@ func broadcastCall[T Number](c *Comm, send, recv []T, root int) (call, error) {
 }
 
 func reduceCall[T Number](c *Comm, send, recv []T, op Op, root int) (call, error) {
+	return reduceArgs(c, hostArgs(send, recv), op, root)
+}
+
+func reduceArgs(c *Comm, a args, op Op, root int) (call, error) {
 	const name = "reduce"
 	if err := checkComm(c, name); err != nil {
 		return call{}, err
@@ -306,11 +346,12 @@ func reduceCall[T Number](c *Comm, send, recv []T, op Op, root int) (call, error
 		return call{}, err
 	}
 	if c.rank != root {
-		recv = nil // not written
-	} else if len(send) != len(recv) {
-		return call{}, c.argError(name, "on the root len(send) = %d but len(recv) = %d; they must be equal", len(send), len(recv))
+		a.recv = memory.Buffer{} // not written
+	} else if ns, nr := a.lens(); ns != nr {
+		return call{}, c.argError(name, "on the root len(send) = %d but len(recv) = %d; they must be equal", ns, nr)
 	}
-	k := newCall(name, algorithms.CollReduce, len(send), send, recv)
+	ns, _ := a.lens()
+	k := newCall(name, algorithms.CollReduce, ns, a)
 	if k.op.In.Overlaps(k.op.Out) && !k.op.In.Same(k.op.Out) {
 		return call{}, c.argError(name, "send and recv overlap without being the same slice")
 	}
@@ -320,14 +361,19 @@ func reduceCall[T Number](c *Comm, send, recv []T, op Op, root int) (call, error
 }
 
 func allToAllCall[T Number](c *Comm, send, recv []T) (call, error) {
+	return allToAllArgs(c, hostArgs(send, recv))
+}
+
+func allToAllArgs(c *Comm, a args) (call, error) {
 	const name = "alltoall"
 	if err := checkComm(c, name); err != nil {
 		return call{}, err
 	}
-	if len(send) != len(recv) || len(send)%c.size != 0 {
-		return call{}, c.argError(name, "len(send) = %d and len(recv) = %d; both must equal Size()*block = %d*block", len(send), len(recv), c.size)
+	ns, nr := a.lens()
+	if ns != nr || ns%c.size != 0 {
+		return call{}, c.argError(name, "len(send) = %d and len(recv) = %d; both must equal Size()*block = %d*block", ns, nr, c.size)
 	}
-	k := newCall(name, algorithms.CollAllToAll, len(send)/c.size, send, recv)
+	k := newCall(name, algorithms.CollAllToAll, ns/c.size, a)
 	if k.op.In.Overlaps(k.op.Out) {
 		return call{}, c.argError(name, "send and recv overlap; all-to-all has no in-place form")
 	}
@@ -335,6 +381,15 @@ func allToAllCall[T Number](c *Comm, send, recv []T) (call, error) {
 }
 
 func p2pCall[T Number](c *Comm, name string, coll algorithms.Collective, buf []T, peer int) (call, error) {
+	a := hostArgs(buf, nil)
+	if coll == algorithms.CollRecv {
+		a = hostArgs(nil, buf)
+	}
+	return p2pArgs(c, name, coll, a, peer)
+}
+
+// p2pArgs checks a send (buffer in a.send) or a receive (in a.recv).
+func p2pArgs(c *Comm, name string, coll algorithms.Collective, a args, peer int) (call, error) {
 	if err := checkComm(c, name); err != nil {
 		return call{}, err
 	}
@@ -344,12 +399,8 @@ func p2pCall[T Number](c *Comm, name string, coll algorithms.Collective, buf []T
 	case peer < 0 || peer >= c.size:
 		return call{}, c.argError(name, "peer %d out of range [0,%d)", peer, c.size)
 	}
-	var k call
-	if coll == algorithms.CollSend {
-		k = newCall(name, coll, len(buf), buf, nil)
-	} else {
-		k = newCall(name, coll, len(buf), nil, buf)
-	}
+	ns, nr := a.lens()
+	k := newCall(name, coll, max(ns, nr), a)
 	k.op.Root = peer
 	return k, nil
 }

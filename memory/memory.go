@@ -1,14 +1,24 @@
 // Package memory describes where a buffer lives, so that the engine, the
 // reduction kernels and the transports can agree on it without copying.
 //
-// A Buffer is either host memory (a []byte the CPU addresses directly) or
-// device memory (an address in one GPU's memory, which the CPU must not
-// dereference). Host buffers are what goccl runs on today. Device buffers
-// are the seam for CUDA: a transport that can move device memory (CUDA IPC
-// within a host, GPUDirect RDMA across hosts) accepts them as slots and
-// sources directly, and reductions on them are done by device kernels
-// rather than the host kernels, so no byte goes through host memory unless
-// the hardware needs it to.
+// A Buffer is one of three kinds:
+//
+//   - Host: a []byte the CPU addresses directly (pageable memory; a GPU
+//     kernel cannot read it);
+//   - Device: an address in one GPU's memory, which the CPU must not
+//     dereference;
+//   - Mapped: pinned host memory mapped into one GPU's address space
+//     (cuMemHostAlloc with DEVICEMAP, or cuMemHostRegister of existing
+//     memory such as a shared-memory segment): the CPU reaches it as a
+//     []byte and the GPU's kernels and copies through a device address.
+//     Slots that a GPU fills and a socket or another process drains are
+//     Mapped.
+//
+// A transport that can move device memory (CUDA IPC within a host,
+// GPUDirect RDMA across hosts) accepts Device buffers as slots and sources
+// directly, and reductions on them are done by device kernels rather than
+// the host kernels, so no byte goes through host memory unless the
+// hardware needs it to.
 //
 // A Buffer is a small value (pass it by value); it does not own the memory
 // it describes. Whoever created the memory keeps it alive and unchanged for
@@ -25,8 +35,9 @@ type Kind uint8
 
 // Kinds of memory.
 const (
-	Host   Kind = iota // CPU-addressable memory
+	Host   Kind = iota // CPU-addressable (pageable) memory
 	Device             // GPU memory; see Buffer.Device
+	Mapped             // pinned host memory a GPU also addresses; see MappedBuffer
 )
 
 func (k Kind) String() string {
@@ -35,14 +46,19 @@ func (k Kind) String() string {
 		return "host"
 	case Device:
 		return "device"
+	case Mapped:
+		return "mapped"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
 
-// Buffer is a run of bytes in host or device memory.
+// DeviceVisible reports whether a GPU's kernels reach memory of kind k.
+func (k Kind) DeviceVisible() bool { return k == Device || k == Mapped }
+
+// Buffer is a run of bytes in host, device or mapped memory.
 type Buffer struct {
-	host  []byte
-	ptr   uintptr // device address when kind == Device
+	host  []byte  // the CPU's view (Host and Mapped)
+	ptr   uintptr // the GPU's address (Device and Mapped)
 	n     int
 	devID int32
 	kind  Kind
@@ -56,24 +72,39 @@ func DeviceBuffer(device int, ptr uintptr, n int) Buffer {
 	return Buffer{ptr: ptr, n: n, devID: int32(device), kind: Device}
 }
 
+// MappedBuffer describes pinned host memory b that GPU device addresses at
+// devPtr (the two views of the same bytes).
+func MappedBuffer(b []byte, device int, devPtr uintptr) Buffer {
+	return Buffer{host: b, ptr: devPtr, n: len(b), devID: int32(device), kind: Mapped}
+}
+
 // Kind reports where the buffer's memory is.
 func (b Buffer) Kind() Kind { return b.kind }
 
 // Len returns the buffer's length in bytes.
 func (b Buffer) Len() int { return b.n }
 
-// Bytes returns the host memory of b. It panics for device memory: reaching
-// it from the CPU would be a bug, not an error to handle.
+// Bytes returns the host memory of b (Host and Mapped). It panics for
+// device memory: reaching it from the CPU would be a bug, not an error to
+// handle.
 func (b Buffer) Bytes() []byte {
-	if b.kind != Host {
+	if b.kind == Device {
 		panic("memory: Bytes of a device buffer")
 	}
 	return b.host
 }
 
-// Device returns the GPU and address of device memory (0, 0 for host).
+// HostVisible reports whether the CPU may reach b through Bytes.
+func (b Buffer) HostVisible() bool { return b.kind != Device }
+
+// DeviceVisible reports whether a GPU's kernels reach b (Device and
+// Mapped), at the address Device returns.
+func (b Buffer) DeviceVisible() bool { return b.kind != Host }
+
+// Device returns the GPU and its address of device or mapped memory (0, 0
+// for host memory).
 func (b Buffer) Device() (device int, ptr uintptr) {
-	if b.kind != Device {
+	if b.kind == Host {
 		return 0, 0
 	}
 	return int(b.devID), b.ptr
@@ -84,14 +115,27 @@ func (b Buffer) Slice(lo, hi int) Buffer {
 	if lo < 0 || hi < lo || hi > b.n {
 		panic(fmt.Sprintf("memory: slice [%d:%d] of a %d-byte buffer", lo, hi, b.n))
 	}
-	if b.kind == Host {
+	switch b.kind {
+	case Host:
 		return Buffer{host: b.host[lo:hi:hi], n: hi - lo, kind: Host}
+	case Mapped:
+		return Buffer{host: b.host[lo:hi:hi], ptr: b.ptr + uintptr(lo), n: hi - lo, devID: b.devID, kind: Mapped}
 	}
 	return Buffer{ptr: b.ptr + uintptr(lo), n: hi - lo, devID: b.devID, kind: Device}
 }
 
-// addr returns the buffer's start address and whether it has one (an empty
-// host buffer has none).
+// space says which address space addr is in: the CPU's (Host and Mapped
+// alike: a mapped buffer is host memory, so it overlaps the Host buffer
+// over the same bytes) or a GPU's.
+func (b Buffer) space() int32 {
+	if b.kind == Device {
+		return b.devID
+	}
+	return -1
+}
+
+// addr returns the buffer's start address in its space and whether it has
+// one (an empty buffer has none).
 func (b Buffer) addr() (uintptr, bool) {
 	if b.kind == Device {
 		return b.ptr, b.n > 0
@@ -103,9 +147,9 @@ func (b Buffer) addr() (uintptr, bool) {
 }
 
 // Overlaps reports whether b and o share at least one byte of the same
-// memory (same kind and, for device memory, the same GPU).
+// memory (host memory, Host or Mapped; or the same GPU's memory).
 func (b Buffer) Overlaps(o Buffer) bool {
-	if b.kind != o.kind || (b.kind == Device && b.devID != o.devID) {
+	if b.space() != o.space() {
 		return false
 	}
 	x, ok1 := b.addr()
@@ -119,7 +163,7 @@ func (b Buffer) Overlaps(o Buffer) bool {
 // Offset returns the offset of o's first byte within b, and whether o lies
 // entirely inside b.
 func (b Buffer) Offset(o Buffer) (int, bool) {
-	if b.kind != o.kind || (b.kind == Device && b.devID != o.devID) {
+	if b.space() != o.space() {
 		return 0, false
 	}
 	x, ok1 := b.addr()
@@ -134,4 +178,15 @@ func (b Buffer) Offset(o Buffer) (int, bool) {
 func (b Buffer) Same(o Buffer) bool {
 	off, ok := b.Offset(o)
 	return ok && off == 0 && b.n == o.n
+}
+
+// SameStart reports whether b and o are not empty and start at the same
+// byte of the same memory.
+func (b Buffer) SameStart(o Buffer) bool {
+	if b.space() != o.space() {
+		return false
+	}
+	x, ok1 := b.addr()
+	y, ok2 := o.addr()
+	return ok1 && ok2 && x == y
 }

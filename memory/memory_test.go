@@ -23,6 +23,9 @@ func TestHostBuffer(t *testing.T) {
 	require.True(t, s.Same(b.Slice(10, 30)))
 	require.False(t, s.Same(b.Slice(10, 29)))
 	require.False(t, HostBuffer(nil).Overlaps(b))
+	require.True(t, b.SameStart(b.Slice(0, 5)))
+	require.False(t, b.SameStart(s))
+	require.False(t, HostBuffer(nil).SameStart(HostBuffer(nil)))
 	require.Panics(t, func() { b.Slice(50, 101) })
 	// Appending to a slice must not write past it into the parent.
 	x := append(s.Bytes(), 1)
@@ -40,4 +43,29 @@ func TestDeviceBuffer(t *testing.T) {
 	require.True(t, d.Overlaps(DeviceBuffer(1, 0x10f0, 64)))
 	require.False(t, d.Overlaps(DeviceBuffer(2, 0x10f0, 64)), "other GPU")
 	require.False(t, d.Overlaps(HostBuffer(make([]byte, 8))))
+}
+
+func TestMappedBuffer(t *testing.T) {
+	raw := make([]byte, 64)
+	m := MappedBuffer(raw, 2, 0x9000)
+	require.Equal(t, Mapped, m.Kind())
+	require.True(t, m.HostVisible())
+	require.True(t, m.DeviceVisible())
+	s := m.Slice(8, 24)
+	s.Bytes()[0] = 5
+	require.Equal(t, byte(5), raw[8])
+	dev, ptr := s.Device()
+	require.Equal(t, 2, dev)
+	require.Equal(t, uintptr(0x9008), ptr)
+	// The same bytes seen as host memory overlap the mapped view.
+	h := HostBuffer(raw[20:40])
+	require.True(t, s.Overlaps(h))
+	require.True(t, h.Overlaps(s))
+	off, ok := m.Offset(HostBuffer(raw[16:32]))
+	require.True(t, ok)
+	require.Equal(t, 16, off)
+	// A device buffer lives in another address space.
+	require.False(t, m.Overlaps(DeviceBuffer(2, 0x9000, 64)))
+	require.False(t, HostBuffer(raw).DeviceVisible())
+	require.False(t, DeviceBuffer(0, 1, 1).HostVisible())
 }

@@ -33,8 +33,20 @@ type Endpoint interface {
 type Caps struct {
 	Slots    int // slots per connection and direction (≥ 2)
 	SlotSize int // bytes per slot
-	Memory   memory.Kind
+	// Memory is the kind of the slots of connections for host operations.
+	Memory memory.Kind
+	// DeviceSlots is the kind of the slots of connections for device
+	// operations (channels from DeviceChannels on): Device or Mapped
+	// memory, which a GPU's kernels reach. Host means the endpoint carries
+	// no device operations.
+	DeviceSlots memory.Kind
 }
+
+// DeviceChannels is added to the channel number of the connections that
+// carry operations on device memory, so that a transport can give them
+// slots a GPU reaches (Caps.DeviceSlots) while host operations keep slots
+// in host memory.
+const DeviceChannels = 1 << 16
 
 // Tag identifies a slice on the wire: which operation it belongs to (its
 // sequence number and a signature of what it is), which message of that

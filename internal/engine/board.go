@@ -5,7 +5,7 @@ import (
 	"fmt"
 
 	"github.com/goccl/goccl/algorithms"
-	"github.com/goccl/goccl/internal/kernels"
+	"github.com/goccl/goccl/memory"
 	"github.com/goccl/goccl/transport"
 )
 
@@ -27,16 +27,17 @@ var boardSched = algorithms.Schedule{Steps: []algorithms.Step{{Kind: algorithms.
 // boardKernels caches the signature and kernels of the last board
 // operation: a training loop repeats its shapes.
 type boardKernels struct {
-	key        planKey
-	sig        uint32
-	red, final kernels.Func
+	key  planKey
+	sig  uint32
+	host hostPath
 }
 
 // onBoard reports whether op runs on the board. A forced algorithm
-// (Config.Algo) keeps every operation on the connections.
+// (Config.Algo) keeps every operation on the connections, and device
+// memory stays off it (the board is host memory).
 func (e *Engine) onBoard(op *Op) bool {
 	return e.board != nil && e.cfg.Algo == algorithms.AlgoAuto && op.Coll == algorithms.CollAllReduce &&
-		op.Bytes(e.nranks) <= int64(e.board.Max())
+		op.Bytes(e.nranks) <= int64(e.board.Max()) && !onDevice(op)
 }
 
 // boardPlan is the plan of an operation on the board; sig is its
@@ -73,9 +74,9 @@ func (e *Engine) markOff(op *Op, seq uint64, sig uint32) {
 // runOnBoard runs an all-reduce on the board.
 func (e *Engine) runOnBoard(ctx context.Context, op *Op, seq uint64) (Plan, error) {
 	k := &e.boardK
-	if key := keyOf(op); key != k.key || k.red == nil {
-		sig := boardPlan(op, seq, 0).Sig
-		*k = boardKernels{key: key, sig: sig, red: kernels.Reduce(op.Type, op.Red), final: kernels.ReduceFinal(op.Type, op.Red, e.nranks)}
+	if key := keyOf(op); key != k.key || !k.host.ready {
+		k.key, k.sig = key, boardPlan(op, seq, 0).Sig
+		k.host.setup(op, e.nranks)
 	}
 	pl := boardPlan(op, seq, k.sig)
 	nb := op.Count * op.Type.Size()
@@ -110,7 +111,7 @@ func (e *Engine) runOnBoard(ctx context.Context, op *Op, seq uint64) (Plan, erro
 			}
 			src = data
 		}
-		accumulate(out, src, r, e.nranks, k.red, k.final)
+		accumulate(&k.host, memory.HostBuffer(out), memory.HostBuffer(src), r, e.nranks)
 	}
 	return pl, nil
 }

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -10,6 +9,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/goccl/goccl/algorithms"
+	"github.com/goccl/goccl/internal/device"
 	"github.com/goccl/goccl/internal/kernels"
 	"github.com/goccl/goccl/memory"
 	"github.com/goccl/goccl/transport"
@@ -30,6 +30,10 @@ type Config struct {
 	MaxChannels int
 	// Link is the tuner's model of the links.
 	Link algorithms.LinkModel
+	// Device is the GPU whose memory device operations use (nil: host
+	// memory only). Each channel runs its device work on a stream of its
+	// own, made on first use.
+	Device device.Device
 }
 
 // Op is one operation on one rank. Counts are in elements.
@@ -45,6 +49,11 @@ type Op struct {
 	Root  int // broadcast/reduce root; peer of send/recv
 	In    memory.Buffer
 	Out   memory.Buffer
+	// Ready, for an operation on device memory, completes when the
+	// buffers are ready (the caller's earlier work on them has finished):
+	// every device stream of the operation waits for it before it touches
+	// them. Nil: they are ready now.
+	Ready device.Event
 }
 
 // Plan is how an operation runs.
@@ -102,9 +111,11 @@ type Engine struct {
 	curChannels atomic.Int32
 	prog        [maxProgress]atomic.Int64
 	// An in-place operation whose schedule needs a copy of its input
-	// (algorithms.Schedule.CopyInPlace) runs as copyOp, on scratch.
-	scratch []byte
-	copyOp  Op
+	// (algorithms.Schedule.CopyInPlace) runs as copyOp, on scratch (host)
+	// or devScratch (device memory).
+	scratch    []byte
+	devScratch memory.Buffer
+	copyOp     Op
 
 	// The endpoint's board, if it has one that every rank shares
 	// (board.go), and what its operations keep between calls.
@@ -393,8 +404,8 @@ func (e *Engine) nextSeq(op *Op) uint64 {
 // saying where. After a failure the connections are in an unknown state:
 // the caller must abort the endpoint.
 func (e *Engine) Run(ctx context.Context, op *Op) (Plan, error) {
-	if op.In.Kind() != memory.Host || op.Out.Kind() != memory.Host {
-		return Plan{}, errors.New("engine: device memory needs CUDA support, which this build does not have")
+	if err := e.checkMemory(op); err != nil {
+		return Plan{}, err
 	}
 	seq := e.nextSeq(op)
 	if op.Count == 0 {
@@ -419,15 +430,23 @@ func (e *Engine) Run(ctx context.Context, op *Op) (Plan, error) {
 	}
 	pl.Seq = seq
 	e.markOff(op, seq, pl.Sig)
-	if pl.Sched.CopyInPlace && op.In.Overlaps(op.Out) {
-		in := op.In.Bytes()
-		if cap(e.scratch) < len(in) {
-			e.scratch = make([]byte, len(in))
+	for len(e.runs) < pl.Channels {
+		e.runs = append(e.runs, &chanRun{conns: make([]transport.Conn, e.nranks), sent: make([]uint32, e.nranks), recvd: make([]uint32, e.nranks),
+			prog: &e.prog[min(len(e.runs), maxProgress-1)]})
+	}
+	dev := onDevice(op)
+	if dev {
+		if err := e.streams(pl.Channels, op.Ready); err != nil {
+			return pl, &StepError{Channel: 0, Step: -1, Peer: -1, Err: err}
 		}
-		e.scratch = e.scratch[:len(in)]
-		copy(e.scratch, in)
+	}
+	if pl.Sched.CopyInPlace && op.In.Overlaps(op.Out) {
+		in, err := e.copyInput(ctx, op.In, dev)
+		if err != nil {
+			return pl, &StepError{Channel: 0, Step: 0, Kind: algorithms.Copy, Peer: -1, Err: err}
+		}
 		e.copyOp = *op
-		e.copyOp.In = memory.HostBuffer(e.scratch)
+		e.copyOp.In = in
 		op = &e.copyOp
 	}
 	// Connect every channel's peers first, from this goroutine, so that the
@@ -436,9 +455,8 @@ func (e *Engine) Run(ctx context.Context, op *Op) (Plan, error) {
 	if op.Coll == algorithms.CollSend || op.Coll == algorithms.CollRecv {
 		chBase = e.cfg.MaxChannels
 	}
-	for len(e.runs) < pl.Channels {
-		e.runs = append(e.runs, &chanRun{conns: make([]transport.Conn, e.nranks), sent: make([]uint32, e.nranks), recvd: make([]uint32, e.nranks),
-			prog: &e.prog[min(len(e.runs), maxProgress-1)]})
+	if dev {
+		chBase += transport.DeviceChannels
 	}
 	for c := 0; c < pl.Channels; c++ {
 		x := e.runs[c]
@@ -476,6 +494,80 @@ func (e *Engine) Run(ctx context.Context, op *Op) (Plan, error) {
 		g.Go(func() error { return x.run(gctx) })
 	}
 	return pl, g.Wait()
+}
+
+// streams makes sure the first n channels have a device stream, and
+// makes each wait for ready (if not nil).
+func (e *Engine) streams(n int, ready device.Event) error {
+	for _, x := range e.runs[:n] {
+		if x.dev.s == nil {
+			s, err := e.cfg.Device.NewStream()
+			if err != nil {
+				return err
+			}
+			x.dev.s = s
+		}
+		if ready != nil {
+			if err := x.dev.s.WaitEvent(ready); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// copyInput returns a copy of in, in scratch memory of its kind (on the
+// device, made by channel 0's stream).
+func (e *Engine) copyInput(ctx context.Context, in memory.Buffer, dev bool) (memory.Buffer, error) {
+	n := in.Len()
+	if !dev {
+		if cap(e.scratch) < n {
+			e.scratch = make([]byte, n)
+		}
+		e.scratch = e.scratch[:n]
+		copy(e.scratch, in.Bytes())
+		return memory.HostBuffer(e.scratch), nil
+	}
+	if e.devScratch.Len() < n {
+		if e.devScratch.Len() > 0 {
+			if err := e.cfg.Device.Free(e.devScratch); err != nil {
+				return memory.Buffer{}, err
+			}
+			e.devScratch = memory.Buffer{}
+		}
+		b, err := e.cfg.Device.Alloc(n)
+		if err != nil {
+			return memory.Buffer{}, err
+		}
+		e.devScratch = b
+	}
+	s := e.runs[0].dev.s
+	dst := e.devScratch.Slice(0, n)
+	if err := s.Copy(dst, memory.Buffer{}, in); err != nil {
+		return memory.Buffer{}, err
+	}
+	return dst, s.Sync(ctx)
+}
+
+// Close releases what the engine holds on the device: its streams and
+// scratch memory. No operation may run during or after it.
+func (e *Engine) Close() error {
+	var first error
+	for _, x := range e.runs {
+		if x.dev.s != nil {
+			if err := x.dev.s.Close(); err != nil && first == nil {
+				first = err
+			}
+			x.dev.s = nil
+		}
+	}
+	if e.devScratch.Len() > 0 {
+		if err := e.cfg.Device.Free(e.devScratch); err != nil && first == nil {
+			first = err
+		}
+		e.devScratch = memory.Buffer{}
+	}
+	return first
 }
 
 func (e *Engine) connect(ctx context.Context, peer, ch int) (transport.Conn, error) {

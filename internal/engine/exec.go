@@ -6,10 +6,9 @@ import (
 	"runtime"
 	"sync/atomic"
 	"time"
-	"unsafe"
+	_ "unsafe" // for go:linkname
 
 	"github.com/goccl/goccl/algorithms"
-	"github.com/goccl/goccl/internal/kernels"
 	"github.com/goccl/goccl/memory"
 	"github.com/goccl/goccl/transport"
 )
@@ -24,21 +23,14 @@ type chanRun struct {
 	lo, hi, pieces int // this channel's pieces [lo, hi) of pieces
 	esize          int
 	slice          int // elements per slice
-	in, out        []byte
-	red, final     kernels.Func
-	kt             kernels.Type // what red, final, post and the streaming kernels are for
-	kop            kernels.Op
-	// stream: the output is too large for the caches, so writes to it use
-	// streaming stores (see streamBytes): the kernels below, and
-	// kernels.CopyStream.
-	stream       bool
-	redS, finalS kernels.Func
-	red2, final2 kernels.Func2
-	post         func(dst, src []byte)
-	seq          uint64
-	sig          uint32
-	aliased      bool // Input and Output overlap (an in-place operation)
-	ch           int
+	in, out        memory.Buffer
+	dp             dataPath // &host or &dev, by the operation's memory
+	host           hostPath
+	dev            devPath // its stream is made on the first device operation
+	seq            uint64
+	sig            uint32
+	aliased        bool // Input and Output overlap (an in-place operation)
+	ch             int
 
 	conns        []transport.Conn // by peer
 	connBase     int              // the channel number conns are for, minus this run's index
@@ -96,26 +88,14 @@ func (x *chanRun) setup(e *Engine, op *Op, pl *Plan, c int) {
 	x.lo, x.hi = c*pl.Pieces/pl.Channels, (c+1)*pl.Pieces/pl.Channels
 	x.esize = op.Type.Size()
 	x.slice = pl.SliceElems
-	x.in, x.out = nil, nil
-	if op.In.Len() > 0 {
-		x.in = op.In.Bytes()
+	x.in, x.out = op.In, op.Out
+	if onDevice(op) {
+		x.dev.setup(op, e.nranks)
+		x.dp = &x.dev
+	} else {
+		x.host.setup(op, e.nranks)
+		x.dp = &x.host
 	}
-	if op.Out.Len() > 0 {
-		x.out = op.Out.Bytes()
-	}
-	if !op.Coll.Reduces() {
-		x.red, x.final, x.post = nil, nil, nil
-	} else if x.red == nil || x.kt != op.Type || x.kop != op.Red {
-		x.red = kernels.Reduce(op.Type, op.Red)
-		x.final = kernels.ReduceFinal(op.Type, op.Red, e.nranks)
-		x.post = kernels.Post(op.Type, op.Red, e.nranks)
-		x.redS = kernels.ReduceStream(op.Type, op.Red)
-		x.finalS = kernels.ReduceFinalStream(op.Type, op.Red, e.nranks)
-		x.red2 = kernels.ReduceStream2(op.Type, op.Red)
-		x.final2 = kernels.ReduceFinalStream2(op.Type, op.Red, e.nranks)
-		x.kt, x.kop = op.Type, op.Red
-	}
-	x.stream = op.Out.Len() >= streamBytes
 	x.seq = pl.Seq
 	x.sig = pl.Sig
 	x.cached = pl.spans
@@ -146,8 +126,12 @@ func (x *chanRun) run(ctx context.Context) error {
 	}
 	// Everything posted must have left before the caller may reuse its
 	// buffers (slices sent straight from them) or this rank goes quiet
-	// (slices still queued in the transport).
+	// (slices still queued in the transport), and the output must be
+	// complete (device work still running).
 	x.stepI = -1
+	if err := x.dp.fence(ctx); err != nil {
+		return &StepError{Channel: x.ch, Piece: x.hi - 1, Step: len(x.sched.Steps), Kind: algorithms.Copy, Peer: -1, Err: err}
+	}
 	if peer, err := x.flush(ctx); err != nil {
 		return &StepError{Channel: x.ch, Piece: x.hi - 1, Step: len(x.sched.Steps), Kind: algorithms.Send, Peer: peer, Err: err}
 	}
@@ -182,38 +166,34 @@ func (x *chanRun) spansOf(i int, ref algorithms.Ref) []algorithms.Span {
 	return x.spans[i]
 }
 
-func (x *chanRun) buf(b algorithms.Buf) []byte {
+func (x *chanRun) buf(b algorithms.Buf) memory.Buffer {
 	if b == algorithms.Input {
 		return x.in
 	}
 	return x.out
 }
 
-func sameStart(a, b []byte) bool {
-	return len(a) > 0 && len(b) > 0 && unsafe.SliceData(a) == unsafe.SliceData(b)
-}
-
 // recvSlice waits for the next slice from peer and checks that it is the
 // one this rank expects.
-func (x *chanRun) recvSlice(ctx context.Context, st *algorithms.Step, c transport.Conn, peer int, slice uint32, n int) ([]byte, error) {
+func (x *chanRun) recvSlice(ctx context.Context, st *algorithms.Step, c transport.Conn, peer int, slice uint32, n int) (memory.Buffer, error) {
 	b, tag, err := c.Wait(ctx)
 	if err != nil {
-		return nil, x.fail(st, peer, err)
+		return b, x.fail(st, peer, err)
 	}
 	want := transport.Tag{Op: x.seq, Sig: x.sig, Msg: x.recvd[peer], Slice: slice}
 	if tag != want || b.Len() != n {
 		c.Release()
-		return nil, x.fail(st, peer, &MismatchError{Peer: peer, Got: tag, Want: want, GotBytes: b.Len(), WantBytes: n})
+		return b, x.fail(st, peer, &MismatchError{Peer: peer, Got: tag, Want: want, GotBytes: b.Len(), WantBytes: n})
 	}
-	return b.Bytes(), nil
+	return b, nil
 }
 
 // recvInto lands the next slice from peer in dst and checks it.
-func (x *chanRun) recvInto(ctx context.Context, st *algorithms.Step, dr transport.DirectReceiver, peer int, slice uint32, dst []byte) error {
-	tag, n, err := dr.WaitInto(ctx, memory.HostBuffer(dst))
+func (x *chanRun) recvInto(ctx context.Context, st *algorithms.Step, dr transport.DirectReceiver, peer int, slice uint32, dst memory.Buffer) error {
+	tag, n, err := dr.WaitInto(ctx, dst)
 	want := transport.Tag{Op: x.seq, Sig: x.sig, Msg: x.recvd[peer], Slice: slice}
 	if errors.Is(err, transport.ErrSizeMismatch) || (err == nil && tag != want) {
-		return x.fail(st, peer, &MismatchError{Peer: peer, Got: tag, Want: want, GotBytes: n, WantBytes: len(dst)})
+		return x.fail(st, peer, &MismatchError{Peer: peer, Got: tag, Want: want, GotBytes: n, WantBytes: dst.Len()})
 	}
 	if err != nil {
 		return x.fail(st, peer, err)
@@ -221,216 +201,223 @@ func (x *chanRun) recvInto(ctx context.Context, st *algorithms.Step, dr transpor
 	return nil
 }
 
-// lockstep runs a step whose local operand, destination, incoming and
-// outgoing streams all walk the same blocks, slice by slice: receive a
-// slice, reserve the outgoing slot, compute into it, post, release.
-func (x *chanRun) lockstep(ctx context.Context, st *algorithms.Step) error {
-	es := x.esize
-	srcS := algorithms.NewSlicer(x.spansOf(0, st.Src), x.slice)
-	dstS := algorithms.NewSlicer(x.spansOf(1, st.Dst), x.slice)
-	hasSrc, hasDst := st.Src.Buf != algorithms.NoBuf, st.Dst.Buf != algorithms.NoBuf
-	srcBuf, dstBuf := x.buf(st.Src.Buf), x.out
-	var rc, sc transport.Conn
-	rpeer, speer := int(st.RecvPeer), int(st.SendPeer)
+// A lockstep step walks its local operand (src), its destination (dst),
+// its incoming and its outgoing stream over the same blocks, slice by
+// slice. Each slice is one value put in up to two places:
+//
+//   - the value's source is the local operand (copy, send, copySend), the
+//     incoming slice (recv, recvCopySend), or the incoming slice reduced
+//     with the local operand (the recvReduce kinds; reduce folds src into
+//     dst);
+//   - its sinks are the destination, the outgoing slot, or both.
+//
+// lockIO holds what a step's slices share: the connections, and the
+// direct paths the transport offers.
+type lockIO struct {
+	st           *algorithms.Step
+	srcS, dstS   algorithms.Slicer
+	hasSrc       bool
+	hasDst       bool
+	srcBuf       memory.Buffer
+	rc, sc       transport.Conn
+	rpeer, speer int
+	// Direct paths: dr lands incoming data straight in the destination
+	// when it is only copied there (recv, recvCopySend); ds sends straight
+	// from the user's buffers what no later step overwrites before the
+	// transport has sent it: the input of an operation that does not run
+	// in place, or blocks no later step writes (Plan.Unwritten). The
+	// engine flushes before it returns. Only memory the CPU reaches goes
+	// over them.
+	dr transport.DirectReceiver
+	ds transport.DirectSender
+}
+
+func (x *chanRun) lockIO(st *algorithms.Step) lockIO {
+	io := lockIO{
+		st:     st,
+		srcS:   algorithms.NewSlicer(x.spansOf(0, st.Src), x.slice),
+		dstS:   algorithms.NewSlicer(x.spansOf(1, st.Dst), x.slice),
+		hasSrc: st.Src.Buf != algorithms.NoBuf, hasDst: st.Dst.Buf != algorithms.NoBuf,
+		srcBuf: x.buf(st.Src.Buf),
+		rpeer:  int(st.RecvPeer), speer: int(st.SendPeer),
+	}
 	if st.Kind.Receives() {
-		rc = x.conns[rpeer]
+		io.rc = x.conns[io.rpeer]
 	}
 	if st.Kind.Sends() {
-		sc = x.conns[speer]
+		io.sc = x.conns[io.speer]
 	}
-	red := x.red // into a slot
-	if st.Final {
-		red = x.final
+	if io.rc != nil && x.out.HostVisible() && (st.Kind == algorithms.Recv || st.Kind == algorithms.RecvCopySend) {
+		io.dr, _ = io.rc.(transport.DirectReceiver)
 	}
-	redOut := x.reducer(st.Final) // into the output
-	// Direct paths, where the transport offers them: land incoming data
-	// straight in the destination when it is only copied there (recv,
-	// recvCopySend), and send straight from the user's buffers what no
-	// later step overwrites before the transport has sent it: the input of
-	// an operation that does not run in place, or blocks no later step
-	// writes (Plan.Unwritten). The engine flushes before it returns.
-	var dr transport.DirectReceiver
-	if rc != nil && (st.Kind == algorithms.Recv || st.Kind == algorithms.RecvCopySend) {
-		dr, _ = rc.(transport.DirectReceiver)
+	sendsInput := st.Src.Buf == algorithms.Input && !x.aliased && (st.Kind == algorithms.Send || st.Kind == algorithms.CopySend)
+	if io.sc != nil && (x.unwritten[x.stepI] || sendsInput) && x.in.HostVisible() && x.out.HostVisible() {
+		io.ds, _ = io.sc.(transport.DirectSender)
 	}
-	var ds transport.DirectSender
-	if sc != nil && (x.unwritten[x.stepI] || (st.Src.Buf == algorithms.Input && !x.aliased && (st.Kind == algorithms.Send || st.Kind == algorithms.CopySend))) {
-		ds, _ = sc.(transport.DirectSender)
-	}
+	return io
+}
+
+// lockstep runs a lockstep step: for each slice, receive, reserve the
+// outgoing slot, compute the value into its sinks, fence, post, release.
+func (x *chanRun) lockstep(ctx context.Context, st *algorithms.Step) error {
+	io := x.lockIO(st)
+	es := x.esize
 	for sl := uint32(0); ; sl++ {
 		var srcOff, dstOff, n int
 		var ok bool
-		if hasSrc {
-			srcOff, n, ok = srcS.Next()
+		if io.hasSrc {
+			srcOff, n, ok = io.srcS.Next()
 		}
-		if hasDst {
-			dstOff, n, ok = dstS.Next()
+		if io.hasDst {
+			dstOff, n, ok = io.dstS.Next()
 		}
 		if !ok {
 			break
 		}
 		nb := n * es
-		var src, dst, in, out []byte
-		if hasSrc {
-			src = srcBuf[srcOff*es : srcOff*es+nb]
+		var src, dst memory.Buffer
+		if io.hasSrc {
+			src = io.srcBuf.Slice(srcOff*es, srcOff*es+nb)
 		}
-		if hasDst {
-			dst = dstBuf[dstOff*es : dstOff*es+nb]
+		if io.hasDst {
+			dst = x.out.Slice(dstOff*es, dstOff*es+nb)
 		}
-		switch {
-		case dr != nil:
-			if err := x.recvInto(ctx, st, dr, rpeer, sl, dst); err != nil {
-				return err
-			}
-			in = dst
-		case rc != nil:
-			var err error
-			if in, err = x.recvSlice(ctx, st, rc, rpeer, sl, nb); err != nil {
-				return err
-			}
-		}
-		if ds != nil {
-			// The step's value lives in the user's memory: compute it there
-			// and send it from there.
-			from := dst
-			switch st.Kind {
-			case algorithms.Send:
-				from = src
-			case algorithms.CopySend:
-				from = src
-				if !sameStart(dst, src) {
-					copy(dst, src)
-				}
-			case algorithms.RecvCopySend:
-				if dr == nil {
-					copy(dst, in)
-				}
-			case algorithms.RecvReduceCopySend:
-				red(dst, in, src)
-			}
-			if rc != nil && dr == nil {
-				if err := rc.Release(); err != nil {
-					return x.fail(st, rpeer, err)
-				}
-			}
-			tag := transport.Tag{Op: x.seq, Sig: x.sig, Msg: x.sent[speer], Slice: sl}
-			if err := ds.PostFrom(memory.HostBuffer(from), tag); err != nil {
-				return x.fail(st, speer, err)
-			}
-			continue
-		}
-		if sc != nil {
-			b, err := sc.Reserve(ctx, nb)
-			if err != nil {
-				if rc != nil && dr == nil {
-					rc.Release()
-				}
-				return x.fail(st, speer, err)
-			}
-			out = b.Bytes()
-		}
-		switch st.Kind {
-		case algorithms.Copy:
-			x.copyFinal(dst, src, st.Final)
-		case algorithms.Send:
-			copy(out, src)
-		case algorithms.Recv:
-			if dr == nil {
-				x.copyOut(dst, in)
-			}
-		case algorithms.CopySend:
-			copy(out, src)
-			if !sameStart(dst, src) {
-				x.copyOut(dst, src)
-			}
-		case algorithms.RecvReduceSend:
-			red(out, in, src)
-		case algorithms.RecvReduceCopy:
-			redOut(dst, in, src)
-		case algorithms.Reduce:
-			redOut(dst, dst, src)
-		case algorithms.RecvReduceCopySend:
-			if x.stream {
-				// One pass: the output by streaming stores, the slot
-				// (read by the next rank soon) through the caches.
-				red2 := x.red2
-				if st.Final {
-					red2 = x.final2
-				}
-				red2(dst, out, in, src)
-			} else {
-				red(dst, in, src)
-				copy(out, dst)
-			}
-		case algorithms.RecvCopySend:
-			if dr == nil {
-				x.copyOut(dst, in)
-			}
-			copy(out, in)
-		}
-		if sc != nil {
-			if err := sc.Post(nb, transport.Tag{Op: x.seq, Sig: x.sig, Msg: x.sent[speer], Slice: sl}); err != nil {
-				if rc != nil && dr == nil {
-					rc.Release()
-				}
-				return x.fail(st, speer, err)
-			}
-		}
-		if rc != nil && dr == nil {
-			if err := rc.Release(); err != nil {
-				return x.fail(st, rpeer, err)
-			}
+		if err := x.lockSlice(ctx, &io, sl, nb, src, dst); err != nil {
+			return err
 		}
 	}
-	if rc != nil {
-		x.recvd[rpeer]++
+	if io.rc != nil {
+		x.recvd[io.rpeer]++
 	}
-	if sc != nil {
-		x.sent[speer]++
+	if io.sc != nil {
+		x.sent[io.speer]++
 	}
 	return nil
 }
 
-// copyFinal copies src to dst, applying the operator's post-processing if
-// the copy completes a reduction (a single rank's Avg).
-func (x *chanRun) copyFinal(dst, src []byte, final bool) {
-	if final && x.post != nil {
-		x.post(dst, src)
-		return
-	}
-	if !sameStart(dst, src) {
-		x.copyOut(dst, src)
-	}
-}
-
-// streamBytes is the output size from which writes to the output use
-// streaming stores. Below it the output may still be in the caches when
-// the caller reads it; above it, it cannot be (2 MiB of L2 per core here),
-// and a streaming store saves the read of each line before it is written:
-// docs/performance.md measured a 64 MiB reduction 1.5x and a copy 2.3x
-// faster that way.
-const streamBytes = 8 << 20
-
-// copyOut copies to the output.
-func (x *chanRun) copyOut(dst, src []byte) {
-	if x.stream {
-		kernels.CopyStream(dst, src)
-	} else {
-		copy(dst, src)
-	}
-}
-
-// reducer returns the kernel for a reduction into the output.
-func (x *chanRun) reducer(final bool) kernels.Func {
+// lockSlice moves one slice of a lockstep step.
+func (x *chanRun) lockSlice(ctx context.Context, io *lockIO, sl uint32, nb int, src, dst memory.Buffer) error {
+	st := io.st
+	// The incoming slice: landed in dst, or held in a slot until released.
+	var in memory.Buffer
+	held := false
 	switch {
-	case x.stream && final:
-		return x.finalS
-	case x.stream:
-		return x.redS
-	case final:
-		return x.final
+	case io.dr != nil:
+		if err := x.recvInto(ctx, st, io.dr, io.rpeer, sl, dst); err != nil {
+			return err
+		}
+		in = dst
+	case io.rc != nil:
+		var err error
+		if in, err = x.recvSlice(ctx, st, io.rc, io.rpeer, sl, nb); err != nil {
+			return err
+		}
+		held = true
 	}
-	return x.red
+	release := func() error {
+		if !held {
+			return nil
+		}
+		held = false
+		if err := io.rc.Release(); err != nil {
+			return x.fail(st, io.rpeer, err)
+		}
+		return nil
+	}
+	// The outgoing slot, unless the value is sent from the user's memory
+	// (then it is computed there and sent from there).
+	var out memory.Buffer
+	if io.sc != nil && io.ds == nil {
+		var err error
+		if out, err = io.sc.Reserve(ctx, nb); err != nil {
+			release()
+			return x.fail(st, io.speer, err)
+		}
+	}
+	direct := io.ds != nil
+	err := x.compute(st, dst, out, in, src, direct)
+	if err == nil && (held || io.sc != nil) {
+		// Device work must be done before the memory it wrote goes to the
+		// peer or the slot it read goes back.
+		err = x.dp.fence(ctx)
+	}
+	if err != nil {
+		release()
+		return x.fail(st, -1, err)
+	}
+	if direct {
+		if err := release(); err != nil {
+			return err
+		}
+		from := dst
+		if st.Kind == algorithms.Send || st.Kind == algorithms.CopySend {
+			from = src
+		}
+		tag := transport.Tag{Op: x.seq, Sig: x.sig, Msg: x.sent[io.speer], Slice: sl}
+		if err := io.ds.PostFrom(from, tag); err != nil {
+			return x.fail(st, io.speer, err)
+		}
+		return nil
+	}
+	if io.sc != nil {
+		if err := io.sc.Post(nb, transport.Tag{Op: x.seq, Sig: x.sig, Msg: x.sent[io.speer], Slice: sl}); err != nil {
+			release()
+			return x.fail(st, io.speer, err)
+		}
+	}
+	return release()
+}
+
+// compute puts a lockstep slice's value in its sinks: dst (the output)
+// and out (the outgoing slot; empty when the value is sent from dst or
+// src directly, and then dst is written through the caches, since the
+// transport reads it right away).
+func (x *chanRun) compute(st *algorithms.Step, dst, out, in, src memory.Buffer, direct bool) error {
+	dp := x.dp
+	switch st.Kind {
+	case algorithms.Copy:
+		return dp.finalCopy(dst, src, st.Final)
+	case algorithms.Send:
+		if !direct {
+			return dp.copy(out, src, false)
+		}
+	case algorithms.Recv:
+		if !dst.SameStart(in) {
+			return dp.copy(dst, in, true)
+		}
+	case algorithms.CopySend:
+		if !direct {
+			if err := dp.copy(out, src, false); err != nil {
+				return err
+			}
+		}
+		if !dst.SameStart(src) {
+			return dp.copy(dst, src, !direct)
+		}
+	case algorithms.RecvReduceSend:
+		return dp.reduce(out, in, src, st.Final, false)
+	case algorithms.RecvReduceCopy:
+		return dp.reduce(dst, in, src, st.Final, true)
+	case algorithms.Reduce:
+		return dp.reduce(dst, dst, src, st.Final, true)
+	case algorithms.RecvReduceCopySend:
+		if direct {
+			return dp.reduce(dst, in, src, st.Final, false)
+		}
+		return dp.reduce2(dst, out, in, src, st.Final)
+	case algorithms.RecvCopySend:
+		switch {
+		case direct:
+			if !dst.SameStart(in) {
+				return dp.copy(dst, in, false)
+			}
+		case dst.SameStart(in): // landed in dst
+			return dp.copy(out, in, false)
+		default:
+			return dp.copy2(dst, out, in)
+		}
+	}
+	return nil
 }
 
 // exchange runs SendRecv and SendRecvReduceCopy: per round, send the next
@@ -446,7 +433,6 @@ func (x *chanRun) exchange(ctx context.Context, st *algorithms.Step) error {
 	txBuf, srcBuf := x.buf(st.Tx.Buf), x.buf(st.Src.Buf)
 	rpeer, speer := int(st.RecvPeer), int(st.SendPeer)
 	rc, sc := x.conns[rpeer], x.conns[speer]
-	red := x.reducer(st.Final) // into the output
 	reduces := st.Kind.Reduces()
 	var txSl, rxSl uint32
 	for !txS.Done() || !dstS.Done() {
@@ -456,7 +442,12 @@ func (x *chanRun) exchange(ctx context.Context, st *algorithms.Step) error {
 			if err != nil {
 				return x.fail(st, speer, err)
 			}
-			copy(b.Bytes(), txBuf[off*es:off*es+nb])
+			if err := x.dp.copy(b, txBuf.Slice(off*es, off*es+nb), false); err != nil {
+				return x.fail(st, -1, err)
+			}
+			if err := x.dp.fence(ctx); err != nil {
+				return x.fail(st, -1, err)
+			}
 			if err := sc.Post(nb, transport.Tag{Op: x.seq, Sig: x.sig, Msg: x.sent[speer], Slice: txSl}); err != nil {
 				return x.fail(st, speer, err)
 			}
@@ -468,12 +459,19 @@ func (x *chanRun) exchange(ctx context.Context, st *algorithms.Step) error {
 			if err != nil {
 				return err
 			}
-			dst := x.out[off*es : off*es+nb]
+			dst := x.out.Slice(off*es, off*es+nb)
 			if reduces {
 				soff, _, _ := srcS.Next()
-				red(dst, in, srcBuf[soff*es:soff*es+nb])
+				err = x.dp.reduce(dst, in, srcBuf.Slice(soff*es, soff*es+nb), st.Final, true)
 			} else {
-				x.copyOut(dst, in)
+				err = x.dp.copy(dst, in, true)
+			}
+			if err == nil {
+				err = x.dp.fence(ctx)
+			}
+			if err != nil {
+				rc.Release()
+				return x.fail(st, -1, err)
 			}
 			if err := rc.Release(); err != nil {
 				return x.fail(st, rpeer, err)

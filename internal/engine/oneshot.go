@@ -4,7 +4,7 @@ import (
 	"context"
 
 	"github.com/goccl/goccl/algorithms"
-	"github.com/goccl/goccl/internal/kernels"
+	"github.com/goccl/goccl/memory"
 	"github.com/goccl/goccl/transport"
 )
 
@@ -27,7 +27,7 @@ func isOneShot(op *Op, pl *Plan) bool {
 var oneShotStep = algorithms.Step{Kind: algorithms.SendRecv}
 
 func (x *chanRun) oneShot(ctx context.Context, rank, nranks int) error {
-	nb := len(x.in)
+	nb := x.in.Len()
 	x.piece, x.stepI = 0, 0
 	x.prog.Store(1)
 	tag := transport.Tag{Op: x.seq, Sig: x.sig}
@@ -40,7 +40,13 @@ func (x *chanRun) oneShot(ctx context.Context, rank, nranks int) error {
 		if err != nil {
 			return x.fail(&oneShotStep, p, err)
 		}
-		copy(b.Bytes(), x.in)
+		err = x.dp.copy(b, x.in, false)
+		if err == nil {
+			err = x.dp.fence(ctx)
+		}
+		if err != nil {
+			return x.fail(&oneShotStep, -1, err)
+		}
 		if err := c.Post(nb, tag); err != nil {
 			return x.fail(&oneShotStep, p, err)
 		}
@@ -48,7 +54,7 @@ func (x *chanRun) oneShot(ctx context.Context, rank, nranks int) error {
 	// In place, the engine has made x.in a copy of the input
 	// (Schedule.CopyInPlace), so writing the output does not change it.
 	mine := x.in
-	out := x.out[:nb]
+	out := x.out.Slice(0, nb)
 	for r := range nranks {
 		src := mine
 		if r != rank {
@@ -58,12 +64,24 @@ func (x *chanRun) oneShot(ctx context.Context, rank, nranks int) error {
 			}
 			src = in
 		}
-		accumulate(out, src, r, nranks, x.red, x.final)
+		err := accumulate(x.dp, out, src, r, nranks)
+		if err == nil && r != rank {
+			err = x.dp.fence(ctx)
+		}
+		if err != nil {
+			if r != rank {
+				x.conns[r].Release()
+			}
+			return x.fail(&oneShotStep, -1, err)
+		}
 		if r != rank {
 			if err := x.conns[r].Release(); err != nil {
 				return x.fail(&oneShotStep, r, err)
 			}
 		}
+	}
+	if err := x.dp.fence(ctx); err != nil {
+		return x.fail(&oneShotStep, -1, err)
 	}
 	if p, err := x.flush(ctx); err != nil {
 		return x.fail(&oneShotStep, p, err)
@@ -75,15 +93,15 @@ func (x *chanRun) oneShot(ctx context.Context, rank, nranks int) error {
 // that every rank that runs the same sequence gets the same bits: the
 // first is copied, the last reduced with the operator's final step
 // (Avg's division).
-func accumulate(out, src []byte, r, n int, red, final kernels.Func) {
+func accumulate(dp dataPath, out, src memory.Buffer, r, n int) error {
 	switch r {
 	case 0:
-		if !sameStart(out, src) {
-			copy(out, src)
+		if !out.SameStart(src) {
+			return dp.copy(out, src, false)
 		}
+		return nil
 	case n - 1:
-		final(out, out, src)
-	default:
-		red(out, out, src)
+		return dp.reduce(out, out, src, true, false)
 	}
+	return dp.reduce(out, out, src, false, false)
 }

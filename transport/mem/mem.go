@@ -68,6 +68,16 @@ var ErrKilled = errors.New("killed by fault injection")
 type Options struct {
 	Slots    int
 	SlotSize int
+	// Slot memory for the connections of device operations (channels
+	// from transport.DeviceChannels on), for ranks on GPUs: NCCL's P2P
+	// transport keeps a connection's buffers on the receiver's GPU.
+	// DeviceAlloc returns n bytes for a slot that rank receives into, and
+	// Network.Close gives every one back with DeviceFree. DeviceMemory is
+	// the kind DeviceAlloc returns, which Caps reports as DeviceSlots.
+	// With DeviceAlloc nil, the network carries host operations only.
+	DeviceAlloc  func(rank, n int) (memory.Buffer, error)
+	DeviceFree   func(rank int, b memory.Buffer) error
+	DeviceMemory memory.Kind
 }
 
 // EventKind says what a fault hook is looking at.
@@ -121,7 +131,10 @@ func NewNetwork(n int, opts Options) (*Network, error) {
 		opts.SlotSize = DefaultSlotSize
 	}
 	if n < 1 || opts.Slots < 2 || opts.SlotSize < 64 {
-		return nil, fmt.Errorf("mem: need n ≥ 1, slots ≥ 2 and slot size ≥ 64: n=%d %+v", n, opts)
+		return nil, fmt.Errorf("mem: need n ≥ 1, slots ≥ 2 and slot size ≥ 64: n=%d slots=%d slot size=%d", n, opts.Slots, opts.SlotSize)
+	}
+	if (opts.DeviceAlloc == nil) != (opts.DeviceFree == nil) {
+		return nil, errors.New("mem: Options.DeviceAlloc and Options.DeviceFree go together")
 	}
 	nw := &Network{n: n, opts: opts, links: map[linkKey]*link{}}
 	for r := 0; r < n; r++ {
@@ -132,6 +145,27 @@ func NewNetwork(n int, opts Options) (*Network, error) {
 
 // Endpoint returns rank's endpoint.
 func (nw *Network) Endpoint(rank int) *Endpoint { return nw.eps[rank] }
+
+// Close gives back the slot memory that Options.DeviceAlloc provided. Every
+// endpoint must have been closed, and nothing may still use its slots:
+// call it once every rank's operations have returned.
+func (nw *Network) Close() error {
+	nw.mu.Lock()
+	defer nw.mu.Unlock()
+	var first error
+	for _, l := range nw.links {
+		for i, b := range l.dbufs {
+			if b.Len() == 0 {
+				continue
+			}
+			if err := nw.opts.DeviceFree(l.to, b); err != nil && first == nil {
+				first = err
+			}
+			l.dbufs[i] = memory.Buffer{}
+		}
+	}
+	return first
+}
 
 // SetFault installs a fault hook (nil removes it). It is safe to call at
 // any time.
@@ -175,7 +209,12 @@ var _ transport.Endpoint = (*Endpoint)(nil)
 
 // Caps implements transport.Endpoint.
 func (ep *Endpoint) Caps() transport.Caps {
-	return transport.Caps{Slots: ep.nw.opts.Slots, SlotSize: ep.nw.opts.SlotSize, Memory: memory.Host}
+	o := &ep.nw.opts
+	c := transport.Caps{Slots: o.Slots, SlotSize: o.SlotSize, Memory: memory.Host}
+	if o.DeviceAlloc != nil {
+		c.DeviceSlots = o.DeviceMemory
+	}
+	return c
 }
 
 // Connect implements transport.Endpoint. In process there is nothing to
@@ -184,6 +223,9 @@ func (ep *Endpoint) Connect(ctx context.Context, peer, ch int) (transport.Conn, 
 	nw := ep.nw
 	if peer < 0 || peer >= nw.n || peer == ep.rank {
 		return nil, &transport.PeerError{Peer: peer, Op: "connect", Err: fmt.Errorf("no such peer for rank %d of %d", ep.rank, nw.n)}
+	}
+	if ch >= transport.DeviceChannels && nw.opts.DeviceAlloc == nil {
+		return nil, &transport.PeerError{Peer: peer, Op: "connect", Err: errors.New("mem: a device channel on a network without device memory")}
 	}
 	nw.mu.Lock()
 	defer nw.mu.Unlock()
@@ -206,7 +248,7 @@ func (nw *Network) linkLocked(from, to, ch int) *link {
 	if l := nw.links[k]; l != nil {
 		return l
 	}
-	l := newLink(from, to, nw.opts)
+	l := newLink(from, to, ch, nw.opts)
 	nw.links[k] = l
 	for _, r := range []int{from, to} {
 		ep := nw.eps[r]
@@ -249,6 +291,10 @@ type link struct {
 	from, to int
 	slotSize int
 	bufs     [][]byte // slot memory, grown on demand up to slotSize
+	// On a device channel: slot memory from Options.DeviceAlloc, made
+	// whole on first use.
+	alloc func(rank, n int) (memory.Buffer, error)
+	dbufs []memory.Buffer
 	meta     []slotMeta
 	free     chan int // slots the sender may fill, in ring order
 	full     chan int // slots the receiver may drain, in ring order
@@ -267,17 +313,44 @@ type slotMeta struct {
 	tag transport.Tag
 }
 
-func newLink(from, to int, o Options) *link {
+func newLink(from, to, ch int, o Options) *link {
 	l := &link{
 		from: from, to: to, slotSize: o.SlotSize,
 		bufs: make([][]byte, o.Slots), meta: make([]slotMeta, o.Slots),
 		free: make(chan int, o.Slots), full: make(chan int, o.Slots),
 		dead: make(chan struct{}), fromGone: make(chan struct{}), toGone: make(chan struct{}),
 	}
+	if ch >= transport.DeviceChannels {
+		l.alloc, l.dbufs = o.DeviceAlloc, make([]memory.Buffer, o.Slots)
+	}
 	for i := 0; i < o.Slots; i++ {
 		l.free <- i
 	}
 	return l
+}
+
+// slot returns n bytes of slot i (allocated memory), allocating it on
+// first use.
+func (l *link) slot(i, n int) (memory.Buffer, error) {
+	if l.dbufs[i].Len() == 0 {
+		b, err := l.alloc(l.to, l.slotSize)
+		if err != nil {
+			return memory.Buffer{}, fmt.Errorf("mem: slot memory for rank %d: %w", l.to, err)
+		}
+		if b.Len() < l.slotSize {
+			return memory.Buffer{}, fmt.Errorf("mem: slot memory for rank %d: %d bytes, need %d", l.to, b.Len(), l.slotSize)
+		}
+		l.dbufs[i] = b
+	}
+	return l.dbufs[i].Slice(0, n), nil
+}
+
+// slotCap is how many bytes slot i holds now.
+func (l *link) slotCap(i int) int {
+	if l.alloc != nil {
+		return l.dbufs[i].Len()
+	}
+	return cap(l.bufs[i])
 }
 
 func (l *link) abort(by int, cause error) {
@@ -343,6 +416,15 @@ func (c *conn) Reserve(ctx context.Context, n int) (memory.Buffer, error) {
 		return memory.Buffer{}, c.goneErr(l, "send")
 	default:
 	}
+	if l.alloc != nil {
+		b, err := l.slot(i, n)
+		if err != nil {
+			l.free <- i
+			return memory.Buffer{}, err
+		}
+		c.cur = i
+		return b, nil
+	}
 	if cap(l.bufs[i]) < n {
 		// Grow to a power of two (at least 4 KiB), at most the slot size,
 		// so that small operations do not pin whole slots.
@@ -379,7 +461,7 @@ func (c *conn) goneErr(l *link, op string) error {
 func (c *conn) Post(n int, tag transport.Tag) error {
 	l := c.out
 	i := c.cur
-	if i < 0 || n > cap(l.bufs[i]) {
+	if i < 0 || n > l.slotCap(i) {
 		return fmt.Errorf("mem: post of %d bytes without a matching reserve", n)
 	}
 	c.cur = -1
@@ -418,6 +500,9 @@ func (c *conn) Wait(ctx context.Context) (memory.Buffer, transport.Tag, error) {
 	}
 	c.rcur = i
 	m := l.meta[i]
+	if l.alloc != nil {
+		return l.dbufs[i].Slice(0, m.n), m.tag, nil
+	}
 	return memory.HostBuffer(l.bufs[i][:m.n]), m.tag, nil
 }
 

@@ -1,0 +1,124 @@
+// Package device is the seam between goccl's engine and a GPU: the few
+// things a collective on device memory needs from one, whichever layer
+// provides them. Package cuda implements it with the CUDA driver and
+// goccl's PTX kernels; a host-emulated device (internal/device/emu) that
+// only tests use implements it on host memory, stricter than hardware.
+//
+// # Why a stream, and what the engine asks of it
+//
+// Device work is asynchronous: a kernel launch returns before the kernel
+// has run. The engine enqueues a slice's reduction or copy on its stream
+// and must not hand the slot that work fills to a peer (Post), nor give
+// back the slot it reads (Release), before the work has finished: Sync
+// is that fence. Work on one stream runs in the order it was enqueued;
+// work on two streams is ordered only through events (Record, WaitEvent)
+// or 32-bit flags in mapped memory (WaitValue), which is how a
+// communicator orders its work after, and before, the caller's stream.
+//
+// # Obligations
+//
+//  1. Buffers given to Reduce, Post and Copy are memory.Device or
+//     memory.Mapped buffers of the stream's device (Copy also takes Host
+//     buffers on one side: host-to-device and device-to-host copies). A
+//     kernel never reaches pageable host memory: an implementation
+//     returns an error for one, it does not fault.
+//  2. Lengths: dst, dst2 (when not empty), a and b have the same length,
+//     a multiple of the element size. dst may be exactly a or exactly b;
+//     dst2 must not overlap any of the others.
+//  3. Arithmetic is internal/kernels' contract, rule for rule: wrapping
+//     integers, Avg as the wrapped sum divided with truncation (integers)
+//     or a correctly rounded division in the type (float32, float64) or
+//     in float32 (float16, bfloat16, rounded once); Min and Max give NaN
+//     when either operand is NaN.
+//  4. Enqueueing does not wait for earlier work. An error from an enqueue
+//     or from Sync means the stream may be unusable: the engine aborts
+//     the operation.
+//  5. Every method of a Stream is called by one goroutine at a time; a
+//     Device's methods are safe for concurrent use. A CUDA context is
+//     current per OS thread and goroutines move between threads, so an
+//     implementation makes its context current inside every call.
+package device
+
+import (
+	"context"
+	"time"
+
+	"github.com/goccl/goccl/internal/kernels"
+	"github.com/goccl/goccl/memory"
+)
+
+// Device is one GPU.
+type Device interface {
+	// Ordinal is the device's index, as memory.Buffer.Device reports it.
+	Ordinal() int
+	// Info describes the device for logs and the INFO summary.
+	Info() Info
+	// Alloc returns n bytes of device memory (memory.Device), not
+	// initialised.
+	Alloc(n int) (memory.Buffer, error)
+	// AllocHost returns n bytes of pinned host memory mapped for this
+	// device (memory.Mapped), not initialised.
+	AllocHost(n int) (memory.Buffer, error)
+	// Free releases memory that Alloc or AllocHost returned. Work that
+	// still uses it must have finished.
+	Free(b memory.Buffer) error
+	// NewStream returns a new stream on this device.
+	NewStream() (Stream, error)
+}
+
+// Info describes a device.
+type Info struct {
+	Name     string // "NVIDIA H200"
+	PCIBusID string // "0000:19:00.0", as NVML and sysfs spell it; "" if none
+	Major    int    // compute capability
+	Minor    int
+	Memory   int64 // bytes of device memory
+	// Emulated is set by the host-emulated test device, so that nothing
+	// reports it as a GPU.
+	Emulated bool
+}
+
+// Stream is an ordered queue of work on one device.
+type Stream interface {
+	// Device is the stream's device.
+	Device() Device
+	// Reduce enqueues dst[i] = a[i] op b[i] for elements of type t (Avg:
+	// the sum), and the same into dst2 when dst2 is not empty; with
+	// div > 0 every result is divided by div afterwards (Avg's final
+	// step; see kernels.ReduceFinal).
+	Reduce(dst, dst2, a, b memory.Buffer, t kernels.Type, op kernels.Op, div int) error
+	// Post enqueues dst[i] = src[i] / div (Avg of a single contribution;
+	// kernels.Post). dst may be exactly src.
+	Post(dst, src memory.Buffer, t kernels.Type, div int) error
+	// Copy enqueues dst = src, and dst2 = src when dst2 is not empty.
+	Copy(dst, dst2, src memory.Buffer) error
+	// Sync blocks until all work enqueued so far has finished, or until
+	// ctx ends (the work then goes on; the stream stays usable).
+	Sync(ctx context.Context) error
+	// Record enqueues an event that completes when the work enqueued so
+	// far has.
+	Record() (Event, error)
+	// WaitEvent makes work enqueued after it wait until ev completes.
+	WaitEvent(ev Event) error
+	// WaitValue makes work enqueued after it wait until the 32-bit word at
+	// flag (4 bytes of Mapped memory, 4-byte aligned) holds a value v'
+	// with int32(v'-v) >= 0 (at least v, modulo wrap-around). A host
+	// store to flag releases it.
+	WaitValue(flag memory.Buffer, v uint32) error
+	// Close waits for the stream's work and releases it; further calls
+	// fail.
+	Close() error
+}
+
+// Event marks a point in a stream's work.
+type Event interface {
+	// Done reports whether the work before the event has finished.
+	Done() (bool, error)
+	// Sync blocks until the event completes or ctx ends.
+	Sync(ctx context.Context) error
+	// Since is the device time between start and this event, both
+	// completed, recorded on the same device.
+	Since(start Event) (time.Duration, error)
+	// Close releases the event.
+	Close() error
+}

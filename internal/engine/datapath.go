@@ -1,0 +1,245 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/goccl/goccl/internal/device"
+	"github.com/goccl/goccl/internal/kernels"
+	"github.com/goccl/goccl/memory"
+)
+
+// dataPath does the data work of a channel's slices on the memory they
+// live in: the host kernels for host memory, a device stream's kernels for
+// device memory. The schedule walk (exec.go) is the same for both; only
+// these primitives differ (NCCL's prims_simple.h keeps one walk over its
+// protocols' loads and stores the same way).
+//
+// Every primitive may be asynchronous: a device path enqueues the work
+// and returns. fence waits until everything issued so far has finished;
+// the walk calls it before it hands a slot the primitives filled to a
+// peer (Post, PostFrom), gives back a slot they read (Release), or
+// returns. The host path's work is done when the call returns, so its
+// fence is free.
+//
+// Buffers have the lengths the step's slice has, all equal. out says that
+// dst is the operation's output and nothing reads it soon (the host path
+// then writes large outputs around the caches); a dst sent on right away,
+// or a slot, is written through the caches.
+type dataPath interface {
+	// reduce computes dst = a op b; final applies the operator's last step
+	// (Avg's division).
+	reduce(dst, a, b memory.Buffer, final, out bool) error
+	// reduce2 computes dst = slot = a op b in one pass: dst is the output,
+	// slot an outgoing slot.
+	reduce2(dst, slot, a, b memory.Buffer, final bool) error
+	// copy copies src to dst.
+	copy(dst, src memory.Buffer, out bool) error
+	// copy2 copies src to the output dst and to the slot.
+	copy2(dst, slot, src memory.Buffer) error
+	// finalCopy copies src to the output dst, applying the operator's last
+	// step when final (a single contribution's Avg).
+	finalCopy(dst, src memory.Buffer, final bool) error
+	// fence waits until the work issued so far has finished.
+	fence(ctx context.Context) error
+}
+
+// hostPath is the data path on host memory: internal/kernels, chosen once
+// per operation shape.
+type hostPath struct {
+	kt           kernels.Type
+	kop          kernels.Op
+	n            int // ranks, for Avg
+	ready        bool
+	red, final   kernels.Func
+	redS, finalS kernels.Func
+	red2, final2 kernels.Func2
+	post         func(dst, src []byte)
+	// stream: the output is too large for the caches, so writes to it use
+	// streaming stores (see streamBytes).
+	stream bool
+}
+
+// streamBytes is the output size from which writes to the output use
+// streaming stores. Below it the output may still be in the caches when
+// the caller reads it; above it, it cannot be (2 MiB of L2 per core here),
+// and a streaming store saves the read of each line before it is written:
+// docs/performance.md measured a 64 MiB reduction 1.5x and a copy 2.3x
+// faster that way.
+const streamBytes = 8 << 20
+
+// setup chooses the kernels for op.
+func (h *hostPath) setup(op *Op, nranks int) {
+	h.stream = op.Out.Len() >= streamBytes
+	if !op.Coll.Reduces() {
+		h.red, h.final, h.post, h.ready = nil, nil, nil, false
+		return
+	}
+	if h.ready && h.kt == op.Type && h.kop == op.Red && h.n == nranks {
+		return
+	}
+	h.red = kernels.Reduce(op.Type, op.Red)
+	h.final = kernels.ReduceFinal(op.Type, op.Red, nranks)
+	h.post = kernels.Post(op.Type, op.Red, nranks)
+	h.redS = kernels.ReduceStream(op.Type, op.Red)
+	h.finalS = kernels.ReduceFinalStream(op.Type, op.Red, nranks)
+	h.red2 = kernels.ReduceStream2(op.Type, op.Red)
+	h.final2 = kernels.ReduceFinalStream2(op.Type, op.Red, nranks)
+	h.kt, h.kop, h.n, h.ready = op.Type, op.Red, nranks, true
+}
+
+func (h *hostPath) reduce(dst, a, b memory.Buffer, final, out bool) error {
+	f := h.red
+	switch {
+	case out && h.stream && final:
+		f = h.finalS
+	case out && h.stream:
+		f = h.redS
+	case final:
+		f = h.final
+	}
+	f(dst.Bytes(), a.Bytes(), b.Bytes())
+	return nil
+}
+
+func (h *hostPath) reduce2(dst, slot, a, b memory.Buffer, final bool) error {
+	d, s := dst.Bytes(), slot.Bytes()
+	if h.stream {
+		// One pass: the output by streaming stores, the slot (read by the
+		// next rank soon) through the caches.
+		f := h.red2
+		if final {
+			f = h.final2
+		}
+		f(d, s, a.Bytes(), b.Bytes())
+		return nil
+	}
+	f := h.red
+	if final {
+		f = h.final
+	}
+	f(d, a.Bytes(), b.Bytes())
+	copy(s, d)
+	return nil
+}
+
+func (h *hostPath) copy(dst, src memory.Buffer, out bool) error {
+	if out && h.stream {
+		kernels.CopyStream(dst.Bytes(), src.Bytes())
+	} else {
+		copy(dst.Bytes(), src.Bytes())
+	}
+	return nil
+}
+
+func (h *hostPath) copy2(dst, slot, src memory.Buffer) error {
+	h.copy(dst, src, true)
+	copy(slot.Bytes(), src.Bytes())
+	return nil
+}
+
+func (h *hostPath) finalCopy(dst, src memory.Buffer, final bool) error {
+	if final && h.post != nil {
+		h.post(dst.Bytes(), src.Bytes())
+		return nil
+	}
+	if !dst.SameStart(src) {
+		h.copy(dst, src, true)
+	}
+	return nil
+}
+
+func (h *hostPath) fence(context.Context) error { return nil }
+
+// devPath is the data path on a GPU's memory: each primitive is enqueued
+// on the channel's stream, fence waits for the stream. Buffers are device
+// memory or mapped host memory of the stream's device (device.Stream's
+// obligations); the engine checks that before an operation starts.
+type devPath struct {
+	s   device.Stream
+	kt  kernels.Type
+	kop kernels.Op
+	div int // ranks, for Avg's division; 0 for every other operator
+}
+
+func (d *devPath) setup(op *Op, nranks int) {
+	d.kt, d.kop, d.div = op.Type, op.Red, 0
+	if op.Coll.Reduces() && op.Red == kernels.Avg && nranks > 1 {
+		d.div = nranks
+	}
+}
+
+func (d *devPath) divFor(final bool) int {
+	if final {
+		return d.div
+	}
+	return 0
+}
+
+func (d *devPath) reduce(dst, a, b memory.Buffer, final, _ bool) error {
+	return d.s.Reduce(dst, memory.Buffer{}, a, b, d.kt, d.kop, d.divFor(final))
+}
+
+func (d *devPath) reduce2(dst, slot, a, b memory.Buffer, final bool) error {
+	return d.s.Reduce(dst, slot, a, b, d.kt, d.kop, d.divFor(final))
+}
+
+func (d *devPath) copy(dst, src memory.Buffer, _ bool) error {
+	return d.s.Copy(dst, memory.Buffer{}, src)
+}
+
+func (d *devPath) copy2(dst, slot, src memory.Buffer) error {
+	return d.s.Copy(dst, slot, src)
+}
+
+func (d *devPath) finalCopy(dst, src memory.Buffer, final bool) error {
+	if final && d.div > 1 {
+		return d.s.Post(dst, src, d.kt, d.div)
+	}
+	if !dst.SameStart(src) {
+		return d.s.Copy(dst, memory.Buffer{}, src)
+	}
+	return nil
+}
+
+func (d *devPath) fence(ctx context.Context) error { return d.s.Sync(ctx) }
+
+// onDevice reports whether op runs on a device: whether it is ordered
+// after device work (Op.Ready) or either of its buffers is device memory.
+func onDevice(op *Op) bool {
+	return op.Ready != nil || op.In.Kind() == memory.Device || op.Out.Kind() == memory.Device
+}
+
+// checkMemory says why op cannot run on this engine's memory, or returns
+// nil: a device operation needs the engine's device, buffers its kernels
+// reach, and slots they reach; a host one needs slots the CPU reaches.
+func (e *Engine) checkMemory(op *Op) error {
+	if !onDevice(op) {
+		if e.caps.Memory == memory.Device {
+			return fmt.Errorf("engine: host buffers on a communicator whose connections' slots are device memory; pass device buffers")
+		}
+		return nil
+	}
+	dev := e.cfg.Device
+	if dev == nil {
+		return fmt.Errorf("engine: device buffers on a communicator without a device")
+	}
+	if !e.caps.DeviceSlots.DeviceVisible() {
+		return fmt.Errorf("engine: device buffers, but this communicator's transport carries no device operations (its slots are not memory a GPU reaches)")
+	}
+	for _, b := range []struct {
+		name string
+		buf  memory.Buffer
+	}{{"send", op.In}, {"recv", op.Out}} {
+		if b.buf.Len() == 0 {
+			continue
+		}
+		if !b.buf.DeviceVisible() {
+			return fmt.Errorf("engine: %s buffer is pageable host memory and the other is device memory; a device operation needs device or mapped memory on both sides", b.name)
+		}
+		if ord, _ := b.buf.Device(); ord != dev.Ordinal() {
+			return fmt.Errorf("engine: %s buffer is on device %d, this communicator's device is %d", b.name, ord, dev.Ordinal())
+		}
+	}
+	return nil
+}
