@@ -190,6 +190,10 @@ type Options struct {
 	Agg      Aggregation
 	// OutOfPlaceOnly skips the in-place columns (printed as N/A).
 	OutOfPlaceOnly bool
+	// Stream, when set, runs the sweep on device memory of the stream's
+	// device, every operation the Device form ordered on it (each rank
+	// passes its own stream; see device.go). Nil: host memory.
+	Stream collective.Stream
 }
 
 func (o *Options) defaults() {

@@ -45,6 +45,7 @@ type Params struct {
 	Algo      string  `json:"algo,omitempty"`
 	Channels  int     `json:"channels,omitempty"`
 	Chunk     int64   `json:"chunkBytes,omitempty"`
+	Device    string  `json:"device,omitempty"` // "gpu": buffers in device memory
 }
 
 // ParamsOf fills Params from o (the transport and tuning fields are the
@@ -149,7 +150,11 @@ func (Table) Header(w io.Writer, rep *Report) {
 	fmt.Fprintln(w, "# Using ranks")
 	for _, ri := range rep.Ranks {
 		host, _, _ := strings.Cut(ri.Host, "/")
-		fmt.Fprintf(w, "#  Rank %2d Pid %6d on %10s transport %s\n", ri.Rank, ri.PID, host, ri.Transport)
+		dev := ""
+		if ri.Device != "" {
+			dev = " device " + ri.Device
+		}
+		fmt.Fprintf(w, "#  Rank %2d Pid %6d on %10s transport %s%s\n", ri.Rank, ri.PID, host, ri.Transport, dev)
 	}
 	fmt.Fprintln(w, "#")
 	fmt.Fprintf(w, "# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place          \n", "", "", "", "", "")

@@ -143,6 +143,7 @@ type sweeper[T collective.Number] struct {
 	n, r       int
 	send, recv []T
 	reqs       []*collective.Request
+	dev        *devSide // nil on host memory; see device.go
 }
 
 func sweepType[T collective.Number](ctx context.Context, c *collective.Comm, o Options, sink Sink, st *stepper, rows []Row, wrong *int64) ([]Row, error) {
@@ -153,6 +154,14 @@ func sweepType[T collective.Number](ctx context.Context, c *collective.Comm, o O
 	maxG := geometryOf(o.Coll, n, dt.Size(), sizes[len(sizes)-1])
 	s.send = make([]T, maxG.sendLen)
 	s.recv = make([]T, max(maxG.recvLen, maxG.sendLen)) // in-place reduce-scatter runs in recv
+	if o.Stream != nil {
+		ds, err := newDevSide(o.Stream, len(s.send)*dt.Size(), len(s.recv)*dt.Size())
+		if err != nil {
+			return rows, err
+		}
+		defer ds.free()
+		s.dev = ds
+	}
 	roots := []int{o.Root}
 	switch {
 	case !o.Coll.rooted():
@@ -303,6 +312,9 @@ const maxInFlight = 16
 
 // loop runs iters operations and returns this rank's elapsed time.
 func (s *sweeper[T]) loop(ctx context.Context, in, out []T, op collective.Op, root, iters int) (time.Duration, error) {
+	if s.dev != nil {
+		return s.devLoop(ctx, in, out, op, root, iters)
+	}
 	if err := s.c.Barrier(ctx); err != nil {
 		return 0, err
 	}
@@ -352,6 +364,11 @@ func (s *sweeper[T]) loop(ctx context.Context, in, out []T, op collective.Op, ro
 func (s *sweeper[T]) measure(ctx context.Context, g geometry, op collective.Op, root int, inPlace bool) (Measure, error) {
 	in, out := s.buffers(g, inPlace, root)
 	s.fillForTiming(in, op)
+	if s.dev != nil {
+		if err := s.upload(ctx); err != nil {
+			return Measure{}, err
+		}
+	}
 	if s.o.Warmup > 0 {
 		if _, err := s.loop(ctx, in, out, op, root, s.o.Warmup); err != nil {
 			return Measure{}, err
@@ -463,7 +480,17 @@ func (s *sweeper[T]) check(ctx context.Context, g geometry, op collective.Op, ro
 			in[j] = t.input(c, op, n, r, j)
 		}
 	}
-	if err := s.call(ctx, in, out, op, root, false); err != nil {
+	if s.dev != nil {
+		if err := s.upload(ctx); err != nil {
+			return 0, err
+		}
+		if err := s.devRun(ctx, in, out, op, root); err != nil {
+			return 0, err
+		}
+		if err := s.download(ctx); err != nil {
+			return 0, err
+		}
+	} else if err := s.call(ctx, in, out, op, root, false); err != nil {
 		return 0, err
 	}
 	if testCorrupt != nil && len(out) > 0 {

@@ -32,6 +32,11 @@ type Comm struct {
 	peers      []wire.PeerInfo // from the bootstrap; nil in a local group
 	transport  string          // "mem" in a local group
 	routes     []string        // by rank, between processes: "self", "shm" or "tcp"
+	dev        *devState       // nil without a device (WithDevice)
+	devNames   []string        // by rank, where known (RankInfo.Device)
+	// closed, in a local group, is called once this rank has closed: the
+	// group gives its network's device memory back after the last one.
+	onClose func()
 
 	// ctx is cancelled, with the cause, when the communicator is aborted or
 	// closed; it is the parent of every operation's context.
@@ -48,6 +53,9 @@ type Comm struct {
 	cseq   uint64              // collectives issued (the engine's sequence numbers)
 	flight [flightOps]*Request // the flight recorder: the last operations, by seq
 	dumped sync.Once           // the dump on a failure is written once
+	// released: Close gives back the engine's and the device's resources
+	// once.
+	released sync.Once
 	opLog  *slog.Logger        // TRACE per operation, nil when off
 
 	// The bootstrap watch (watch.go); nil in a local group.
@@ -86,6 +94,10 @@ type RankInfo struct {
 	Host      string // host identity (hostname/boot id, or GOCCL_HOSTID)
 	Addr      string // data address, "" in a local group
 	Transport string // how this rank reaches it: "self", "mem", "shm", "tcp"
+	// Device describes the rank's GPU ("cuda:0 NVIDIA H200 [0000:19:00.0]"),
+	// where this rank knows it: its own, and every rank's in a local
+	// group; "" for none or unknown.
+	Device string
 }
 
 // Ranks describes every rank of the communicator, as this rank sees it.
@@ -98,6 +110,12 @@ func (c *Comm) Ranks() []RankInfo {
 		}
 		if r == c.rank {
 			ri.Transport = "self"
+		}
+		if r < len(c.devNames) {
+			ri.Device = c.devNames[r]
+		}
+		if r == c.rank && c.dev != nil {
+			ri.Device = describeDevice(c.dev.dev)
 		}
 		if c.peers != nil {
 			p := c.peers[r]
@@ -146,23 +164,57 @@ func newLocalGroup(n int, opts []Option) ([]*Comm, *mem.Network, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	nw, err := mem.NewNetwork(n, mem.Options{Slots: cfg.Slots, SlotSize: cfg.SlotSize})
+	devs := cfg.devices
+	if len(devs) > 1 && len(devs) != n {
+		return nil, nil, fmt.Errorf("%w: NewLocalGroup(%d): %d devices; give one for every rank or one per rank", ErrInvalidArgument, n, len(devs))
+	}
+	devOf := func(r int) Device {
+		if len(devs) == 0 {
+			return nil
+		}
+		return devs[r%len(devs)]
+	}
+	mo := mem.Options{Slots: cfg.Slots, SlotSize: cfg.SlotSize}
+	if len(devs) > 0 {
+		// The connections of device operations keep their slots on the
+		// receiver's GPU, as NCCL's P2P transport does.
+		mo.DeviceAlloc = func(r, n int) (memory.Buffer, error) { return devOf(r).Alloc(n) }
+		mo.DeviceFree = func(r int, b memory.Buffer) error { return devOf(r).Free(b) }
+		mo.DeviceMemory = memory.Device
+	}
+	nw, err := mem.NewNetwork(n, mo)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	// The network's device memory goes back once every rank has closed.
+	var open atomic.Int32
+	open.Store(int32(n))
+	closed := func() {
+		if open.Add(-1) == 0 {
+			nw.Close()
+		}
 	}
 	link := memLink
 	link.MaxChannels = cfg.MaxChannels
 	comms := make([]*Comm, n)
 	for r := range comms {
-		c, err := newComm(r, n, cfg, nw.Endpoint(r), link)
-		if err == nil {
-			c.transport = "mem"
-		}
+		c, err := newComm(r, n, cfg, nw.Endpoint(r), link, devOf(r))
 		if err != nil {
 			for _, c := range comms[:r] {
 				c.Close()
 			}
+			for range n - r {
+				closed()
+			}
 			return nil, nil, err
+		}
+		c.transport = "mem"
+		c.onClose = closed
+		if len(devs) > 0 {
+			c.devNames = make([]string, n)
+			for q := range n {
+				c.devNames[q] = describeDevice(devOf(q))
+			}
 		}
 		comms[r] = c
 		c.logReady()
@@ -170,17 +222,24 @@ func newLocalGroup(n int, opts []Option) ([]*Comm, *mem.Network, error) {
 	return comms, nw, nil
 }
 
-func newComm(rank, size int, cfg Config, ep transport.Endpoint, link algorithms.LinkModel) (*Comm, error) {
+// newComm makes rank's communicator over ep; dev is its GPU, or nil.
+func newComm(rank, size int, cfg Config, ep transport.Endpoint, link algorithms.LinkModel, dev Device) (*Comm, error) {
 	eng, err := engine.New(rank, size, ep, engine.Config{
 		Algo: cfg.Algorithm, Channels: cfg.Channels, ChunkBytes: cfg.ChunkSize,
-		MaxChannels: cfg.MaxChannels, Link: link,
+		MaxChannels: cfg.MaxChannels, Link: link, Device: dev,
 	})
 	if err != nil {
 		return nil, err
 	}
+	var ds *devState
+	if dev != nil {
+		if ds, err = newDevState(dev); err != nil {
+			return nil, err
+		}
+	}
 	caps := ep.Caps()
 	cfg.Slots, cfg.SlotSize = caps.Slots, caps.SlotSize // report what is in effect
-	c := &Comm{rank: rank, size: size, cfg: cfg, eng: eng, ep: ep, bornNano: nanotime(),
+	c := &Comm{rank: rank, size: size, cfg: cfg, eng: eng, ep: ep, dev: ds, bornNano: nanotime(),
 		stopWatch: make(chan struct{}), watchDone: make(chan struct{})}
 	c.ctx, c.cancel = context.WithCancelCause(context.Background())
 	go c.watch()
@@ -275,7 +334,19 @@ func (c *Comm) Close() error {
 	c.ep.Close(nil)
 	c.cancel(ErrClosed)
 	c.ended.Store(true)
-	return nil
+	var err error
+	c.released.Do(func() {
+		err = c.eng.Close()
+		if c.dev != nil {
+			if e := c.dev.close(); err == nil {
+				err = e
+			}
+		}
+		if c.onClose != nil {
+			c.onClose()
+		}
+	})
+	return err
 }
 
 // Request is an operation started asynchronously. Operations complete in
@@ -294,6 +365,8 @@ type Request struct {
 	cseq     uint64
 	issued   int64
 	finishNs int64 // guarded by c.mu
+
+	devV uint32 // a device operation's value of the stream flag (devState)
 
 	// Guarded by c.mu. done is made when first needed: a blocking
 	// operation that nobody waits on needs no channel.
@@ -430,7 +503,11 @@ func (c *Comm) issue(ctx context.Context, k *call, async bool) (r, prev *Request
 	}
 	r.name, r.async, r.issued, r.done = name, async, issued, done
 	r.op = k.op
-	r.op.In, r.op.Out = memory.Buffer{}, memory.Buffer{}
+	r.op.In, r.op.Out, r.op.Ready = memory.Buffer{}, memory.Buffer{}, nil
+	if k.op.Ready != nil {
+		c.dev.devOps++
+		r.devV = c.dev.devOps
+	}
 	r.seq = c.seq
 	c.seq++
 	if k.op.Coll != algorithms.CollSend && k.op.Coll != algorithms.CollRecv {

@@ -100,13 +100,16 @@ type Config struct {
 	TLSCert, TLSKey, TLSCA string
 	// tls is what those files make, loaded once by resolve; nil without TLS.
 	tls *tls.Config
+	// devices are the GPUs of WithDevice; nil: host memory only.
+	devices []Device
 }
 
 // Option changes a Config.
 type Option func(*settings)
 
 type settings struct {
-	cfg    Config
+	cfg     Config
+	devices []Device
 	set    map[string]bool // fields set by options, which win over the environment
 	lookup func(string) (string, bool)
 }
@@ -194,6 +197,15 @@ func WithHostID(id string) Option {
 // and the job's CA (PEM files; see Config.TLSCert).
 func WithTLSFiles(cert, key, ca string) Option {
 	return func(s *settings) { s.cfg.TLSCert, s.cfg.TLSKey, s.cfg.TLSCA = cert, key, ca; s.mark("TLS") }
+}
+
+// WithDevice binds communicators to GPUs, for the collectives on device
+// memory (AllReduceDevice and the others in device.go): one device for
+// every rank (this process's rank, or every rank of a local group, which
+// then share one GPU), or one per rank of a local group. A device comes
+// from package cuda (cuda.Load, then Driver.Device).
+func WithDevice(devs ...Device) Option {
+	return func(s *settings) { s.devices = devs }
 }
 
 // WithConfig sets every field of c (zero fields mean defaults, and win over
@@ -292,6 +304,12 @@ func resolve(opts []Option) (Config, func(string) (string, bool), error) {
 	if cfg.tls, err = cfg.loadTLS(); err != nil {
 		return Config{}, nil, err
 	}
+	for i, d := range s.devices {
+		if d == nil {
+			return Config{}, nil, fmt.Errorf("%w: WithDevice: device %d is nil", ErrInvalidArgument, i)
+		}
+	}
+	cfg.devices = s.devices
 	return cfg.withDefaults(), s.lookup, nil
 }
 

@@ -104,6 +104,36 @@
 // host, and its segments are reachable only through a Unix socket that
 // performs the same secret handshake.
 //
+// # Device memory
+//
+// A communicator made WithDevice (a *cuda.Device from package cuda) also
+// takes GPU buffers, as memory.Buffer values, in AllReduceDevice and the
+// other Device forms. They follow NCCL's stream semantics:
+//
+//  1. The call returns once the operation is enqueued on the caller's
+//     stream. The operation reads its input after the stream's earlier
+//     work, and the stream's later work runs after the operation's output
+//     is complete. The host does not wait.
+//  2. Until the stream's work up to the call has completed, the buffers
+//     belong to goccl.
+//  3. Device operations run in issue order with every other operation of
+//     the communicator. The returned Request completes when the operation
+//     has ended on the host's side, and Wait returns its error. The stream
+//     is released on failure too (its later work then sees an unspecified
+//     output), and the communicator aborts as after any failure.
+//  4. Where a device cannot make a stream wait on a flag in host memory
+//     (no stream memory operations), the call blocks until the operation
+//     has ended instead.
+//  5. Bad arguments are an *ArgError before anything is enqueued.
+//
+// Reductions on device memory are goccl's CUDA kernels (package
+// cuda/ptx), with the host kernels' arithmetic bit for bit. Between ranks
+// of one process the data moves device to device, through slots in the
+// receiving rank's device memory. Between processes the transports do not
+// yet offer slots a GPU reaches (CUDA IPC within a host, pinned staging
+// for TCP), and a Device call on such a communicator returns an error that
+// says so. Host slices keep working on a communicator with a device.
+//
 // # Arithmetic
 //
 // Integer Sum and Prod wrap around; Avg divides the sum by Size() (integers

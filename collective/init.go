@@ -350,7 +350,17 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	}
 	hosts := summarize(table.Peers)
 	link.MaxChannels = min(cfg.MaxChannels, channelsPerRank(hosts))
-	c, err := newComm(rank, nranks, cfg, ep, link)
+	var dev Device
+	switch len(cfg.devices) {
+	case 0:
+	case 1:
+		dev = cfg.devices[0]
+	default:
+		err := fmt.Errorf("%w: WithDevice: %d devices for one rank", ErrInvalidArgument, len(cfg.devices))
+		ep.Close(err)
+		return fail(err)
+	}
+	c, err := newComm(rank, nranks, cfg, ep, link, dev)
 	if err != nil {
 		ep.Close(err)
 		return fail(err)

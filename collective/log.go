@@ -136,8 +136,15 @@ func (c *Comm) logReady() {
 		}
 		return fmt.Sprintf("%s/%dch", pl.AlgoName(), pl.Channels)
 	}
-	log.Info("goccl: communicator ready", "nranks", c.size, "hosts", max(1, len(hosts)), "transports", strings.Join(tr, ","),
-		"allreduce_8B", algo(8), "allreduce_64MiB", algo(64<<20), "timeout", c.cfg.Timeout, "tls", c.cfg.TLSCert != "")
+	attrs := []any{"nranks", c.size, "hosts", max(1, len(hosts)), "transports", strings.Join(tr, ","),
+		"allreduce_8B", algo(8), "allreduce_64MiB", algo(64<<20), "timeout", c.cfg.Timeout, "tls", c.cfg.TLSCert != ""}
+	if c.dev != nil {
+		// Device operations between ranks of this process move device to
+		// device (slots in the receiver's device memory); between
+		// processes they wait for the transports' device slots.
+		attrs = append(attrs, "device", describeDevice(c.dev.dev), "device_path", c.devicePath())
+	}
+	log.Info("goccl: communicator ready", attrs...)
 }
 
 // logOp writes one TRACE line per operation (COLL).

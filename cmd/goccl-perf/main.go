@@ -26,6 +26,7 @@ import (
 	"path/filepath"
 	"runtime/pprof"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -34,6 +35,7 @@ import (
 	"github.com/goccl/goccl/algorithms"
 	"github.com/goccl/goccl/bench"
 	"github.com/goccl/goccl/collective"
+	"github.com/goccl/goccl/cuda"
 	"github.com/goccl/goccl/internal/launch"
 	"github.com/goccl/goccl/internal/tlsrec"
 )
@@ -55,6 +57,7 @@ type config struct {
 	plotPath string
 	cpuProf  string
 	tls      bool // -np: make a throwaway CA and turn TLS on in the children
+	gpu      bool // --device gpu: buffers in CUDA device memory
 }
 
 func run(args []string) int {
@@ -94,6 +97,7 @@ func run(args []string) int {
 		chunk    = fs.String("chunk", "", "force the pipelining chunk size (K, M suffixes)")
 		oop      = fs.Bool("out-of-place-only", false, "skip the in-place runs (their columns print N/A)")
 		cpuProf  = fs.String("cpuprofile", "", "write each rank's CPU profile to this file with .RANK appended (go tool pprof reads it)")
+		devF     = fs.String("device", "host", "where the buffers live: host, or gpu (CUDA device memory, rank r on GPU r modulo their count; results checked on the host after a copy back)")
 	)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -108,6 +112,13 @@ func run(args []string) int {
 		coll = *collF
 	}
 	cfg := config{np: *np, local: *local, jsonPath: *jsonPath, plotPath: *plotPath, cpuProf: *cpuProf, tls: *tlsF}
+	switch *devF {
+	case "host":
+	case "gpu", "cuda":
+		cfg.gpu = true
+	default:
+		return fail(fmt.Errorf("--device %q: want host or gpu", *devF))
+	}
 	o := &cfg.opts
 	var err error
 	if o.Coll, err = bench.ParseColl(coll); err != nil {
@@ -162,6 +173,13 @@ func run(args []string) int {
 		return fail(errors.New("--tls makes certificates only for the ranks it starts (-np N); a launched job sets GOCCL_TLS_CERT, GOCCL_TLS_KEY and GOCCL_TLS_CA"))
 	}
 	cfg.params.TLS = *tlsF || os.Getenv(collective.EnvTLSCert) != ""
+	if cfg.gpu {
+		// Fail here, before any rank starts, when there is no GPU to use.
+		if _, err := gpus(); err != nil {
+			return fail(fmt.Errorf("--device gpu: %w", err))
+		}
+		cfg.params.Device = "gpu"
+	}
 	if *algo != "" && *algo != "auto" {
 		a, err := algorithms.ParseAlgorithm(*algo)
 		if err != nil {
@@ -192,6 +210,20 @@ func run(args []string) int {
 		return runProcesses(ctx, cfg, args)
 	case cfg.local:
 		return fail(errors.New("-local needs -np N"))
+	}
+	if cfg.gpu {
+		devs, err := gpus()
+		if err != nil {
+			return fail(err)
+		}
+		d := devs[localRank()%len(devs)]
+		s, err := d.NewStream()
+		if err != nil {
+			return fail(err)
+		}
+		defer s.Close()
+		cfg.opts.Stream = s
+		cfg.coll = append(cfg.coll, collective.WithDevice(d))
 	}
 	c, err := collective.InitFromEnv(ctx, cfg.coll...)
 	if err != nil {
@@ -254,6 +286,24 @@ func runProcesses(ctx context.Context, cfg config, args []string) int {
 
 // runLocal runs the ranks as goroutines over in-process connections.
 func runLocal(ctx context.Context, cfg config) int {
+	var streams []collective.Stream
+	if cfg.gpu {
+		devs, err := gpus()
+		if err != nil {
+			return fail(err)
+		}
+		mine := make([]collective.Device, cfg.np)
+		for r := range mine {
+			mine[r] = devs[r%len(devs)]
+			s, err := devs[r%len(devs)].NewStream()
+			if err != nil {
+				return fail(err)
+			}
+			defer s.Close()
+			streams = append(streams, s)
+		}
+		cfg.coll = append(cfg.coll, collective.WithDevice(mine...))
+	}
 	comms, err := collective.NewLocalGroup(cfg.np, cfg.coll...)
 	if err != nil {
 		return fail(err)
@@ -264,7 +314,11 @@ func runLocal(ctx context.Context, cfg config) int {
 		}
 	}()
 	codes := make(chan int, len(comms))
-	for _, c := range comms {
+	for r, c := range comms {
+		cfg := cfg
+		if streams != nil {
+			cfg.opts.Stream = streams[r]
+		}
 		go func() { codes <- sweep(ctx, c, cfg) }()
 	}
 	code := 0
@@ -321,6 +375,28 @@ func sweep(ctx context.Context, c *collective.Comm, cfg config) int {
 		fmt.Fprintln(os.Stderr, "goccl-perf:", err)
 	}
 	return exitCode(err)
+}
+
+// gpus opens every CUDA device, once per process.
+var gpus = sync.OnceValues(func() ([]*cuda.Device, error) {
+	drv, err := cuda.Load()
+	if err != nil {
+		return nil, err
+	}
+	return drv.Devices()
+})
+
+// localRank is this process's index among the job's ranks on its host, as
+// its launcher says (else its rank, else 0), which picks its GPU.
+func localRank() int {
+	e, err := launch.FromEnv(os.LookupEnv)
+	switch {
+	case err != nil:
+		return 0
+	case e.LocalRank >= 0:
+		return e.LocalRank
+	}
+	return e.Rank
 }
 
 func exitCode(err error) int {

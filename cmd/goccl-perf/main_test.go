@@ -136,3 +136,21 @@ func TestBadArgumentsSayWhatIsWrong(t *testing.T) {
 		require.Contains(t, errs, c.want, "%v", c.args)
 	}
 }
+
+func TestDeviceGPUWithoutCUDASaysSo(t *testing.T) {
+	for _, args := range [][]string{{"-np", "2", "-local", "--device", "gpu"}, {"-np", "2", "--device", "gpu"}} {
+		cmd := exec.Command(os.Args[0], args...)
+		// A library path that cannot load, wherever the test runs.
+		cmd.Env = append(os.Environ(), asMainEnv+"=1", "GOCCL_CUDA_LIBRARY="+filepath.Join(t.TempDir(), "libcuda.so.1"))
+		var stdout, stderr strings.Builder
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		require.Error(t, err, "%v", args)
+		require.Contains(t, stderr.String(), "--device gpu: cuda:", "%v", args)
+		require.Contains(t, stderr.String(), "libcuda.so.1", "%v", args)
+		require.Empty(t, stdout.String(), "nothing runs without the GPU")
+	}
+	_, errs, code := perf(t, "--device", "tpu")
+	require.NotEqual(t, 0, code)
+	require.Contains(t, errs, `--device "tpu": want host or gpu`)
+}

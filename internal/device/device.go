@@ -83,9 +83,10 @@ type Stream interface {
 	// Device is the stream's device.
 	Device() Device
 	// Reduce enqueues dst[i] = a[i] op b[i] for elements of type t (Avg:
-	// the sum), and the same into dst2 when dst2 is not empty; with
-	// div > 0 every result is divided by div afterwards (Avg's final
-	// step; see kernels.ReduceFinal).
+	// the sum), and the same into dst2 when dst2 is not empty. div > 1,
+	// allowed with Sum and Avg only, divides every sum by div (Avg's
+	// final step, kernels.ReduceFinal(t, Avg, div)); 0 and 1 divide
+	// nothing.
 	Reduce(dst, dst2, a, b memory.Buffer, t kernels.Type, op kernels.Op, div int) error
 	// Post enqueues dst[i] = src[i] / div (Avg of a single contribution;
 	// kernels.Post). dst may be exactly src.

@@ -1,0 +1,341 @@
+package collective_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goccl/goccl/algorithms"
+	"github.com/goccl/goccl/collective"
+	"github.com/goccl/goccl/internal/device/emu"
+	"github.com/goccl/goccl/memory"
+)
+
+// The device collectives run here on the host-emulated device
+// (internal/device/emu: asynchronous streams, random delays, torn writes,
+// poisoned memory), which exists for tests only. Each case goes through
+// the caller's stream the way a framework's does: the input is written
+// on the stream just before the call (so the operation must wait for the
+// stream's earlier work), and the output is copied out on the stream
+// right after it (so the stream must wait for the operation).
+
+func bytesOf[T collective.Number](s []T) []byte {
+	var z T
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), len(s)*int(unsafe.Sizeof(z)))
+}
+
+// devRank is one rank's device state in a test.
+type devRank struct {
+	d *emu.Device
+	s collective.Stream
+}
+
+// alloc returns n bytes of device memory, freed when the test ends.
+func (dr devRank) alloc(t *testing.T, n int) memory.Buffer {
+	t.Helper()
+	b, err := dr.d.Alloc(max(n, 1))
+	require.NoError(t, err)
+	t.Cleanup(func() { dr.d.Free(b) })
+	return b.Slice(0, n)
+}
+
+// upload enqueues a copy of host bytes into dst on the stream, from a
+// staging buffer the stream reads later.
+func (dr devRank) upload(t *testing.T, dst memory.Buffer, src []byte) {
+	t.Helper()
+	if dst.Len() == 0 {
+		return
+	}
+	stage := dr.alloc(t, len(src))
+	copy(dr.d.Bytes(stage), src)
+	require.NoError(t, dr.s.Copy(dst, memory.Buffer{}, stage))
+}
+
+// download enqueues a copy of src on the stream and returns a function
+// that syncs the stream and returns the bytes.
+func (dr devRank) download(t *testing.T, src memory.Buffer) func() []byte {
+	t.Helper()
+	out := dr.alloc(t, src.Len())
+	if src.Len() > 0 {
+		require.NoError(t, dr.s.Copy(out, memory.Buffer{}, src))
+	}
+	return func() []byte {
+		require.NoError(t, dr.s.Sync(context.Background()))
+		if out.Len() == 0 {
+			return nil
+		}
+		return append([]byte(nil), dr.d.Bytes(out)...)
+	}
+}
+
+// devGroup makes n ranks on one emulated device (several ranks on one GPU,
+// the case of the GPU machine this project tests on), each with a stream.
+func devGroup(t *testing.T, n int, seed uint64, opts ...collective.Option) ([]*collective.Comm, []devRank) {
+	t.Helper()
+	d := emu.New(0, emu.Options{Seed: seed, MaxDelay: 20e3})
+	comms := newGroup(t, n, append([]collective.Option{collective.WithDevice(d)}, opts...)...)
+	drs := make([]devRank, n)
+	for r := range drs {
+		s, err := d.NewStream()
+		require.NoError(t, err)
+		drs[r] = devRank{d: d, s: s}
+		t.Cleanup(func() { require.NoError(t, s.Close()) })
+	}
+	t.Cleanup(func() {
+		// Registered after newGroup's cleanup, so it runs before it: close
+		// here, then count what is left on the device.
+		for _, c := range comms {
+			require.NoError(t, c.Close())
+		}
+	})
+	return comms, drs
+}
+
+// runDeviceCase is runCase on device memory, through dr's stream.
+func runDeviceCase[T collective.Number](t *testing.T, ctx context.Context, c *collective.Comm, dr devRank, s caseSpec, input []T) ([]T, error) {
+	n, r, k := c.Size(), c.Rank(), s.count
+	dt := collective.TypeOf[T]()
+	es := dt.Size()
+	in := bytesOf(input)
+	var send, recv memory.Buffer
+	switch s.coll {
+	case algorithms.CollReduceScatter:
+		send = dr.alloc(t, len(in))
+		recv = dr.alloc(t, k*es)
+		if s.inPlace {
+			recv = send.Slice(r*k*es, (r+1)*k*es)
+		}
+	case algorithms.CollAllGather, algorithms.CollAllToAll:
+		recv = dr.alloc(t, n*k*es)
+		send = dr.alloc(t, len(in))
+		if s.inPlace && s.coll == algorithms.CollAllGather {
+			send = recv.Slice(r*k*es, (r+1)*k*es)
+		}
+	default:
+		send, recv = dr.alloc(t, len(in)), dr.alloc(t, k*es)
+		if s.inPlace && (s.coll == algorithms.CollAllReduce || r == s.root) {
+			recv = send
+		}
+	}
+	dr.upload(t, send, in)
+	var req *collective.Request
+	var err error
+	switch s.coll {
+	case algorithms.CollAllReduce:
+		req, err = collective.AllReduceDevice(ctx, c, send, recv, dt, s.op, dr.s)
+	case algorithms.CollReduceScatter:
+		req, err = collective.ReduceScatterDevice(ctx, c, send, recv, dt, s.op, dr.s)
+	case algorithms.CollAllGather:
+		req, err = collective.AllGatherDevice(ctx, c, send, recv, dt, dr.s)
+	case algorithms.CollBroadcast:
+		req, err = collective.BroadcastDevice(ctx, c, send, recv, dt, s.root, dr.s)
+	case algorithms.CollReduce:
+		req, err = collective.ReduceDevice(ctx, c, send, recv, dt, s.op, s.root, dr.s)
+	case algorithms.CollAllToAll:
+		req, err = collective.AllToAllDevice(ctx, c, send, recv, dt, dr.s)
+	default:
+		return nil, fmt.Errorf("unknown collective %v", s.coll)
+	}
+	if err != nil {
+		return nil, err
+	}
+	got := dr.download(t, recv)() // ordered after the operation by the stream alone
+	if err := req.Wait(ctx); err != nil {
+		return nil, err
+	}
+	out := make([]T, len(got)/es)
+	copy(bytesOf(out), got)
+	return out, nil
+}
+
+func TestDeviceCollectives(t *testing.T) {
+	seed := rand.Uint64()
+	t.Logf("seed %d", seed)
+	for _, n := range []int{1, 2, 3} {
+		comms, drs := devGroup(t, n, seed+uint64(n))
+		for _, coll := range []algorithms.Collective{algorithms.CollAllReduce, algorithms.CollReduceScatter, algorithms.CollAllGather,
+			algorithms.CollBroadcast, algorithms.CollReduce, algorithms.CollAllToAll} {
+			for _, inPlace := range []bool{false, true} {
+				if inPlace && coll == algorithms.CollAllToAll {
+					continue
+				}
+				for _, count := range []int{1, 1000, 70_001} {
+					s := caseSpec{coll: coll, op: collective.Avg, count: count, root: n - 1, inPlace: inPlace, seed: seed + uint64(count)}
+					if !coll.Reduces() {
+						s.op = collective.Sum
+					}
+					t.Run(fmt.Sprintf("nranks=%d/%v/count=%d/inplace=%v", n, coll, count, inPlace), func(t *testing.T) {
+						checkDevice[float32](t, comms, drs, s)
+						s.op = collective.Max
+						checkDevice[collective.BFloat16](t, comms, drs, s)
+						checkDevice[int64](t, comms, drs, s)
+					})
+				}
+			}
+		}
+	}
+}
+
+// checkDevice is check on device memory.
+func checkDevice[T collective.Number](t *testing.T, comms []*collective.Comm, drs []devRank, s caseSpec) {
+	t.Helper()
+	n := len(comms)
+	rng := rand.New(rand.NewPCG(s.seed, 7))
+	inputs := make([][]T, n)
+	for r := range inputs {
+		inputs[r] = gen[T](rng, s.op, inputLen(s, n))
+	}
+	outs := make([][]T, n)
+	errs := runRanks(t, comms, func(r int, c *collective.Comm) error {
+		var err error
+		outs[r], err = runDeviceCase(t, context.Background(), c, drs[r], s, inputs[r])
+		return err
+	})
+	noErrors(t, errs)
+	for r := range n {
+		want, defined := expected(s, inputs, r)
+		if !defined {
+			continue
+		}
+		if i := firstDiff(outs[r], want); i >= 0 {
+			t.Fatalf("%v %v %v n=%d count=%d inplace=%v seed=%d: rank %d element %d = %v, want %v",
+				collective.TypeOf[T](), s.coll, s.op, n, s.count, s.inPlace, s.seed, r, i, outs[r][i], want[i])
+		}
+	}
+}
+
+func TestDeviceSendRecvRingShift(t *testing.T) {
+	ctx := context.Background()
+	comms, drs := devGroup(t, 3, 5)
+	const nb = 50_000
+	results := make([][]byte, 3)
+	errs := runRanks(t, comms, func(r int, c *collective.Comm) error {
+		dr := drs[r]
+		send, recv := dr.alloc(t, nb), dr.alloc(t, nb)
+		b := make([]byte, nb)
+		for i := range b {
+			b[i] = byte(r*31 + i)
+		}
+		dr.upload(t, send, b)
+		next, prev := (r+1)%3, (r+2)%3
+		var reqs []*collective.Request
+		ops := []func() (*collective.Request, error){
+			func() (*collective.Request, error) { return collective.SendDevice(ctx, c, send, collective.Uint8, next, dr.s) },
+			func() (*collective.Request, error) { return collective.RecvDevice(ctx, c, recv, collective.Uint8, prev, dr.s) },
+		}
+		if r%2 == 1 {
+			ops[0], ops[1] = ops[1], ops[0]
+		}
+		for _, op := range ops {
+			req, err := op()
+			if err != nil {
+				return err
+			}
+			reqs = append(reqs, req)
+		}
+		results[r] = dr.download(t, recv)()
+		for _, req := range reqs {
+			if err := req.Wait(ctx); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	noErrors(t, errs)
+	for r := range 3 {
+		prev := (r + 2) % 3
+		for i, v := range results[r] {
+			if v != byte(prev*31+i) {
+				t.Fatalf("rank %d byte %d = %d, want %d", r, i, v, byte(prev*31+i))
+			}
+		}
+	}
+}
+
+func TestDeviceArgumentErrors(t *testing.T) {
+	ctx := context.Background()
+	comms, drs := devGroup(t, 2, 9)
+	c, dr := comms[0], drs[0]
+	buf := dr.alloc(t, 64)
+	other := emu.New(3, emu.Options{})
+	ob, err := other.Alloc(64)
+	require.NoError(t, err)
+	defer other.Free(ob)
+	os, err := other.NewStream()
+	require.NoError(t, err)
+	defer os.Close()
+	host := memory.HostBuffer(make([]byte, 64))
+	for _, tc := range []struct {
+		name string
+		call func() (*collective.Request, error)
+		want string
+	}{
+		{"pageable", func() (*collective.Request, error) {
+			return collective.AllReduceDevice(ctx, c, host, buf, collective.Float32, collective.Sum, dr.s)
+		}, "pageable host memory"},
+		{"other device's buffer", func() (*collective.Request, error) {
+			return collective.AllReduceDevice(ctx, c, ob, buf, collective.Float32, collective.Sum, dr.s)
+		}, "on device 3"},
+		{"other device's stream", func() (*collective.Request, error) {
+			return collective.AllReduceDevice(ctx, c, buf, buf, collective.Float32, collective.Sum, os)
+		}, "stream of device 3"},
+		{"partial element", func() (*collective.Request, error) {
+			return collective.AllReduceDevice(ctx, c, buf.Slice(0, 6), buf.Slice(8, 14), collective.Float32, collective.Sum, dr.s)
+		}, "not a whole number"},
+		{"nil stream", func() (*collective.Request, error) {
+			return collective.BroadcastDevice(ctx, c, buf, buf, collective.Float32, 0, nil)
+		}, "nil stream"},
+		{"lengths", func() (*collective.Request, error) {
+			return collective.AllReduceDevice(ctx, c, buf.Slice(0, 32), buf.Slice(32, 48), collective.Float32, collective.Sum, dr.s)
+		}, "len(send) = 8 but len(recv) = 4"},
+	} {
+		_, err := tc.call()
+		require.ErrorIs(t, err, collective.ErrInvalidArgument, tc.name)
+		require.ErrorContains(t, err, tc.want, tc.name)
+	}
+	// Without a device.
+	hc := newGroup(t, 1)[0]
+	_, err = collective.AllReduceDevice(ctx, hc, buf, buf, collective.Float32, collective.Sum, dr.s)
+	require.ErrorContains(t, err, "without a device")
+	// The communicator is still usable: host and device operations.
+	errs := runRanks(t, comms, func(r int, c *collective.Comm) error {
+		v := []float32{float32(r)}
+		if err := collective.AllReduce(ctx, c, v, v, collective.Sum); err != nil {
+			return err
+		}
+		if v[0] != 1 {
+			return fmt.Errorf("host all-reduce gave %v", v[0])
+		}
+		return nil
+	})
+	noErrors(t, errs)
+}
+
+func TestDeviceFailureReleasesTheStream(t *testing.T) {
+	// The ranks disagree (different counts): the operation fails, the
+	// communicator aborts, and the caller's stream must still move on.
+	ctx := context.Background()
+	comms, drs := devGroup(t, 2, 13)
+	errs := runRanks(t, comms, func(r int, c *collective.Comm) error {
+		dr := drs[r]
+		n := 4 * 100 * (r + 1)
+		buf := dr.alloc(t, n)
+		req, err := collective.AllReduceDevice(ctx, c, buf, buf, collective.Float32, collective.Sum, dr.s)
+		if err != nil {
+			return err
+		}
+		if err := dr.s.Sync(ctx); err != nil {
+			return fmt.Errorf("stream after a failed operation: %w", err)
+		}
+		return req.Wait(ctx)
+	})
+	for r, err := range errs {
+		var oe *collective.OpError
+		require.True(t, errors.As(err, &oe), "rank %d: %v", r, err)
+	}
+}
