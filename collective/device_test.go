@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"testing"
 	"unsafe"
 
@@ -29,48 +30,59 @@ func bytesOf[T collective.Number](s []T) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), len(s)*int(unsafe.Sizeof(z)))
 }
 
-// devRank is one rank's device state in a test.
+// devRank is one rank's device state in a test (or in a child process
+// of one): its device, its stream, and where to register what to free.
 type devRank struct {
-	d *emu.Device
-	s collective.Stream
+	d     *emu.Device
+	s     collective.Stream
+	later func(func()) // t.Cleanup, or a child's list
 }
 
-// alloc returns n bytes of device memory, freed when the test ends.
-func (dr devRank) alloc(t *testing.T, n int) memory.Buffer {
-	t.Helper()
+// alloc returns n bytes of device memory, freed at the end.
+func (dr devRank) alloc(n int) (memory.Buffer, error) {
 	b, err := dr.d.Alloc(max(n, 1))
-	require.NoError(t, err)
-	t.Cleanup(func() { dr.d.Free(b) })
-	return b.Slice(0, n)
+	if err != nil {
+		return memory.Buffer{}, err
+	}
+	dr.later(func() { dr.d.Free(b) })
+	return b.Slice(0, n), nil
 }
 
 // upload enqueues a copy of host bytes into dst on the stream, from a
 // staging buffer the stream reads later.
-func (dr devRank) upload(t *testing.T, dst memory.Buffer, src []byte) {
-	t.Helper()
+func (dr devRank) upload(dst memory.Buffer, src []byte) error {
 	if dst.Len() == 0 {
-		return
+		return nil
 	}
-	stage := dr.alloc(t, len(src))
+	stage, err := dr.alloc(len(src))
+	if err != nil {
+		return err
+	}
 	copy(dr.d.Bytes(stage), src)
-	require.NoError(t, dr.s.Copy(dst, memory.Buffer{}, stage))
+	return dr.s.Copy(dst, memory.Buffer{}, stage)
 }
 
 // download enqueues a copy of src on the stream and returns a function
 // that syncs the stream and returns the bytes.
-func (dr devRank) download(t *testing.T, src memory.Buffer) func() []byte {
-	t.Helper()
-	out := dr.alloc(t, src.Len())
+func (dr devRank) download(src memory.Buffer) (func() ([]byte, error), error) {
+	out, err := dr.alloc(src.Len())
+	if err != nil {
+		return nil, err
+	}
 	if src.Len() > 0 {
-		require.NoError(t, dr.s.Copy(out, memory.Buffer{}, src))
-	}
-	return func() []byte {
-		require.NoError(t, dr.s.Sync(context.Background()))
-		if out.Len() == 0 {
-			return nil
+		if err := dr.s.Copy(out, memory.Buffer{}, src); err != nil {
+			return nil, err
 		}
-		return append([]byte(nil), dr.d.Bytes(out)...)
 	}
+	return func() ([]byte, error) {
+		if err := dr.s.Sync(context.Background()); err != nil {
+			return nil, err
+		}
+		if out.Len() == 0 {
+			return nil, nil
+		}
+		return append([]byte(nil), dr.d.Bytes(out)...), nil
+	}, nil
 }
 
 // devGroup makes n ranks on one emulated device (several ranks on one GPU,
@@ -83,7 +95,7 @@ func devGroup(t *testing.T, n int, seed uint64, opts ...collective.Option) ([]*c
 	for r := range drs {
 		s, err := d.NewStream()
 		require.NoError(t, err)
-		drs[r] = devRank{d: d, s: s}
+		drs[r] = devRank{d: d, s: s, later: t.Cleanup}
 		t.Cleanup(func() { require.NoError(t, s.Close()) })
 	}
 	t.Cleanup(func() {
@@ -97,34 +109,41 @@ func devGroup(t *testing.T, n int, seed uint64, opts ...collective.Option) ([]*c
 }
 
 // runDeviceCase is runCase on device memory, through dr's stream.
-func runDeviceCase[T collective.Number](t *testing.T, ctx context.Context, c *collective.Comm, dr devRank, s caseSpec, input []T) ([]T, error) {
+func runDeviceCase[T collective.Number](ctx context.Context, c *collective.Comm, dr devRank, s caseSpec, input []T) ([]T, error) {
 	n, r, k := c.Size(), c.Rank(), s.count
 	dt := collective.TypeOf[T]()
 	es := dt.Size()
 	in := bytesOf(input)
-	var send, recv memory.Buffer
-	switch s.coll {
-	case algorithms.CollReduceScatter:
-		send = dr.alloc(t, len(in))
-		recv = dr.alloc(t, k*es)
-		if s.inPlace {
+	sendLen, recvLen := len(in), k*es
+	if s.coll == algorithms.CollAllGather || s.coll == algorithms.CollAllToAll {
+		recvLen = n * k * es
+	}
+	send, err := dr.alloc(sendLen)
+	if err != nil {
+		return nil, err
+	}
+	recv, err := dr.alloc(recvLen)
+	if err != nil {
+		return nil, err
+	}
+	if s.inPlace {
+		switch s.coll {
+		case algorithms.CollReduceScatter:
 			recv = send.Slice(r*k*es, (r+1)*k*es)
-		}
-	case algorithms.CollAllGather, algorithms.CollAllToAll:
-		recv = dr.alloc(t, n*k*es)
-		send = dr.alloc(t, len(in))
-		if s.inPlace && s.coll == algorithms.CollAllGather {
+		case algorithms.CollAllGather:
 			send = recv.Slice(r*k*es, (r+1)*k*es)
-		}
-	default:
-		send, recv = dr.alloc(t, len(in)), dr.alloc(t, k*es)
-		if s.inPlace && (s.coll == algorithms.CollAllReduce || r == s.root) {
+		case algorithms.CollAllReduce:
 			recv = send
+		case algorithms.CollBroadcast, algorithms.CollReduce:
+			if r == s.root {
+				recv = send
+			}
 		}
 	}
-	dr.upload(t, send, in)
+	if err := dr.upload(send, in); err != nil {
+		return nil, err
+	}
 	var req *collective.Request
-	var err error
 	switch s.coll {
 	case algorithms.CollAllReduce:
 		req, err = collective.AllReduceDevice(ctx, c, send, recv, dt, s.op, dr.s)
@@ -144,7 +163,15 @@ func runDeviceCase[T collective.Number](t *testing.T, ctx context.Context, c *co
 	if err != nil {
 		return nil, err
 	}
-	got := dr.download(t, recv)() // ordered after the operation by the stream alone
+	// Ordered after the operation by the stream alone.
+	get, err := dr.download(recv)
+	if err != nil {
+		return nil, err
+	}
+	got, err := get()
+	if err != nil {
+		return nil, err
+	}
 	if err := req.Wait(ctx); err != nil {
 		return nil, err
 	}
@@ -193,7 +220,7 @@ func checkDevice[T collective.Number](t *testing.T, comms []*collective.Comm, dr
 	outs := make([][]T, n)
 	errs := runRanks(t, comms, func(r int, c *collective.Comm) error {
 		var err error
-		outs[r], err = runDeviceCase(t, context.Background(), c, drs[r], s, inputs[r])
+		outs[r], err = runDeviceCase(context.Background(), c, drs[r], s, inputs[r])
 		return err
 	})
 	noErrors(t, errs)
@@ -216,12 +243,21 @@ func TestDeviceSendRecvRingShift(t *testing.T) {
 	results := make([][]byte, 3)
 	errs := runRanks(t, comms, func(r int, c *collective.Comm) error {
 		dr := drs[r]
-		send, recv := dr.alloc(t, nb), dr.alloc(t, nb)
+		send, err := dr.alloc(nb)
+		if err != nil {
+			return err
+		}
+		recv, err := dr.alloc(nb)
+		if err != nil {
+			return err
+		}
 		b := make([]byte, nb)
 		for i := range b {
 			b[i] = byte(r*31 + i)
 		}
-		dr.upload(t, send, b)
+		if err := dr.upload(send, b); err != nil {
+			return err
+		}
 		next, prev := (r+1)%3, (r+2)%3
 		var reqs []*collective.Request
 		ops := []func() (*collective.Request, error){
@@ -238,7 +274,13 @@ func TestDeviceSendRecvRingShift(t *testing.T) {
 			}
 			reqs = append(reqs, req)
 		}
-		results[r] = dr.download(t, recv)()
+		get, err := dr.download(recv)
+		if err != nil {
+			return err
+		}
+		if results[r], err = get(); err != nil {
+			return err
+		}
 		for _, req := range reqs {
 			if err := req.Wait(ctx); err != nil {
 				return err
@@ -261,7 +303,8 @@ func TestDeviceArgumentErrors(t *testing.T) {
 	ctx := context.Background()
 	comms, drs := devGroup(t, 2, 9)
 	c, dr := comms[0], drs[0]
-	buf := dr.alloc(t, 64)
+	buf, err := dr.alloc(64)
+	require.NoError(t, err)
 	other := emu.New(3, emu.Options{})
 	ob, err := other.Alloc(64)
 	require.NoError(t, err)
@@ -324,7 +367,10 @@ func TestDeviceFailureReleasesTheStream(t *testing.T) {
 	errs := runRanks(t, comms, func(r int, c *collective.Comm) error {
 		dr := drs[r]
 		n := 4 * 100 * (r + 1)
-		buf := dr.alloc(t, n)
+		buf, err := dr.alloc(n)
+		if err != nil {
+			return err
+		}
 		req, err := collective.AllReduceDevice(ctx, c, buf, buf, collective.Float32, collective.Sum, dr.s)
 		if err != nil {
 			return err
@@ -338,4 +384,103 @@ func TestDeviceFailureReleasesTheStream(t *testing.T) {
 		var oe *collective.OpError
 		require.True(t, errors.As(err, &oe), "rank %d: %v", r, err)
 	}
+}
+
+// TestMultiProcessDevice runs device collectives between processes, each
+// with its own emulated device: over shared memory the segments are
+// registered with the device, so its kernels reduce straight into the
+// slots; over TCP the transport carries no device operations yet, and the
+// call says so.
+func TestMultiProcessDevice(t *testing.T) {
+	if len(transports()) < 2 {
+		t.Skip("shared memory between processes needs Linux")
+	}
+	for _, n := range []int{2, 3} {
+		t.Run(fmt.Sprintf("transport=shm/nranks=%d", n), func(t *testing.T) {
+			res := spawn(t, "device", gocclEnvs(t, n, "GOCCL_TRANSPORT=shm"), nil)
+			requireAllOK(t, res)
+			require.Contains(t, res[0].output, "device collectives ok")
+		})
+	}
+	t.Run("transport=tcp", func(t *testing.T) {
+		res := spawn(t, "device-tcp", gocclEnvs(t, 2, "GOCCL_TRANSPORT=tcp"), nil)
+		requireAllOK(t, res)
+		require.Contains(t, res[0].output, "carries no device operations yet")
+	})
+}
+
+// childDevice is a rank of TestMultiProcessDevice.
+func childDevice(ctx context.Context, scenario string) int {
+	fail := func(format string, args ...any) int {
+		fmt.Fprintf(os.Stderr, "FAIL: "+format+"\n", args...)
+		return 1
+	}
+	d := emu.New(0, emu.Options{Seed: uint64(os.Getpid()), MaxDelay: 20e3})
+	c, err := collective.InitFromEnv(ctx, collective.WithDevice(d))
+	if err != nil {
+		return fail("init: %v", err)
+	}
+	var frees []func()
+	defer func() {
+		c.Close()
+		for _, f := range frees {
+			f()
+		}
+		if d.Live() != 0 {
+			fmt.Fprintf(os.Stderr, "FAIL: %d device allocations left\n", d.Live())
+			os.Exit(1)
+		}
+	}()
+	s, err := d.NewStream()
+	if err != nil {
+		return fail("%v", err)
+	}
+	frees = append(frees, func() { s.Close() })
+	dr := devRank{d: d, s: s, later: func(f func()) { frees = append(frees, f) }}
+	if scenario == "device-tcp" {
+		buf, err := dr.alloc(64)
+		if err != nil {
+			return fail("%v", err)
+		}
+		_, err = collective.AllReduceDevice(ctx, c, buf, buf, collective.Float32, collective.Sum, s)
+		if !errors.Is(err, collective.ErrInvalidArgument) {
+			return fail("device all-reduce over TCP: %v, want an argument error", err)
+		}
+		fmt.Println(err)
+		// Host operations still work; and no rank leaves before the others.
+		if err := c.Barrier(ctx); err != nil {
+			return fail("barrier: %v", err)
+		}
+		return 0
+	}
+	n, r := c.Size(), c.Rank()
+	for _, coll := range []algorithms.Collective{algorithms.CollAllReduce, algorithms.CollReduceScatter, algorithms.CollAllGather,
+		algorithms.CollBroadcast, algorithms.CollReduce, algorithms.CollAllToAll} {
+		for _, inPlace := range []bool{false, true} {
+			if inPlace && coll == algorithms.CollAllToAll {
+				continue
+			}
+			for _, count := range []int{3, 50_000} {
+				sp := caseSpec{coll: coll, op: collective.Sum, count: count, root: n - 1, inPlace: inPlace, seed: uint64(count) + 17}
+				// Every rank draws every rank's input from the same seed, so
+				// each can compute the expected output itself.
+				rng := rand.New(rand.NewPCG(sp.seed, 7))
+				inputs := make([][]float32, n)
+				for q := range inputs {
+					inputs[q] = gen[float32](rng, sp.op, inputLen(sp, n))
+				}
+				out, err := runDeviceCase(ctx, c, dr, sp, append([]float32(nil), inputs[r]...))
+				if err != nil {
+					return fail("%v count %d in place %v: %v", coll, count, inPlace, err)
+				}
+				if want, ok := expected(sp, inputs, r); ok {
+					if i := firstDiff(out, want); i >= 0 {
+						return fail("%v count %d in place %v: element %d = %v, want %v", coll, count, inPlace, i, out[i], want[i])
+					}
+				}
+			}
+		}
+	}
+	fmt.Println("device collectives ok")
+	return 0
 }

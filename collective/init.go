@@ -17,9 +17,11 @@ import (
 
 	"github.com/goccl/goccl/algorithms"
 	"github.com/goccl/goccl/internal/bootstrap"
+	"github.com/goccl/goccl/internal/device"
 	"github.com/goccl/goccl/internal/launch"
 	"github.com/goccl/goccl/internal/netif"
 	"github.com/goccl/goccl/internal/wire"
+	"github.com/goccl/goccl/memory"
 	"github.com/goccl/goccl/transport"
 	"github.com/goccl/goccl/transport/shm"
 	"github.com/goccl/goccl/transport/tcp"
@@ -277,6 +279,15 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	if cfg.SlotSize != 0 {
 		slotSize = cfg.SlotSize
 	}
+	var dev Device
+	switch len(cfg.devices) {
+	case 0:
+	case 1:
+		dev = cfg.devices[0]
+	default:
+		closeListeners()
+		return fail(fmt.Errorf("%w: WithDevice: %d devices for one rank", ErrInvalidArgument, len(cfg.devices)))
+	}
 	tcpPeers := make([]string, nranks)
 	shmPeers := make([]string, nranks)
 	var nTCP, nShm int
@@ -315,6 +326,11 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		here := summarize(table.Peers)[hostID]
 		o := shm.Options{Rank: rank, NRanks: nranks, Peers: shmPeers, Secret: id.secret[:], Listener: shmLn,
 			Slots: slots, SlotSize: slotSize, SpinFor: cfg.Spin, YieldWhenIdle: here.ranks > here.cpus}
+		if reg, ok := dev.(device.Registrar); ok {
+			// Device operations reduce straight into the segments, which
+			// the GPU reaches once registered.
+			o.Device = reg
+		}
 		if tcpEp != nil {
 			// TCP sends move only while the channel's goroutine moves them,
 			// also when it waits on shared memory.
@@ -344,22 +360,18 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		shmLn.Close()
 	}
 	rep.caps = rep.all[0].Caps()
+	for _, ep := range rep.all[1:] {
+		// Device operations need every transport to carry them.
+		if k := ep.Caps().DeviceSlots; k != rep.caps.DeviceSlots {
+			rep.caps.DeviceSlots = memory.Host
+		}
+	}
 	var ep transport.Endpoint = rep
 	if len(rep.all) == 1 {
 		ep = rep.all[0]
 	}
 	hosts := summarize(table.Peers)
 	link.MaxChannels = min(cfg.MaxChannels, channelsPerRank(hosts))
-	var dev Device
-	switch len(cfg.devices) {
-	case 0:
-	case 1:
-		dev = cfg.devices[0]
-	default:
-		err := fmt.Errorf("%w: WithDevice: %d devices for one rank", ErrInvalidArgument, len(cfg.devices))
-		ep.Close(err)
-		return fail(err)
-	}
 	c, err := newComm(rank, nranks, cfg, ep, link, dev)
 	if err != nil {
 		ep.Close(err)

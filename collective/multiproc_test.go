@@ -443,6 +443,9 @@ func childMain(scenario string) int {
 		fmt.Fprintf(os.Stderr, "FAIL: "+format+"\n", args...)
 		return 1
 	}
+	if scenario == "device" || scenario == "device-tcp" {
+		return childDevice(ctx, scenario)
+	}
 	c, err := collective.InitFromEnv(ctx)
 	if scenario == "missing" {
 		if err == nil {

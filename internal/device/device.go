@@ -66,6 +66,20 @@ type Device interface {
 	NewStream() (Stream, error)
 }
 
+// Registrar is implemented by devices that can map existing host memory
+// for their kernels (cuMemHostRegister with DEVICEMAP): a transport
+// registers the shared-memory segments or staging buffers that hold its
+// slots, so that device operations reduce and copy straight into them.
+type Registrar interface {
+	Device
+	// Register returns b as mapped memory of this device. b must stay
+	// allocated until Unregister.
+	Register(b []byte) (memory.Buffer, error)
+	// Unregister undoes Register; b is what Register returned. Work that
+	// still uses it must have finished.
+	Unregister(b memory.Buffer) error
+}
+
 // Info describes a device.
 type Info struct {
 	Name     string // "NVIDIA H200"

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -39,6 +40,13 @@ type conn struct {
 
 	closeCtl sync.Once
 	sleeps   atomic.Int32 // futex sleeps so far (tests look)
+
+	// mapped is the segment registered with the endpoint's device, on a
+	// connection for device operations: slots are handed out as views of
+	// it (memory.Mapped). Empty otherwise. Set before the connection is
+	// used; unregistered once, at teardown.
+	mapped     memory.Buffer
+	unregister sync.Once
 }
 
 var _ transport.Conn = (*conn)(nil)
@@ -62,8 +70,23 @@ func (c *conn) wakeAll() {
 	c.seg.release()
 }
 
-// teardown lets go of the segment and the control socket.
+// buf describes b, bytes of the segment, as the engine sees them: mapped
+// memory on a device connection, host memory otherwise.
+func (c *conn) buf(b []byte) memory.Buffer {
+	if c.mapped.Len() == 0 || len(b) == 0 {
+		return memory.HostBuffer(b)
+	}
+	off := int(uintptr(unsafe.Pointer(unsafe.SliceData(b))) - uintptr(unsafe.Pointer(unsafe.SliceData(c.seg.mem))))
+	return c.mapped.Slice(off, off+len(b))
+}
+
+// teardown lets go of the segment and the control socket. A device
+// connection's registration goes first: the detached segment may be
+// replaced by other pages.
 func (c *conn) teardown() {
+	if c.mapped.Len() > 0 {
+		c.unregister.Do(func() { c.e.o.Device.Unregister(c.mapped) })
+	}
 	c.seg.detach()
 	c.closeCtl.Do(func() { unix.Close(c.ctl) })
 }
@@ -90,7 +113,7 @@ func (c *conn) Reserve(ctx context.Context, n int) (memory.Buffer, error) {
 	c.isReserved = true
 	c.reserved = c.tx.payload(c.tail, n)
 	c.reservedInline = n <= inlineMax
-	return memory.HostBuffer(c.reserved), nil
+	return c.buf(c.reserved), nil
 }
 
 func (c *conn) Post(n int, tag transport.Tag) error {
@@ -132,7 +155,7 @@ func (c *conn) Wait(ctx context.Context) (memory.Buffer, transport.Tag, error) {
 		return memory.Buffer{}, transport.Tag{}, &transport.PeerError{Peer: c.peer, Op: "recv", Err: err}
 	}
 	c.holding = true
-	return memory.HostBuffer(c.rx.payload(c.head, int(size))), transport.Tag{Op: op, Sig: sig, Msg: msg, Slice: slice}, nil
+	return c.buf(c.rx.payload(c.head, int(size))), transport.Tag{Op: op, Sig: sig, Msg: msg, Slice: slice}, nil
 }
 
 func (c *conn) Release() error {

@@ -4,6 +4,8 @@ import (
 	"log/slog"
 	"net"
 	"time"
+
+	"github.com/goccl/goccl/internal/device"
 )
 
 // Defaults.
@@ -50,4 +52,11 @@ type Options struct {
 	// channel, in a communicator that mixes transports); while it reports
 	// sends pending, the wait polls instead of sleeping.
 	Progress func(ch int) (pending bool, err error)
+	// Device, if set, is this rank's GPU: the segments of the connections
+	// for device operations (channels from transport.DeviceChannels on)
+	// are registered with it, so that its kernels reduce and copy
+	// straight into their slots (memory.Mapped; NCCL's SHM transport
+	// keeps GPU traffic in pinned host memory the same way). Nil: the
+	// endpoint carries host operations only.
+	Device device.Registrar
 }

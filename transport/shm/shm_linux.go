@@ -112,7 +112,11 @@ func New(o Options) (*Endpoint, error) {
 
 // Caps implements transport.Endpoint.
 func (e *Endpoint) Caps() transport.Caps {
-	return transport.Caps{Slots: e.o.Slots, SlotSize: e.o.SlotSize, Memory: memory.Host}
+	c := transport.Caps{Slots: e.o.Slots, SlotSize: e.o.SlotSize, Memory: memory.Host}
+	if e.o.Device != nil {
+		c.DeviceSlots = memory.Mapped
+	}
+	return c
 }
 
 func (e *Endpoint) accept() {
@@ -296,6 +300,9 @@ func (e *Endpoint) Connect(ctx context.Context, peer, ch int) (transport.Conn, e
 	if e.o.Peers[peer] == "" {
 		return nil, &transport.PeerError{Peer: peer, Op: "connect", Err: fmt.Errorf("rank %d is not reachable over shared memory", peer)}
 	}
+	if ch >= transport.DeviceChannels && e.o.Device == nil {
+		return nil, &transport.PeerError{Peer: peer, Op: "connect", Err: errors.New("shm: a device channel on an endpoint without a device")}
+	}
 	k := connKey{peer, ch}
 	e.mu.Lock()
 	if e.closed {
@@ -319,6 +326,14 @@ func (e *Endpoint) Connect(ctx context.Context, peer, ch int) (transport.Conn, e
 		return nil, &transport.PeerError{Peer: peer, Op: "connect", Err: err}
 	}
 	c := newConn(e, peer, ch, seg, ctl)
+	if ch >= transport.DeviceChannels {
+		// Device operations' kernels reach the slots through a mapping of
+		// this process's view of the segment.
+		if c.mapped, err = e.o.Device.Register(seg.mem); err != nil {
+			c.teardown()
+			return nil, &transport.PeerError{Peer: peer, Op: "connect", Err: fmt.Errorf("shm: registering the segment with the device: %w", err)}
+		}
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {

@@ -67,9 +67,10 @@ const (
 	allocMapped                    // AllocHost
 	allocShared                    // AllocShared: memfd-backed, exportable
 	allocImported                  // OpenIPC: another process's AllocShared
+	allocRegistered                // Register: existing host memory, mapped
 )
 
-var allocNames = [...]string{"device", "mapped", "shared device", "IPC-imported"}
+var allocNames = [...]string{"device", "mapped", "shared device", "IPC-imported", "registered host"}
 
 func (k allocKind) String() string { return allocNames[k] }
 
@@ -181,7 +182,7 @@ func (d *Device) unreserve(n int) {
 
 // register poisons mem and adds it to the live allocations.
 func (d *Device) register(mem []byte, kind allocKind, release func() error) *alloc {
-	if !d.opts.NoPoison && kind != allocImported {
+	if !d.opts.NoPoison && kind != allocImported && kind != allocRegistered {
 		fill(mem, Poison)
 	}
 	a := &alloc{base: addrOf(mem), mem: mem[:len(mem):len(mem)], kind: kind, release: release}
@@ -239,7 +240,7 @@ func (d *Device) free(b memory.Buffer, call string) error {
 		return fmt.Errorf("emu: %s of %d bytes at %#x: the allocation there has %d; free the whole allocation", call, b.Len(), ptr, len(a.mem))
 	}
 	wantKind := memory.Device
-	if a.kind == allocMapped {
+	if a.kind == allocMapped || a.kind == allocRegistered {
 		wantKind = memory.Mapped
 	}
 	if b.Kind() != wantKind {
@@ -250,6 +251,10 @@ func (d *Device) free(b memory.Buffer, call string) error {
 		return fmt.Errorf("emu: Free of IPC-imported memory at %#x: use CloseIPC", ptr)
 	case call == "CloseIPC" && a.kind != allocImported:
 		return fmt.Errorf("emu: CloseIPC of %v memory at %#x: not opened with OpenIPC; use Free", a.kind, ptr)
+	case call == "Free" && a.kind == allocRegistered:
+		return fmt.Errorf("emu: Free of registered host memory at %#x: use Unregister", ptr)
+	case call == "Unregister" && a.kind != allocRegistered:
+		return fmt.Errorf("emu: Unregister of %v memory at %#x: not registered with Register", a.kind, ptr)
 	}
 	d.allocs = slices.Delete(d.allocs, i, i+1)
 	d.freed[ptr] = len(a.mem)
@@ -265,10 +270,38 @@ func (d *Device) free(b memory.Buffer, call string) error {
 	return d.destroy(a)
 }
 
+// Register maps existing host memory b for the device's kernels, as
+// cuMemHostRegister does (shared-memory segments), and returns it as
+// mapped memory (the device address being the host address). b must
+// stay allocated, and must not overlap memory already registered, until
+// Unregister; it is neither poisoned nor unmapped by the device.
+func (d *Device) Register(b []byte) (memory.Buffer, error) {
+	if len(b) == 0 {
+		return memory.Buffer{}, errors.New("emu: Register of no bytes")
+	}
+	p := addrOf(b)
+	d.mu.Lock()
+	for _, a := range d.allocs {
+		if a.base < p+uintptr(len(b)) && p < a.end() {
+			d.mu.Unlock()
+			return memory.Buffer{}, fmt.Errorf("emu: Register of %d bytes at %#x: overlaps the %v allocation at %#x", len(b), p, a.kind, a.base)
+		}
+	}
+	d.mu.Unlock()
+	a := d.register(b, allocRegistered, func() error { return nil })
+	return memory.MappedBuffer(a.mem, d.ordinal, a.base), nil
+}
+
+// Unregister undoes Register, once no queued work uses the memory (as
+// Free: ErrInUse otherwise, and the streams whose work meets it fail).
+func (d *Device) Unregister(b memory.Buffer) error {
+	return d.free(b, "Unregister")
+}
+
 // destroy poisons and unmaps a freed allocation. Imported memory is not
-// poisoned: it is the exporter's.
+// poisoned: it is the exporter's; registered memory is the caller's.
 func (d *Device) destroy(a *alloc) error {
-	if !d.opts.NoPoison && a.kind != allocImported {
+	if !d.opts.NoPoison && a.kind != allocImported && a.kind != allocRegistered {
 		fill(a.mem, Poison)
 	}
 	if err := a.release(); err != nil {
@@ -357,7 +390,7 @@ func (d *Device) lookup(b memory.Buffer, what string) (view, error) {
 		return view{}, fmt.Errorf("emu: %s: %d-byte %v buffer at %#x is not inside a live allocation of this device (%d)%s",
 			what, n, b.Kind(), ptr, d.ordinal, d.freedNote(ptr))
 	}
-	if (a.kind == allocMapped) != (b.Kind() == memory.Mapped) {
+	if (a.kind == allocMapped || a.kind == allocRegistered) != (b.Kind() == memory.Mapped) {
 		return view{}, fmt.Errorf("emu: %s: %v buffer at %#x lies in %v memory", what, b.Kind(), ptr, a.kind)
 	}
 	return view{a: a, off: int(ptr - a.base), n: n}, nil

@@ -16,6 +16,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
 
 	"github.com/goccl/goccl/internal/device"
 	"github.com/goccl/goccl/internal/device/emu"
@@ -580,4 +581,32 @@ func TestConcurrentUse(t *testing.T) {
 	require.NoError(t, <-errc)
 	require.NoError(t, s.Close())
 	free(t, d, flag)
+}
+
+func TestRegisterExistingMemory(t *testing.T) {
+	d := emu.New(0, emu.Options{Seed: 1})
+	raw, err := unix.Mmap(-1, 0, 8192, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	require.NoError(t, err)
+	defer unix.Munmap(raw)
+	for i := range raw {
+		raw[i] = byte(i)
+	}
+	m, err := d.Register(raw)
+	require.NoError(t, err)
+	require.Equal(t, memory.Mapped, m.Kind())
+	require.Equal(t, byte(5), raw[5], "registration keeps the contents")
+	_, err = d.Register(raw[100:200])
+	require.ErrorContains(t, err, "overlaps")
+	require.ErrorContains(t, d.Free(m), "use Unregister")
+	s, err := d.NewStream()
+	require.NoError(t, err)
+	defer s.Close()
+	// A kernel writes the registered memory, which the host then reads.
+	require.NoError(t, s.Copy(m.Slice(4096, 8192), memory.Buffer{}, m.Slice(0, 4096)))
+	require.NoError(t, s.Sync(context.Background()))
+	require.Equal(t, raw[:4096], raw[4096:])
+	require.NoError(t, d.Unregister(m))
+	require.Zero(t, d.Live())
+	require.Equal(t, byte(5), raw[5], "unregistering leaves the memory alone")
+	require.Error(t, d.Unregister(m), "twice")
 }
