@@ -27,8 +27,8 @@ import (
 // AllReduce reduces send across all ranks with op and leaves the result in
 // recv on every rank. len(send) == len(recv).
 func AllReduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op) error {
-	k, err := allReduceCall(c, send, recv, op)
-	if err != nil {
+	var k call
+	if err := allReduceArgs(c, hostArgs(send, recv), op, &k); err != nil {
 		return err
 	}
 	return c.run(ctx, &k)
@@ -36,8 +36,8 @@ func AllReduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op) er
 
 // StartAllReduce is the asynchronous form of AllReduce.
 func StartAllReduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op) (*Request, error) {
-	k, err := allReduceCall(c, send, recv, op)
-	if err != nil {
+	var k call
+	if err := allReduceArgs(c, hostArgs(send, recv), op, &k); err != nil {
 		return nil, err
 	}
 	return c.start(ctx, k)
@@ -47,8 +47,8 @@ func StartAllReduce[T Number](ctx context.Context, c *Comm, send, recv []T, op O
 // Rank() of the result in recv: len(send) == Size()*len(recv), and rank r
 // gets elements [r*len(recv), (r+1)*len(recv)) of the reduction.
 func ReduceScatter[T Number](ctx context.Context, c *Comm, send, recv []T, op Op) error {
-	k, err := reduceScatterCall(c, send, recv, op)
-	if err != nil {
+	var k call
+	if err := reduceScatterArgs(c, hostArgs(send, recv), op, &k); err != nil {
 		return err
 	}
 	return c.run(ctx, &k)
@@ -56,8 +56,8 @@ func ReduceScatter[T Number](ctx context.Context, c *Comm, send, recv []T, op Op
 
 // StartReduceScatter is the asynchronous form of ReduceScatter.
 func StartReduceScatter[T Number](ctx context.Context, c *Comm, send, recv []T, op Op) (*Request, error) {
-	k, err := reduceScatterCall(c, send, recv, op)
-	if err != nil {
+	var k call
+	if err := reduceScatterArgs(c, hostArgs(send, recv), op, &k); err != nil {
 		return nil, err
 	}
 	return c.start(ctx, k)
@@ -66,8 +66,8 @@ func StartReduceScatter[T Number](ctx context.Context, c *Comm, send, recv []T, 
 // AllGather gathers every rank's send into recv, rank r's at
 // recv[r*len(send):(r+1)*len(send)]: len(recv) == Size()*len(send).
 func AllGather[T Number](ctx context.Context, c *Comm, send, recv []T) error {
-	k, err := allGatherCall(c, send, recv)
-	if err != nil {
+	var k call
+	if err := allGatherArgs(c, hostArgs(send, recv), &k); err != nil {
 		return err
 	}
 	return c.run(ctx, &k)
@@ -75,8 +75,8 @@ func AllGather[T Number](ctx context.Context, c *Comm, send, recv []T) error {
 
 // StartAllGather is the asynchronous form of AllGather.
 func StartAllGather[T Number](ctx context.Context, c *Comm, send, recv []T) (*Request, error) {
-	k, err := allGatherCall(c, send, recv)
-	if err != nil {
+	var k call
+	if err := allGatherArgs(c, hostArgs(send, recv), &k); err != nil {
 		return nil, err
 	}
 	return c.start(ctx, k)
@@ -86,8 +86,8 @@ func StartAllGather[T Number](ctx context.Context, c *Comm, send, recv []T) (*Re
 // send is read on root only (and may be nil elsewhere); on root
 // len(send) == len(recv).
 func Broadcast[T Number](ctx context.Context, c *Comm, send, recv []T, root int) error {
-	k, err := broadcastCall(c, send, recv, root)
-	if err != nil {
+	var k call
+	if err := broadcastArgs(c, hostArgs(send, recv), root, &k); err != nil {
 		return err
 	}
 	return c.run(ctx, &k)
@@ -95,8 +95,8 @@ func Broadcast[T Number](ctx context.Context, c *Comm, send, recv []T, root int)
 
 // StartBroadcast is the asynchronous form of Broadcast.
 func StartBroadcast[T Number](ctx context.Context, c *Comm, send, recv []T, root int) (*Request, error) {
-	k, err := broadcastCall(c, send, recv, root)
-	if err != nil {
+	var k call
+	if err := broadcastArgs(c, hostArgs(send, recv), root, &k); err != nil {
 		return nil, err
 	}
 	return c.start(ctx, k)
@@ -106,8 +106,8 @@ func StartBroadcast[T Number](ctx context.Context, c *Comm, send, recv []T, root
 // written on root only (and may be nil elsewhere); on root
 // len(recv) == len(send).
 func Reduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op, root int) error {
-	k, err := reduceCall(c, send, recv, op, root)
-	if err != nil {
+	var k call
+	if err := reduceArgs(c, hostArgs(send, recv), op, root, &k); err != nil {
 		return err
 	}
 	return c.run(ctx, &k)
@@ -115,8 +115,8 @@ func Reduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op, root 
 
 // StartReduce is the asynchronous form of Reduce.
 func StartReduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op, root int) (*Request, error) {
-	k, err := reduceCall(c, send, recv, op, root)
-	if err != nil {
+	var k call
+	if err := reduceArgs(c, hostArgs(send, recv), op, root, &k); err != nil {
 		return nil, err
 	}
 	return c.start(ctx, k)
@@ -126,8 +126,8 @@ func StartReduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op, 
 // Rank() of its recv: len(send) == len(recv) == Size()*block. The buffers
 // must not overlap.
 func AllToAll[T Number](ctx context.Context, c *Comm, send, recv []T) error {
-	k, err := allToAllCall(c, send, recv)
-	if err != nil {
+	var k call
+	if err := allToAllArgs(c, hostArgs(send, recv), &k); err != nil {
 		return err
 	}
 	return c.run(ctx, &k)
@@ -135,8 +135,8 @@ func AllToAll[T Number](ctx context.Context, c *Comm, send, recv []T) error {
 
 // StartAllToAll is the asynchronous form of AllToAll.
 func StartAllToAll[T Number](ctx context.Context, c *Comm, send, recv []T) (*Request, error) {
-	k, err := allToAllCall(c, send, recv)
-	if err != nil {
+	var k call
+	if err := allToAllArgs(c, hostArgs(send, recv), &k); err != nil {
 		return nil, err
 	}
 	return c.start(ctx, k)
@@ -151,8 +151,8 @@ func StartAllToAll[T Number](ctx context.Context, c *Comm, send, recv []T) (*Req
 // connection: one message of at most half its slots' bytes (4 × 128 KiB by
 // default), and at most Config.Slots messages in all.
 func Send[T Number](ctx context.Context, c *Comm, buf []T, peer int) error {
-	k, err := p2pCall(c, "send", algorithms.CollSend, buf, peer)
-	if err != nil {
+	var k call
+	if err := p2pCall(c, "send", algorithms.CollSend, buf, peer, &k); err != nil {
 		return err
 	}
 	return c.run(ctx, &k)
@@ -160,8 +160,8 @@ func Send[T Number](ctx context.Context, c *Comm, buf []T, peer int) error {
 
 // StartSend is the asynchronous form of Send.
 func StartSend[T Number](ctx context.Context, c *Comm, buf []T, peer int) (*Request, error) {
-	k, err := p2pCall(c, "send", algorithms.CollSend, buf, peer)
-	if err != nil {
+	var k call
+	if err := p2pCall(c, "send", algorithms.CollSend, buf, peer, &k); err != nil {
 		return nil, err
 	}
 	return c.start(ctx, k)
@@ -169,8 +169,8 @@ func StartSend[T Number](ctx context.Context, c *Comm, buf []T, peer int) (*Requ
 
 // Recv receives into buf what peer sends with Send.
 func Recv[T Number](ctx context.Context, c *Comm, buf []T, peer int) error {
-	k, err := p2pCall(c, "recv", algorithms.CollRecv, buf, peer)
-	if err != nil {
+	var k call
+	if err := p2pCall(c, "recv", algorithms.CollRecv, buf, peer, &k); err != nil {
 		return err
 	}
 	return c.run(ctx, &k)
@@ -178,8 +178,8 @@ func Recv[T Number](ctx context.Context, c *Comm, buf []T, peer int) error {
 
 // StartRecv is the asynchronous form of Recv.
 func StartRecv[T Number](ctx context.Context, c *Comm, buf []T, peer int) (*Request, error) {
-	k, err := p2pCall(c, "recv", algorithms.CollRecv, buf, peer)
-	if err != nil {
+	var k call
+	if err := p2pCall(c, "recv", algorithms.CollRecv, buf, peer, &k); err != nil {
 		return nil, err
 	}
 	return c.start(ctx, k)
@@ -211,196 +211,180 @@ func (c *Comm) checkRoot(name string, root int) error {
 // Every check works on buffers and element counts, so that host slices
 // (the generic functions above) and device buffers (device.go) share it.
 
-// args is a call's buffers as the checks see them.
+// args is a call's buffers as the checks see them, with their lengths in
+// elements.
 type args struct {
 	t          DataType
 	send, recv memory.Buffer
+	ns, nr     int
 }
 
 // hostArgs describes host slices.
 func hostArgs[T Number](send, recv []T) args {
-	return args{t: TypeOf[T](), send: memory.HostBuffer(asBytes(send)), recv: memory.HostBuffer(asBytes(recv))}
+	return args{t: TypeOf[T](), send: memory.HostBuffer(asBytes(send)), recv: memory.HostBuffer(asBytes(recv)), ns: len(send), nr: len(recv)}
+}
+
+// bufferArgs describes buffers of elements of t (whole elements: the
+// caller has checked).
+func bufferArgs(t DataType, send, recv memory.Buffer) args {
+	return args{t: t, send: send, recv: recv, ns: send.Len() / t.Size(), nr: recv.Len() / t.Size()}
 }
 
 // lens returns the buffers' lengths in elements.
-func (a args) lens() (int, int) {
-	es := a.t.Size()
-	return a.send.Len() / es, a.recv.Len() / es
+func (a args) lens() (int, int) { return a.ns, a.nr }
+
+// newCall fills k (in place: a call is large, and this runs for every
+// operation).
+func newCall(k *call, name string, coll algorithms.Collective, count int, a args) {
+	k.name = name
+	k.op = engine.Op{Coll: coll, Type: a.t.kernel(), Count: count, In: a.send, Out: a.recv}
 }
 
-func newCall(name string, coll algorithms.Collective, count int, a args) call {
-	return call{name: name, op: engine.Op{Coll: coll, Type: a.t.kernel(), Count: count, In: a.send, Out: a.recv}}
-}
-
-func allReduceCall[T Number](c *Comm, send, recv []T, op Op) (call, error) {
-	return allReduceArgs(c, hostArgs(send, recv), op)
-}
-
-func allReduceArgs(c *Comm, a args, op Op) (call, error) {
+func allReduceArgs(c *Comm, a args, op Op, k *call) error {
 	const name = "allreduce"
 	if err := checkComm(c, name); err != nil {
-		return call{}, err
+		return err
 	}
 	if err := c.checkOp(name, op); err != nil {
-		return call{}, err
+		return err
 	}
 	ns, nr := a.lens()
 	if ns != nr {
-		return call{}, c.argError(name, "len(send) = %d but len(recv) = %d; they must be equal", ns, nr)
+		return c.argError(name, "len(send) = %d but len(recv) = %d; they must be equal", ns, nr)
 	}
-	k := newCall(name, algorithms.CollAllReduce, ns, a)
+	newCall(k, name, algorithms.CollAllReduce, ns, a)
 	if k.op.In.Overlaps(k.op.Out) && !k.op.In.Same(k.op.Out) {
-		return call{}, c.argError(name, "send and recv overlap without being the same slice")
+		return c.argError(name, "send and recv overlap without being the same slice")
 	}
 	k.op.Red = kernels.Op(op)
-	return k, nil
+	return nil
 }
 
-func reduceScatterCall[T Number](c *Comm, send, recv []T, op Op) (call, error) {
-	return reduceScatterArgs(c, hostArgs(send, recv), op)
-}
-
-func reduceScatterArgs(c *Comm, a args, op Op) (call, error) {
+func reduceScatterArgs(c *Comm, a args, op Op, k *call) error {
 	const name = "reducescatter"
 	if err := checkComm(c, name); err != nil {
-		return call{}, err
+		return err
 	}
 	if err := c.checkOp(name, op); err != nil {
-		return call{}, err
+		return err
 	}
 	ns, nr := a.lens()
 	if ns != c.size*nr {
-		return call{}, c.argError(name, "len(send) = %d, want Size()*len(recv) = %d*%d = %d", ns, c.size, nr, c.size*nr)
+		return c.argError(name, "len(send) = %d, want Size()*len(recv) = %d*%d = %d", ns, c.size, nr, c.size*nr)
 	}
-	k := newCall(name, algorithms.CollReduceScatter, nr, a)
+	newCall(k, name, algorithms.CollReduceScatter, nr, a)
 	if k.op.In.Overlaps(k.op.Out) {
 		if off, ok := k.op.In.Offset(k.op.Out); !ok || off != c.rank*k.op.Out.Len() {
-			return call{}, c.argError(name, "recv overlaps send but is not send[rank*len(recv):(rank+1)*len(recv)]")
+			return c.argError(name, "recv overlaps send but is not send[rank*len(recv):(rank+1)*len(recv)]")
 		}
 	}
 	k.op.Red = kernels.Op(op)
-	return k, nil
+	return nil
 }
 
-func allGatherCall[T Number](c *Comm, send, recv []T) (call, error) {
-	return allGatherArgs(c, hostArgs(send, recv))
-}
-
-func allGatherArgs(c *Comm, a args) (call, error) {
+func allGatherArgs(c *Comm, a args, k *call) error {
 	const name = "allgather"
 	if err := checkComm(c, name); err != nil {
-		return call{}, err
+		return err
 	}
 	ns, nr := a.lens()
 	if nr != c.size*ns {
-		return call{}, c.argError(name, "len(recv) = %d, want Size()*len(send) = %d*%d = %d", nr, c.size, ns, c.size*ns)
+		return c.argError(name, "len(recv) = %d, want Size()*len(send) = %d*%d = %d", nr, c.size, ns, c.size*ns)
 	}
-	k := newCall(name, algorithms.CollAllGather, ns, a)
+	newCall(k, name, algorithms.CollAllGather, ns, a)
 	if k.op.In.Overlaps(k.op.Out) {
 		if off, ok := k.op.Out.Offset(k.op.In); !ok || off != c.rank*k.op.In.Len() {
-			return call{}, c.argError(name, "send overlaps recv but is not recv[rank*len(send):(rank+1)*len(send)]")
+			return c.argError(name, "send overlaps recv but is not recv[rank*len(send):(rank+1)*len(send)]")
 		}
 	}
-	return k, nil
+	return nil
 }
 
-func broadcastCall[T Number](c *Comm, send, recv []T, root int) (call, error) {
-	return broadcastArgs(c, hostArgs(send, recv), root)
-}
-
-func broadcastArgs(c *Comm, a args, root int) (call, error) {
+func broadcastArgs(c *Comm, a args, root int, k *call) error {
 	const name = "broadcast"
 	if err := checkComm(c, name); err != nil {
-		return call{}, err
+		return err
 	}
 	if err := c.checkRoot(name, root); err != nil {
-		return call{}, err
+		return err
 	}
 	if c.rank != root {
-		a.send = memory.Buffer{} // not read
+		a.send, a.ns = memory.Buffer{}, 0 // not read
 	} else if ns, nr := a.lens(); ns != nr {
-		return call{}, c.argError(name, "on the root len(send) = %d but len(recv) = %d; they must be equal", ns, nr)
+		return c.argError(name, "on the root len(send) = %d but len(recv) = %d; they must be equal", ns, nr)
 	}
 	_, nr := a.lens()
-	k := newCall(name, algorithms.CollBroadcast, nr, a)
+	newCall(k, name, algorithms.CollBroadcast, nr, a)
 	if k.op.In.Overlaps(k.op.Out) && !k.op.In.Same(k.op.Out) {
-		return call{}, c.argError(name, "send and recv overlap without being the same slice")
+		return c.argError(name, "send and recv overlap without being the same slice")
 	}
 	k.op.Root = root
-	return k, nil
+	return nil
 }
 
-func reduceCall[T Number](c *Comm, send, recv []T, op Op, root int) (call, error) {
-	return reduceArgs(c, hostArgs(send, recv), op, root)
-}
-
-func reduceArgs(c *Comm, a args, op Op, root int) (call, error) {
+func reduceArgs(c *Comm, a args, op Op, root int, k *call) error {
 	const name = "reduce"
 	if err := checkComm(c, name); err != nil {
-		return call{}, err
+		return err
 	}
 	if err := c.checkOp(name, op); err != nil {
-		return call{}, err
+		return err
 	}
 	if err := c.checkRoot(name, root); err != nil {
-		return call{}, err
+		return err
 	}
 	if c.rank != root {
-		a.recv = memory.Buffer{} // not written
+		a.recv, a.nr = memory.Buffer{}, 0 // not written
 	} else if ns, nr := a.lens(); ns != nr {
-		return call{}, c.argError(name, "on the root len(send) = %d but len(recv) = %d; they must be equal", ns, nr)
+		return c.argError(name, "on the root len(send) = %d but len(recv) = %d; they must be equal", ns, nr)
 	}
 	ns, _ := a.lens()
-	k := newCall(name, algorithms.CollReduce, ns, a)
+	newCall(k, name, algorithms.CollReduce, ns, a)
 	if k.op.In.Overlaps(k.op.Out) && !k.op.In.Same(k.op.Out) {
-		return call{}, c.argError(name, "send and recv overlap without being the same slice")
+		return c.argError(name, "send and recv overlap without being the same slice")
 	}
 	k.op.Red = kernels.Op(op)
 	k.op.Root = root
-	return k, nil
+	return nil
 }
 
-func allToAllCall[T Number](c *Comm, send, recv []T) (call, error) {
-	return allToAllArgs(c, hostArgs(send, recv))
-}
-
-func allToAllArgs(c *Comm, a args) (call, error) {
+func allToAllArgs(c *Comm, a args, k *call) error {
 	const name = "alltoall"
 	if err := checkComm(c, name); err != nil {
-		return call{}, err
+		return err
 	}
 	ns, nr := a.lens()
 	if ns != nr || ns%c.size != 0 {
-		return call{}, c.argError(name, "len(send) = %d and len(recv) = %d; both must equal Size()*block = %d*block", ns, nr, c.size)
+		return c.argError(name, "len(send) = %d and len(recv) = %d; both must equal Size()*block = %d*block", ns, nr, c.size)
 	}
-	k := newCall(name, algorithms.CollAllToAll, ns/c.size, a)
+	newCall(k, name, algorithms.CollAllToAll, ns/c.size, a)
 	if k.op.In.Overlaps(k.op.Out) {
-		return call{}, c.argError(name, "send and recv overlap; all-to-all has no in-place form")
+		return c.argError(name, "send and recv overlap; all-to-all has no in-place form")
 	}
-	return k, nil
+	return nil
 }
 
-func p2pCall[T Number](c *Comm, name string, coll algorithms.Collective, buf []T, peer int) (call, error) {
+func p2pCall[T Number](c *Comm, name string, coll algorithms.Collective, buf []T, peer int, k *call) error {
 	a := hostArgs(buf, nil)
 	if coll == algorithms.CollRecv {
 		a = hostArgs(nil, buf)
 	}
-	return p2pArgs(c, name, coll, a, peer)
+	return p2pArgs(c, name, coll, a, peer, k)
 }
 
 // p2pArgs checks a send (buffer in a.send) or a receive (in a.recv).
-func p2pArgs(c *Comm, name string, coll algorithms.Collective, a args, peer int) (call, error) {
+func p2pArgs(c *Comm, name string, coll algorithms.Collective, a args, peer int, k *call) error {
 	if err := checkComm(c, name); err != nil {
-		return call{}, err
+		return err
 	}
 	switch {
 	case peer == c.rank:
-		return call{}, c.argError(name, "peer %d is this rank itself", peer)
+		return c.argError(name, "peer %d is this rank itself", peer)
 	case peer < 0 || peer >= c.size:
-		return call{}, c.argError(name, "peer %d out of range [0,%d)", peer, c.size)
+		return c.argError(name, "peer %d out of range [0,%d)", peer, c.size)
 	}
 	ns, nr := a.lens()
-	k := newCall(name, coll, max(ns, nr), a)
+	newCall(k, name, coll, max(ns, nr), a)
 	k.op.Root = peer
-	return k, nil
+	return nil
 }

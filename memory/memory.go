@@ -26,6 +26,7 @@
 package memory
 
 import (
+	"errors"
 	"fmt"
 	"unsafe"
 )
@@ -56,16 +57,31 @@ func (k Kind) String() string {
 func (k Kind) DeviceVisible() bool { return k == Device || k == Mapped }
 
 // Buffer is a run of bytes in host, device or mapped memory.
+//
+// It is 32 bytes, passed by value on every slice the engine moves: the
+// CPU's view is a pointer and the length, not a slice header (which
+// would make it 48).
 type Buffer struct {
-	host  []byte  // the CPU's view (Host and Mapped)
+	// host is the first byte of the CPU's view (Host and Mapped), nil when
+	// the buffer is empty: an unsafe.Pointer, so that a Buffer keeps Go
+	// memory it describes alive, and never one past an object's end.
+	host  unsafe.Pointer
 	ptr   uintptr // the GPU's address (Device and Mapped)
 	n     int
 	devID int32
 	kind  Kind
 }
 
+// hostStart is the pointer a Buffer keeps for b.
+func hostStart(b []byte) unsafe.Pointer {
+	if len(b) == 0 {
+		return nil
+	}
+	return unsafe.Pointer(unsafe.SliceData(b))
+}
+
 // HostBuffer describes host memory b.
-func HostBuffer(b []byte) Buffer { return Buffer{host: b, n: len(b), kind: Host} }
+func HostBuffer(b []byte) Buffer { return Buffer{host: hostStart(b), n: len(b), kind: Host} }
 
 // DeviceBuffer describes n bytes at address ptr in the memory of GPU device.
 func DeviceBuffer(device int, ptr uintptr, n int) Buffer {
@@ -75,7 +91,7 @@ func DeviceBuffer(device int, ptr uintptr, n int) Buffer {
 // MappedBuffer describes pinned host memory b that GPU device addresses at
 // devPtr (the two views of the same bytes).
 func MappedBuffer(b []byte, device int, devPtr uintptr) Buffer {
-	return Buffer{host: b, ptr: devPtr, n: len(b), devID: int32(device), kind: Mapped}
+	return Buffer{host: hostStart(b), ptr: devPtr, n: len(b), devID: int32(device), kind: Mapped}
 }
 
 // Kind reports where the buffer's memory is.
@@ -91,7 +107,7 @@ func (b Buffer) Bytes() []byte {
 	if b.kind == Device {
 		panic("memory: Bytes of a device buffer")
 	}
-	return b.host
+	return unsafe.Slice((*byte)(b.host), b.n)
 }
 
 // HostVisible reports whether the CPU may reach b through Bytes.
@@ -110,19 +126,28 @@ func (b Buffer) Device() (device int, ptr uintptr) {
 	return int(b.devID), b.ptr
 }
 
-// Slice returns bytes [lo, hi) of b.
+// Slice returns bytes [lo, hi) of b. It panics if they are not inside b.
+// It is small enough to be inlined: the engine slices buffers for every
+// slice it moves.
 func (b Buffer) Slice(lo, hi int) Buffer {
-	if lo < 0 || hi < lo || hi > b.n {
-		panic(fmt.Sprintf("memory: slice [%d:%d] of a %d-byte buffer", lo, hi, b.n))
+	if uint(lo) > uint(hi) || uint(hi) > uint(b.n) {
+		panic(errSlice)
 	}
-	switch b.kind {
-	case Host:
-		return Buffer{host: b.host[lo:hi:hi], n: hi - lo, kind: Host}
-	case Mapped:
-		return Buffer{host: b.host[lo:hi:hi], ptr: b.ptr + uintptr(lo), n: hi - lo, devID: b.devID, kind: Mapped}
+	b.n = hi - lo
+	if b.kind != Host {
+		b.ptr += uintptr(lo)
 	}
-	return Buffer{ptr: b.ptr + uintptr(lo), n: hi - lo, devID: b.devID, kind: Device}
+	switch {
+	case b.kind == Device:
+	case b.n == 0:
+		b.host = nil
+	default:
+		b.host = unsafe.Add(b.host, lo)
+	}
+	return b
 }
+
+var errSlice = errors.New("memory: slice bounds out of range")
 
 // space says which address space addr is in: the CPU's (Host and Mapped
 // alike: a mapped buffer is host memory, so it overlaps the Host buffer
@@ -140,10 +165,10 @@ func (b Buffer) addr() (uintptr, bool) {
 	if b.kind == Device {
 		return b.ptr, b.n > 0
 	}
-	if len(b.host) == 0 {
+	if b.host == nil {
 		return 0, false
 	}
-	return uintptr(unsafe.Pointer(unsafe.SliceData(b.host))), true
+	return uintptr(b.host), true
 }
 
 // Overlaps reports whether b and o share at least one byte of the same
@@ -183,10 +208,8 @@ func (b Buffer) Same(o Buffer) bool {
 // SameStart reports whether b and o are not empty and start at the same
 // byte of the same memory.
 func (b Buffer) SameStart(o Buffer) bool {
-	if b.space() != o.space() {
-		return false
+	if b.kind == Device || o.kind == Device {
+		return b.kind == o.kind && b.devID == o.devID && b.ptr == o.ptr && b.n > 0 && o.n > 0
 	}
-	x, ok1 := b.addr()
-	y, ok2 := o.addr()
-	return ok1 && ok2 && x == y
+	return b.host != nil && b.host == o.host
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/goccl/goccl/algorithms"
-	"github.com/goccl/goccl/memory"
 	"github.com/goccl/goccl/transport"
 )
 
@@ -111,7 +110,7 @@ func (e *Engine) runOnBoard(ctx context.Context, op *Op, seq uint64) (Plan, erro
 			}
 			src = data
 		}
-		accumulate(&k.host, memory.HostBuffer(out), memory.HostBuffer(src), r, e.nranks)
+		k.host.fold(out, src, r, e.nranks)
 	}
 	return pl, nil
 }

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"unsafe"
 
 	"github.com/goccl/goccl/internal/device"
 	"github.com/goccl/goccl/internal/kernels"
@@ -42,6 +43,58 @@ type dataPath interface {
 	finalCopy(dst, src memory.Buffer, final bool) error
 	// fence waits until the work issued so far has finished.
 	fence(ctx context.Context) error
+}
+
+// path is how the walk calls its data path: the device path through the
+// interface, the host path directly. At a few bytes an interface call per
+// primitive, with its buffers copied, is a measurable part of an
+// operation (docs/performance.md), and on the host fence is nothing at
+// all; the direct calls let the compiler see that.
+type path struct {
+	host *hostPath // set on host memory
+	dp   dataPath  // set on device memory
+}
+
+func (p path) reduce(dst, a, b memory.Buffer, final, out bool) error {
+	if p.host != nil {
+		return p.host.reduce(dst, a, b, final, out)
+	}
+	return p.dp.reduce(dst, a, b, final, out)
+}
+
+func (p path) reduce2(dst, slot, a, b memory.Buffer, final bool) error {
+	if p.host != nil {
+		return p.host.reduce2(dst, slot, a, b, final)
+	}
+	return p.dp.reduce2(dst, slot, a, b, final)
+}
+
+func (p path) copy(dst, src memory.Buffer, out bool) error {
+	if p.host != nil {
+		return p.host.copy(dst, src, out)
+	}
+	return p.dp.copy(dst, src, out)
+}
+
+func (p path) copy2(dst, slot, src memory.Buffer) error {
+	if p.host != nil {
+		return p.host.copy2(dst, slot, src)
+	}
+	return p.dp.copy2(dst, slot, src)
+}
+
+func (p path) finalCopy(dst, src memory.Buffer, final bool) error {
+	if p.host != nil {
+		return p.host.finalCopy(dst, src, final)
+	}
+	return p.dp.finalCopy(dst, src, final)
+}
+
+func (p path) fence(ctx context.Context) error {
+	if p.host != nil {
+		return nil
+	}
+	return p.dp.fence(ctx)
 }
 
 // hostPath is the data path on host memory: internal/kernels, chosen once
@@ -151,6 +204,20 @@ func (h *hostPath) finalCopy(dst, src memory.Buffer, final bool) error {
 
 func (h *hostPath) fence(context.Context) error { return nil }
 
+// fold is accumulate on host memory.
+func (h *hostPath) fold(out, src []byte, r, n int) {
+	switch {
+	case r == 0:
+		if len(out) > 0 && unsafe.SliceData(out) != unsafe.SliceData(src) {
+			copy(out, src)
+		}
+	case r == n-1:
+		h.final(out, out, src)
+	default:
+		h.red(out, out, src)
+	}
+}
+
 // devPath is the data path on a GPU's memory: each primitive is enqueued
 // on the channel's stream, fence waits for the stream. Buffers are device
 // memory or mapped host memory of the stream's device (device.Stream's
@@ -213,8 +280,8 @@ func onDevice(op *Op) bool {
 // checkMemory says why op cannot run on this engine's memory, or returns
 // nil: a device operation needs the engine's device, buffers its kernels
 // reach, and slots they reach; a host one needs slots the CPU reaches.
-func (e *Engine) checkMemory(op *Op) error {
-	if !onDevice(op) {
+func (e *Engine) checkMemory(op *Op, onDev bool) error {
+	if !onDev {
 		if e.caps.Memory == memory.Device {
 			return fmt.Errorf("engine: host buffers on a communicator whose connections' slots are device memory; pass device buffers")
 		}

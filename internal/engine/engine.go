@@ -404,7 +404,8 @@ func (e *Engine) nextSeq(op *Op) uint64 {
 // saying where. After a failure the connections are in an unknown state:
 // the caller must abort the endpoint.
 func (e *Engine) Run(ctx context.Context, op *Op) (Plan, error) {
-	if err := e.checkMemory(op); err != nil {
+	dev := onDevice(op)
+	if err := e.checkMemory(op, dev); err != nil {
 		return Plan{}, err
 	}
 	seq := e.nextSeq(op)
@@ -434,7 +435,6 @@ func (e *Engine) Run(ctx context.Context, op *Op) (Plan, error) {
 		e.runs = append(e.runs, &chanRun{conns: make([]transport.Conn, e.nranks), sent: make([]uint32, e.nranks), recvd: make([]uint32, e.nranks),
 			prog: &e.prog[min(len(e.runs), maxProgress-1)]})
 	}
-	dev := onDevice(op)
 	if dev {
 		if err := e.streams(pl.Channels, op.Ready); err != nil {
 			return pl, &StepError{Channel: 0, Step: -1, Peer: -1, Err: err}
@@ -474,7 +474,7 @@ func (e *Engine) Run(ctx context.Context, op *Op) (Plan, error) {
 			}
 			x.conns[p] = conn
 		}
-		x.setup(e, op, &pl, c)
+		x.setup(e, op, &pl, c, dev)
 	}
 	for c := 0; c < min(pl.Channels, maxProgress); c++ {
 		e.prog[c].Store(0)

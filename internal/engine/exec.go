@@ -24,7 +24,7 @@ type chanRun struct {
 	esize          int
 	slice          int // elements per slice
 	in, out        memory.Buffer
-	dp             dataPath // &host or &dev, by the operation's memory
+	dp             path // host or dev, by the operation's memory
 	host           hostPath
 	dev            devPath // its stream is made on the first device operation
 	seq            uint64
@@ -32,6 +32,7 @@ type chanRun struct {
 	aliased        bool // Input and Output overlap (an in-place operation)
 	ch             int
 
+	io           lockIO           // the lockstep step running (setLockIO)
 	conns        []transport.Conn // by peer
 	connBase     int              // the channel number conns are for, minus this run's index
 	sent, recvd  []uint32         // messages so far this operation, by peer
@@ -80,7 +81,7 @@ func (x *chanRun) yield() {
 //go:linkname nanotime runtime.nanotime
 func nanotime() int64
 
-func (x *chanRun) setup(e *Engine, op *Op, pl *Plan, c int) {
+func (x *chanRun) setup(e *Engine, op *Op, pl *Plan, c int, dev bool) {
 	x.sched = pl.Sched
 	x.unwritten = pl.Unwritten
 	x.layout = pl.layout
@@ -89,12 +90,12 @@ func (x *chanRun) setup(e *Engine, op *Op, pl *Plan, c int) {
 	x.esize = op.Type.Size()
 	x.slice = pl.SliceElems
 	x.in, x.out = op.In, op.Out
-	if onDevice(op) {
+	if dev {
 		x.dev.setup(op, e.nranks)
-		x.dp = &x.dev
+		x.dp = path{dp: &x.dev}
 	} else {
 		x.host.setup(op, e.nranks)
-		x.dp = &x.host
+		x.dp = path{host: &x.host}
 	}
 	x.seq = pl.Seq
 	x.sig = pl.Sig
@@ -232,15 +233,17 @@ type lockIO struct {
 	ds transport.DirectSender
 }
 
-func (x *chanRun) lockIO(st *algorithms.Step) lockIO {
-	io := lockIO{
-		st:     st,
-		srcS:   algorithms.NewSlicer(x.spansOf(0, st.Src), x.slice),
-		dstS:   algorithms.NewSlicer(x.spansOf(1, st.Dst), x.slice),
-		hasSrc: st.Src.Buf != algorithms.NoBuf, hasDst: st.Dst.Buf != algorithms.NoBuf,
-		srcBuf: x.buf(st.Src.Buf),
-		rpeer:  int(st.RecvPeer), speer: int(st.SendPeer),
-	}
+// setLockIO fills x.io for step st (in place: it is large, and set up
+// once per step of every operation).
+func (x *chanRun) setLockIO(st *algorithms.Step) *lockIO {
+	io := &x.io
+	io.st = st
+	io.srcS = algorithms.NewSlicer(x.spansOf(0, st.Src), x.slice)
+	io.dstS = algorithms.NewSlicer(x.spansOf(1, st.Dst), x.slice)
+	io.hasSrc, io.hasDst = st.Src.Buf != algorithms.NoBuf, st.Dst.Buf != algorithms.NoBuf
+	io.srcBuf = x.buf(st.Src.Buf)
+	io.rpeer, io.speer = int(st.RecvPeer), int(st.SendPeer)
+	io.rc, io.sc, io.dr, io.ds = nil, nil, nil, nil
 	if st.Kind.Receives() {
 		io.rc = x.conns[io.rpeer]
 	}
@@ -260,7 +263,7 @@ func (x *chanRun) lockIO(st *algorithms.Step) lockIO {
 // lockstep runs a lockstep step: for each slice, receive, reserve the
 // outgoing slot, compute the value into its sinks, fence, post, release.
 func (x *chanRun) lockstep(ctx context.Context, st *algorithms.Step) error {
-	io := x.lockIO(st)
+	io := x.setLockIO(st)
 	es := x.esize
 	for sl := uint32(0); ; sl++ {
 		var srcOff, dstOff, n int
@@ -282,7 +285,7 @@ func (x *chanRun) lockstep(ctx context.Context, st *algorithms.Step) error {
 		if io.hasDst {
 			dst = x.out.Slice(dstOff*es, dstOff*es+nb)
 		}
-		if err := x.lockSlice(ctx, &io, sl, nb, src, dst); err != nil {
+		if err := x.lockSlice(ctx, io, sl, nb, &src, &dst); err != nil {
 			return err
 		}
 	}
@@ -296,17 +299,17 @@ func (x *chanRun) lockstep(ctx context.Context, st *algorithms.Step) error {
 }
 
 // lockSlice moves one slice of a lockstep step.
-func (x *chanRun) lockSlice(ctx context.Context, io *lockIO, sl uint32, nb int, src, dst memory.Buffer) error {
+func (x *chanRun) lockSlice(ctx context.Context, io *lockIO, sl uint32, nb int, src, dst *memory.Buffer) error {
 	st := io.st
 	// The incoming slice: landed in dst, or held in a slot until released.
 	var in memory.Buffer
 	held := false
 	switch {
 	case io.dr != nil:
-		if err := x.recvInto(ctx, st, io.dr, io.rpeer, sl, dst); err != nil {
+		if err := x.recvInto(ctx, st, io.dr, io.rpeer, sl, *dst); err != nil {
 			return err
 		}
-		in = dst
+		in = *dst
 	case io.rc != nil:
 		var err error
 		if in, err = x.recvSlice(ctx, st, io.rc, io.rpeer, sl, nb); err != nil {
@@ -335,7 +338,7 @@ func (x *chanRun) lockSlice(ctx context.Context, io *lockIO, sl uint32, nb int, 
 		}
 	}
 	direct := io.ds != nil
-	err := x.compute(st, dst, out, in, src, direct)
+	err := x.compute(st, dst, &out, &in, src, direct, io.dr != nil)
 	if err == nil && (held || io.sc != nil) {
 		// Device work must be done before the memory it wrote goes to the
 		// peer or the slot it read goes back.
@@ -349,9 +352,9 @@ func (x *chanRun) lockSlice(ctx context.Context, io *lockIO, sl uint32, nb int, 
 		if err := release(); err != nil {
 			return err
 		}
-		from := dst
+		from := *dst
 		if st.Kind == algorithms.Send || st.Kind == algorithms.CopySend {
-			from = src
+			from = *src
 		}
 		tag := transport.Tag{Op: x.seq, Sig: x.sig, Msg: x.sent[io.speer], Slice: sl}
 		if err := io.ds.PostFrom(from, tag); err != nil {
@@ -371,50 +374,52 @@ func (x *chanRun) lockSlice(ctx context.Context, io *lockIO, sl uint32, nb int, 
 // compute puts a lockstep slice's value in its sinks: dst (the output)
 // and out (the outgoing slot; empty when the value is sent from dst or
 // src directly, and then dst is written through the caches, since the
-// transport reads it right away).
-func (x *chanRun) compute(st *algorithms.Step, dst, out, in, src memory.Buffer, direct bool) error {
+// transport reads it right away). landed: the incoming slice was received
+// straight into dst. The buffers go by pointer: they are large, and this
+// runs for every slice.
+func (x *chanRun) compute(st *algorithms.Step, dst, out, in, src *memory.Buffer, direct, landed bool) error {
 	dp := x.dp
 	switch st.Kind {
 	case algorithms.Copy:
-		return dp.finalCopy(dst, src, st.Final)
+		return dp.finalCopy(*dst, *src, st.Final)
 	case algorithms.Send:
 		if !direct {
-			return dp.copy(out, src, false)
+			return dp.copy(*out, *src, false)
 		}
 	case algorithms.Recv:
-		if !dst.SameStart(in) {
-			return dp.copy(dst, in, true)
+		if !landed {
+			return dp.copy(*dst, *in, true)
 		}
 	case algorithms.CopySend:
 		if !direct {
-			if err := dp.copy(out, src, false); err != nil {
+			if err := dp.copy(*out, *src, false); err != nil {
 				return err
 			}
 		}
-		if !dst.SameStart(src) {
-			return dp.copy(dst, src, !direct)
+		if !dst.SameStart(*src) {
+			return dp.copy(*dst, *src, !direct)
 		}
 	case algorithms.RecvReduceSend:
-		return dp.reduce(out, in, src, st.Final, false)
+		return dp.reduce(*out, *in, *src, st.Final, false)
 	case algorithms.RecvReduceCopy:
-		return dp.reduce(dst, in, src, st.Final, true)
+		return dp.reduce(*dst, *in, *src, st.Final, true)
 	case algorithms.Reduce:
-		return dp.reduce(dst, dst, src, st.Final, true)
+		return dp.reduce(*dst, *dst, *src, st.Final, true)
 	case algorithms.RecvReduceCopySend:
 		if direct {
-			return dp.reduce(dst, in, src, st.Final, false)
+			return dp.reduce(*dst, *in, *src, st.Final, false)
 		}
-		return dp.reduce2(dst, out, in, src, st.Final)
+		return dp.reduce2(*dst, *out, *in, *src, st.Final)
 	case algorithms.RecvCopySend:
 		switch {
 		case direct:
-			if !dst.SameStart(in) {
-				return dp.copy(dst, in, false)
+			if !landed {
+				return dp.copy(*dst, *in, false)
 			}
-		case dst.SameStart(in): // landed in dst
-			return dp.copy(out, in, false)
+		case landed:
+			return dp.copy(*out, *in, false)
 		default:
-			return dp.copy2(dst, out, in)
+			return dp.copy2(*dst, *out, *in)
 		}
 	}
 	return nil

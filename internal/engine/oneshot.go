@@ -92,8 +92,13 @@ func (x *chanRun) oneShot(ctx context.Context, rank, nranks int) error {
 // accumulate folds rank r's contribution src into out, in rank order, so
 // that every rank that runs the same sequence gets the same bits: the
 // first is copied, the last reduced with the operator's final step
-// (Avg's division).
-func accumulate(dp dataPath, out, src memory.Buffer, r, n int) error {
+// (Avg's division). On host memory it is hostPath.fold, called directly:
+// at a few bytes the data path's calls would cost more than the work.
+func accumulate(dp path, out, src memory.Buffer, r, n int) error {
+	if dp.host != nil {
+		dp.host.fold(out.Bytes(), src.Bytes(), r, n)
+		return nil
+	}
 	switch r {
 	case 0:
 		if !out.SameStart(src) {
