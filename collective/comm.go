@@ -56,7 +56,7 @@ type Comm struct {
 	// released: Close gives back the engine's and the device's resources
 	// once.
 	released sync.Once
-	opLog  *slog.Logger        // TRACE per operation, nil when off
+	opLog    *slog.Logger // TRACE per operation, nil when off
 
 	// The bootstrap watch (watch.go); nil in a local group.
 	rootWatch *bootstrap.Watch

@@ -110,8 +110,8 @@ type Option func(*settings)
 type settings struct {
 	cfg     Config
 	devices []Device
-	set    map[string]bool // fields set by options, which win over the environment
-	lookup func(string) (string, bool)
+	set     map[string]bool // fields set by options, which win over the environment
+	lookup  func(string) (string, bool)
 }
 
 func (s *settings) mark(f string) {

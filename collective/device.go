@@ -93,7 +93,7 @@ func (c *Comm) devicePath() string {
 	case k == memory.Device:
 		return "device-to-device (slots in the receiver's device memory)"
 	case k == memory.Mapped:
-		return "through mapped host memory"
+		return "through registered host memory (shared-memory segments, TCP staging)"
 	}
 	return "none: this transport carries no device operations yet"
 }

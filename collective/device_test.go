@@ -261,8 +261,12 @@ func TestDeviceSendRecvRingShift(t *testing.T) {
 		next, prev := (r+1)%3, (r+2)%3
 		var reqs []*collective.Request
 		ops := []func() (*collective.Request, error){
-			func() (*collective.Request, error) { return collective.SendDevice(ctx, c, send, collective.Uint8, next, dr.s) },
-			func() (*collective.Request, error) { return collective.RecvDevice(ctx, c, recv, collective.Uint8, prev, dr.s) },
+			func() (*collective.Request, error) {
+				return collective.SendDevice(ctx, c, send, collective.Uint8, next, dr.s)
+			},
+			func() (*collective.Request, error) {
+				return collective.RecvDevice(ctx, c, recv, collective.Uint8, prev, dr.s)
+			},
 		}
 		if r%2 == 1 {
 			ops[0], ops[1] = ops[1], ops[0]
@@ -389,28 +393,36 @@ func TestDeviceFailureReleasesTheStream(t *testing.T) {
 // TestMultiProcessDevice runs device collectives between processes, each
 // with its own emulated device: over shared memory the segments are
 // registered with the device, so its kernels reduce straight into the
-// slots; over TCP the transport carries no device operations yet, and the
-// call says so.
+// slots; over TCP the slices are staged in registered memory; and a
+// communicator that mixes the two (ranks on two "hosts") uses both.
 func TestMultiProcessDevice(t *testing.T) {
-	if len(transports()) < 2 {
-		t.Skip("shared memory between processes needs Linux")
+	trs := transports()
+	for _, tr := range trs {
+		for _, n := range []int{2, 3} {
+			t.Run(fmt.Sprintf("transport=%s/nranks=%d", tr, n), func(t *testing.T) {
+				res := spawn(t, "device", gocclEnvs(t, n, "GOCCL_TRANSPORT="+tr), nil)
+				requireAllOK(t, res)
+				require.Contains(t, res[0].output, "device collectives ok")
+			})
+		}
 	}
-	for _, n := range []int{2, 3} {
-		t.Run(fmt.Sprintf("transport=shm/nranks=%d", n), func(t *testing.T) {
-			res := spawn(t, "device", gocclEnvs(t, n, "GOCCL_TRANSPORT=shm"), nil)
+	if len(trs) > 1 {
+		t.Run("mixed/nranks=4", func(t *testing.T) {
+			// Ranks 0 and 1 on one host identity, 2 and 3 on another: shared
+			// memory within each, TCP between them.
+			envs := gocclEnvs(t, 4)
+			for r := range envs {
+				envs[r] = append(envs[r], fmt.Sprintf("GOCCL_HOSTID=devhost%d", r/2))
+			}
+			res := spawn(t, "device", envs, nil)
 			requireAllOK(t, res)
 			require.Contains(t, res[0].output, "device collectives ok")
 		})
 	}
-	t.Run("transport=tcp", func(t *testing.T) {
-		res := spawn(t, "device-tcp", gocclEnvs(t, 2, "GOCCL_TRANSPORT=tcp"), nil)
-		requireAllOK(t, res)
-		require.Contains(t, res[0].output, "carries no device operations yet")
-	})
 }
 
 // childDevice is a rank of TestMultiProcessDevice.
-func childDevice(ctx context.Context, scenario string) int {
+func childDevice(ctx context.Context) int {
 	fail := func(format string, args ...any) int {
 		fmt.Fprintf(os.Stderr, "FAIL: "+format+"\n", args...)
 		return 1
@@ -437,22 +449,6 @@ func childDevice(ctx context.Context, scenario string) int {
 	}
 	frees = append(frees, func() { s.Close() })
 	dr := devRank{d: d, s: s, later: func(f func()) { frees = append(frees, f) }}
-	if scenario == "device-tcp" {
-		buf, err := dr.alloc(64)
-		if err != nil {
-			return fail("%v", err)
-		}
-		_, err = collective.AllReduceDevice(ctx, c, buf, buf, collective.Float32, collective.Sum, s)
-		if !errors.Is(err, collective.ErrInvalidArgument) {
-			return fail("device all-reduce over TCP: %v, want an argument error", err)
-		}
-		fmt.Println(err)
-		// Host operations still work; and no rank leaves before the others.
-		if err := c.Barrier(ctx); err != nil {
-			return fail("barrier: %v", err)
-		}
-		return 0
-	}
 	n, r := c.Size(), c.Rank()
 	for _, coll := range []algorithms.Collective{algorithms.CollAllReduce, algorithms.CollReduceScatter, algorithms.CollAllGather,
 		algorithms.CollBroadcast, algorithms.CollReduce, algorithms.CollAllToAll} {

@@ -129,10 +129,13 @@
 // Reductions on device memory are goccl's CUDA kernels (package
 // cuda/ptx), with the host kernels' arithmetic bit for bit. Between ranks
 // of one process the data moves device to device, through slots in the
-// receiving rank's device memory. Between processes the transports do not
-// yet offer slots a GPU reaches (CUDA IPC within a host, pinned staging
-// for TCP), and a Device call on such a communicator returns an error that
-// says so. Host slices keep working on a communicator with a device.
+// receiving rank's device memory. Between processes on one host the
+// shared-memory segments are registered with the GPU (pinned, mapped), so
+// its kernels reduce straight into the peer's slots; across hosts TCP
+// stages each slice in registered pinned memory, which the kernels fill
+// and drain. CUDA IPC (slots in device memory between processes) and
+// GPUDirect RDMA are not built yet. Host slices keep working on a
+// communicator with a device.
 //
 // # Arithmetic
 //

@@ -306,8 +306,13 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	var tcpEp *tcp.Endpoint
 	if nTCP > 0 || nShm == 0 {
 		tcpPeers[rank] = ln.Addr().String()
-		ep, err := tcp.New(tcp.Options{Rank: rank, NRanks: nranks, Peers: tcpPeers, Secret: id.secret[:], Listener: ln,
-			NSocks: cfg.NSocks, Slots: slots, SlotSize: slotSize, SpinFor: cfg.Spin, TLS: cfg.tls})
+		to := tcp.Options{Rank: rank, NRanks: nranks, Peers: tcpPeers, Secret: id.secret[:], Listener: ln,
+			NSocks: cfg.NSocks, Slots: slots, SlotSize: slotSize, SpinFor: cfg.Spin, TLS: cfg.tls}
+		if reg, ok := dev.(device.Registrar); ok {
+			// Device operations stage their slices in registered memory.
+			to.Device = reg
+		}
+		ep, err := tcp.New(to)
 		if err != nil {
 			closeListeners()
 			return fail(err)

@@ -443,8 +443,8 @@ func childMain(scenario string) int {
 		fmt.Fprintf(os.Stderr, "FAIL: "+format+"\n", args...)
 		return 1
 	}
-	if scenario == "device" || scenario == "device-tcp" {
-		return childDevice(ctx, scenario)
+	if scenario == "device" {
+		return childDevice(ctx)
 	}
 	c, err := collective.InitFromEnv(ctx)
 	if scenario == "missing" {

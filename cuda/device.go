@@ -85,7 +85,10 @@ type Device struct {
 	closed atomic.Bool
 }
 
-var _ device.Device = (*Device)(nil)
+var (
+	_ device.Device    = (*Device)(nil)
+	_ device.Registrar = (*Device)(nil)
+)
 
 // Open returns the device with the given ordinal (0 ≤ ordinal <
 // DeviceCount), retaining its primary context (cuDevicePrimaryCtxRetain)

@@ -295,9 +295,9 @@ type link struct {
 	// whole on first use.
 	alloc func(rank, n int) (memory.Buffer, error)
 	dbufs []memory.Buffer
-	meta     []slotMeta
-	free     chan int // slots the sender may fill, in ring order
-	full     chan int // slots the receiver may drain, in ring order
+	meta  []slotMeta
+	free  chan int // slots the sender may fill, in ring order
+	full  chan int // slots the receiver may drain, in ring order
 
 	dead     chan struct{} // closed when either end aborts
 	deadOnce sync.Once

@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"net"
 	"time"
+
+	"github.com/goccl/goccl/internal/device"
 )
 
 // Defaults.
@@ -36,4 +38,10 @@ type Options struct {
 	// handshake: both ends present certificates, checked as TLS says
 	// (tlsrec.LoadConfig makes one that trusts a job's CA).
 	TLS *tls.Config
+	// Device, if set, is this rank's GPU: the connections of device
+	// operations (channels from transport.DeviceChannels on) stage their
+	// slices in pinned host memory registered with it, so that its
+	// kernels write what goes out and read what came in there directly
+	// (memory.Mapped). Nil: the endpoint carries host operations only.
+	Device device.Registrar
 }

@@ -46,6 +46,7 @@ import (
 	"net"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/goccl/goccl/internal/handshake"
 	"github.com/goccl/goccl/internal/tlsrec"
@@ -126,7 +127,11 @@ func New(o Options) (*Endpoint, error) {
 
 // Caps implements transport.Endpoint.
 func (e *Endpoint) Caps() transport.Caps {
-	return transport.Caps{Slots: e.o.Slots, SlotSize: e.o.SlotSize, Memory: memory.Host}
+	c := transport.Caps{Slots: e.o.Slots, SlotSize: e.o.SlotSize, Memory: memory.Host}
+	if e.o.Device != nil {
+		c.DeviceSlots = memory.Mapped
+	}
+	return c
 }
 
 func (e *Endpoint) accept() {
@@ -327,6 +332,9 @@ func (e *Endpoint) Connect(ctx context.Context, peer, ch int) (transport.Conn, e
 	if peer < 0 || peer >= e.o.NRanks || peer == e.o.Rank {
 		return nil, &transport.PeerError{Peer: peer, Op: "connect", Err: fmt.Errorf("no such peer for rank %d of %d", e.o.Rank, e.o.NRanks)}
 	}
+	if ch >= transport.DeviceChannels && e.o.Device == nil {
+		return nil, &transport.PeerError{Peer: peer, Op: "connect", Err: errors.New("tcp: a device channel on an endpoint without a device")}
+	}
 	k := connKey{peer, ch}
 	e.mu.Lock()
 	if e.closed {
@@ -359,14 +367,22 @@ func (e *Endpoint) Connect(ctx context.Context, peer, ch int) (transport.Conn, e
 	if err != nil {
 		return nil, &transport.PeerError{Peer: peer, Op: "connect", Err: err}
 	}
+	if ch >= transport.DeviceChannels {
+		if err := c.stage(); err != nil {
+			c.release()
+			return nil, &transport.PeerError{Peer: peer, Op: "connect", Err: err}
+		}
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
 		c.release()
+		c.unstage()
 		return nil, transport.ErrClosed
 	}
 	if old := e.conns[k]; old != nil { // a concurrent Connect won
 		c.release()
+		c.unstage()
 		return old, nil
 	}
 	e.conns[k] = c
@@ -527,6 +543,7 @@ func (e *Endpoint) Close(cause error) error {
 	e.wg.Wait() // accept loop and setup goroutines
 	for _, c := range conns {
 		c.release()
+		c.unstage()
 	}
 	close(e.closing)
 	return nil
@@ -569,6 +586,14 @@ type conn struct {
 	land    []byte // landing buffer for payloads larger than a socket's read buffer
 	recvSeq uint64
 	holding bool
+
+	// On a connection of device operations: the staging memory (every
+	// slot and the landing buffer, whole pages of it) registered with the
+	// endpoint's device, set before first use; slots are handed out as
+	// views of it. Empty otherwise.
+	staged     []byte
+	mapped     memory.Buffer
+	unregister sync.Once
 }
 
 var (
@@ -683,7 +708,49 @@ func (c *conn) Reserve(ctx context.Context, n int) (memory.Buffer, error) {
 		c.bufs[i] = make([]byte, min(size, c.e.o.SlotSize))
 	}
 	c.cur = i
-	return memory.HostBuffer(c.bufs[i][:n]), nil
+	return c.buf(c.bufs[i][:n]), nil
+}
+
+// stage gives a device connection its staging memory: Slots slots and a
+// landing buffer of SlotSize each, in pages of its own (a registration
+// pins whole pages, and two may not share one), registered with the
+// device. It is Go memory, so a call still running when the endpoint
+// closes never touches unmapped pages.
+func (c *conn) stage() error {
+	const page = 4096
+	size := (c.e.o.Slots + 1) * c.e.o.SlotSize
+	size = (size + page - 1) &^ (page - 1)
+	raw := make([]byte, size+page)
+	off := int(-uintptr(unsafe.Pointer(unsafe.SliceData(raw))) & (page - 1))
+	mem := raw[off : off+size : off+size]
+	m, err := c.e.o.Device.Register(mem)
+	if err != nil {
+		return fmt.Errorf("tcp: registering the staging memory with the device: %w", err)
+	}
+	c.staged, c.mapped = mem, m
+	s := c.e.o.SlotSize
+	for i := range c.bufs {
+		c.bufs[i] = mem[i*s : (i+1)*s : (i+1)*s]
+	}
+	c.land = mem[c.e.o.Slots*s : (c.e.o.Slots+1)*s]
+	return nil
+}
+
+// unstage undoes stage, once.
+func (c *conn) unstage() {
+	if c.mapped.Len() > 0 {
+		c.unregister.Do(func() { c.e.o.Device.Unregister(c.mapped) })
+	}
+}
+
+// buf describes b as the engine sees it: a view of the registered
+// staging memory on a device connection, host memory otherwise.
+func (c *conn) buf(b []byte) memory.Buffer {
+	if c.mapped.Len() == 0 || len(b) == 0 {
+		return memory.HostBuffer(b)
+	}
+	off := int(uintptr(unsafe.Pointer(unsafe.SliceData(b))) - uintptr(unsafe.Pointer(unsafe.SliceData(c.staged))))
+	return c.mapped.Slice(off, off+len(b))
 }
 
 func (c *conn) sendFail(ctx context.Context, err error) error {
@@ -778,7 +845,9 @@ func (c *conn) Wait(ctx context.Context) (memory.Buffer, transport.Tag, error) {
 		return memory.Buffer{}, transport.Tag{}, err
 	}
 	var dst []byte
-	if int(h.Size) > readBufSize {
+	if int(h.Size) > readBufSize || c.mapped.Len() > 0 {
+		// Large payloads, and every payload of a device connection (its
+		// kernels read only registered memory), land in the landing buffer.
 		if cap(c.land) < int(h.Size) {
 			c.land = make([]byte, c.e.o.SlotSize)
 		}
@@ -790,7 +859,7 @@ func (c *conn) Wait(ctx context.Context) (memory.Buffer, transport.Tag, error) {
 	}
 	c.recvSeq++
 	c.holding = true
-	return memory.HostBuffer(b), tagOf(h), nil
+	return c.buf(b), tagOf(h), nil
 }
 
 // WaitInto implements transport.DirectReceiver: the payload goes from the

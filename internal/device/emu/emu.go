@@ -63,11 +63,11 @@ type Options struct {
 type allocKind uint8
 
 const (
-	allocDevice   allocKind = iota // Alloc
-	allocMapped                    // AllocHost
-	allocShared                    // AllocShared: memfd-backed, exportable
-	allocImported                  // OpenIPC: another process's AllocShared
-	allocRegistered                // Register: existing host memory, mapped
+	allocDevice     allocKind = iota // Alloc
+	allocMapped                      // AllocHost
+	allocShared                      // AllocShared: memfd-backed, exportable
+	allocImported                    // OpenIPC: another process's AllocShared
+	allocRegistered                  // Register: existing host memory, mapped
 )
 
 var allocNames = [...]string{"device", "mapped", "shared device", "IPC-imported", "registered host"}
@@ -104,7 +104,10 @@ type Device struct {
 	streams int             // streams created, to seed each; guarded by mu
 }
 
-var _ device.Device = (*Device)(nil)
+var (
+	_ device.Device    = (*Device)(nil)
+	_ device.Registrar = (*Device)(nil)
+)
 
 // New returns an emulated device that reports ordinal as its index. Two
 // Devices never share memory, even with the same ordinal: a buffer of one
