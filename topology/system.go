@@ -142,6 +142,22 @@ func (s *System) Hosts() []string {
 	return out
 }
 
+// GPUByBusID finds the GPU at PCI bus id busID in any spelling: CUDA's
+// cuDeviceGetPCIBusId ("0000:19:00.0"), NVML's ("00000000:19:00.0") or a
+// topology file's. It is how a rank's CUDA device is matched to the
+// topology's view of it (CUDA and NVML number devices differently when
+// CUDA_VISIBLE_DEVICES reorders them). In a document of several hosts,
+// host (a CPU's HostHash) says which; "" matches any.
+func (s *System) GPUByBusID(host, busID string) (Located[*GPU], bool) {
+	want := normBusID(busID)
+	for _, g := range s.GPUs() {
+		if (host == "" || g.CPU.HostHash == host) && normBusID(g.PCI.BusID) == want {
+			return g, true
+		}
+	}
+	return Located[*GPU]{}, false
+}
+
 // walk calls f for every PCI device under c, depth first, with its parent
 // (nil at the top).
 func (c *CPU) walk(f func(p, parent *PCI)) {

@@ -233,3 +233,21 @@ func TestPCIBandwidthAndNVLinkGenerations(t *testing.T) {
 	require.Equal(t, "0000:17:00.0", normBusID("00000000:17:00.0"))
 	require.Equal(t, "0000:17:00.0", normBusID("17:00.0"))
 }
+
+func TestGPUByBusIDMatchesEverySpelling(t *testing.T) {
+	s := load(t, "multihost.xml")
+	gpus := s.GPUs()
+	require.NotEmpty(t, gpus)
+	for _, g := range gpus {
+		bus := g.PCI.BusID // dddd:bb:dd.f
+		for _, spelling := range []string{bus, strings.ToUpper(bus), "0000" + bus, bus[5:]} {
+			got, ok := s.GPUByBusID(g.CPU.HostHash, spelling)
+			require.True(t, ok, "%q", spelling)
+			require.Same(t, g.Item, got.Item, "%q", spelling)
+		}
+	}
+	_, ok := s.GPUByBusID("", "0000:ff:1f.7")
+	require.False(t, ok)
+	_, ok = s.GPUByBusID("no such host", gpus[0].PCI.BusID)
+	require.False(t, ok)
+}
