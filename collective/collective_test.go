@@ -28,8 +28,16 @@ type caseSpec struct {
 // output with the reference.
 func check[T collective.Number](t *testing.T, comms []*collective.Comm, s caseSpec) {
 	t.Helper()
+	checkWith(t, comms, s, func(_ int, c *collective.Comm, in []T) ([]T, error) {
+		return runCase(context.Background(), c, s, in)
+	})
+}
+
+// checkWith is check with run doing rank r's part (on host slices, or on
+// device memory: device_test.go); run gets its own copy of the input.
+func checkWith[T collective.Number](t *testing.T, comms []*collective.Comm, s caseSpec, run func(r int, c *collective.Comm, in []T) ([]T, error)) {
+	t.Helper()
 	n := len(comms)
-	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(s.seed, 7))
 	k := s.count
 	inputs := make([][]T, n)
@@ -39,7 +47,7 @@ func check[T collective.Number](t *testing.T, comms []*collective.Comm, s caseSp
 	outs := make([][]T, n)
 	errs := runRanks(t, comms, func(r int, c *collective.Comm) error {
 		var err error
-		outs[r], err = runCase(ctx, c, s, append([]T(nil), inputs[r]...))
+		outs[r], err = run(r, c, append([]T(nil), inputs[r]...))
 		return err
 	})
 	noErrors(t, errs)
@@ -49,8 +57,8 @@ func check[T collective.Number](t *testing.T, comms []*collective.Comm, s caseSp
 			continue
 		}
 		if i := firstDiff(outs[r], want); i >= 0 {
-			t.Fatalf("%v %v n=%d count=%d inplace=%v seed=%d: rank %d element %d = %v, want %v",
-				s.coll, s.op, n, k, s.inPlace, s.seed, r, i, outs[r][i], want[i])
+			t.Fatalf("%v %v %v n=%d count=%d inplace=%v seed=%d: rank %d element %d = %v, want %v",
+				collective.TypeOf[T](), s.coll, s.op, n, k, s.inPlace, s.seed, r, i, outs[r][i], want[i])
 		}
 	}
 }

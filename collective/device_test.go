@@ -211,29 +211,9 @@ func TestDeviceCollectives(t *testing.T) {
 // checkDevice is check on device memory.
 func checkDevice[T collective.Number](t *testing.T, comms []*collective.Comm, drs []devRank, s caseSpec) {
 	t.Helper()
-	n := len(comms)
-	rng := rand.New(rand.NewPCG(s.seed, 7))
-	inputs := make([][]T, n)
-	for r := range inputs {
-		inputs[r] = gen[T](rng, s.op, inputLen(s, n))
-	}
-	outs := make([][]T, n)
-	errs := runRanks(t, comms, func(r int, c *collective.Comm) error {
-		var err error
-		outs[r], err = runDeviceCase(context.Background(), c, drs[r], s, inputs[r])
-		return err
+	checkWith(t, comms, s, func(r int, c *collective.Comm, in []T) ([]T, error) {
+		return runDeviceCase(context.Background(), c, drs[r], s, in)
 	})
-	noErrors(t, errs)
-	for r := range n {
-		want, defined := expected(s, inputs, r)
-		if !defined {
-			continue
-		}
-		if i := firstDiff(outs[r], want); i >= 0 {
-			t.Fatalf("%v %v %v n=%d count=%d inplace=%v seed=%d: rank %d element %d = %v, want %v",
-				collective.TypeOf[T](), s.coll, s.op, n, s.count, s.inPlace, s.seed, r, i, outs[r][i], want[i])
-		}
-	}
 }
 
 func TestDeviceSendRecvRingShift(t *testing.T) {
