@@ -1,7 +1,8 @@
 // Package engine runs one rank's part of a collective: it asks the tuner
 // (package algorithms) for a plan, takes the rank's schedule, cuts the
 // buffers into channels, pieces and slices, and drives every step through
-// the transport's connections and the host reduction kernels.
+// the transport's connections and a data path: the host reduction kernels
+// for host memory, a GPU's stream for device memory.
 //
 // # How a step runs
 //
@@ -18,6 +19,22 @@
 // Exchanges (recursive doubling, Rabenseifner, all-to-all) alternate one
 // outgoing and one incoming slice, so two ranks sending to each other
 // never wait on each other.
+//
+// # The data path
+//
+// The walk is the same for host and device memory; what differs is a
+// small backend (datapath.go): reduce, reduce into the output and the
+// outgoing slot in one pass, copy, copy to two sinks, the final copy, and
+// a fence. Device work is asynchronous, so the walk fences before it
+// posts a slot the data path filled (or sends straight from memory it
+// wrote), before it gives back a slot the data path read, and before it
+// returns; on the host the fence is free. An operation runs on the
+// device when either buffer is device memory or Op.Ready is set: each
+// channel then has a stream of Config.Device, which waits for Op.Ready
+// before touching the buffers, and its connections are those of the
+// device channel range (transport.DeviceChannels), whose slots a GPU
+// reaches (Caps.DeviceSlots). Direct sends and receives stay on memory
+// the CPU reaches; the board stays on host memory.
 //
 // # Channels and pieces
 //
