@@ -22,9 +22,13 @@
 //   - RDMA verbs: slots are registered memory; Post is an RDMA write with
 //     immediate into the receiver's slot, the immediate carrying the tag;
 //     the receiver's Release returns credit;
-//   - GPU memory: slots are memory.Buffer values of kind Device (CUDA IPC
-//     or GPUDirect), and reductions on them run as device kernels; the
-//     engine never dereferences them from the host.
+//   - GPU memory: operations on device memory use their own connections
+//     (channels from DeviceChannels on), whose slots a GPU's kernels
+//     reach (Caps.DeviceSlots): device memory in process (package mem),
+//     shared-memory segments and TCP staging registered with the GPU
+//     (memory.Mapped); CUDA IPC and GPUDirect are to come. Reductions on
+//     them run as device kernels, and the engine never dereferences
+//     device memory from the host.
 //
 // Every Post carries a Tag that the receiver checks, so a confused peer is
 // an error, never silently wrong data.
