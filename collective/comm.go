@@ -338,7 +338,7 @@ func (c *Comm) Close() error {
 	c.released.Do(func() {
 		err = c.eng.Close()
 		if c.dev != nil {
-			if e := c.dev.close(); err == nil {
+			if e := c.dev.close(c.cfg.Timeout); err == nil {
 				err = e
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/goccl/goccl/algorithms"
@@ -109,6 +110,10 @@ type devState struct {
 	flag   memory.Buffer
 	devOps uint32
 	mem    memory.Buffer // the allocation flag lies in
+	// streams the operations were ordered on (under Comm.mu): a stream
+	// may reach its wait on flag only after the operation ended, so close
+	// frees flag once each has passed its waits.
+	streams map[Stream]struct{}
 }
 
 func newDevState(d Device) (*devState, error) {
@@ -116,7 +121,7 @@ func newDevState(d Device) (*devState, error) {
 	if err != nil {
 		return nil, fmt.Errorf("goccl: the device operations' flag: %w", err)
 	}
-	ds := &devState{dev: d, flag: flag.Slice(0, 4), mem: flag}
+	ds := &devState{dev: d, flag: flag.Slice(0, 4), mem: flag, streams: map[Stream]struct{}{}}
 	ds.word().Store(0)
 	return ds, nil
 }
@@ -125,7 +130,26 @@ func (ds *devState) word() *atomic.Uint32 {
 	return (*atomic.Uint32)(unsafe.Pointer(unsafe.SliceData(ds.flag.Bytes())))
 }
 
-func (ds *devState) close() error {
+// close frees the flag once every stream that waits on it has passed its
+// waits, within d; a stream that has not (its earlier work still runs)
+// keeps the flag's 64 bytes allocated rather than let it read freed
+// memory later.
+func (ds *devState) close(d time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	for s := range ds.streams {
+		ev, err := s.Record()
+		if err != nil {
+			// A closed stream has finished its work (device.Stream.Close);
+			// a failed one runs nothing more.
+			continue
+		}
+		err = ev.Sync(ctx)
+		ev.Close()
+		if err != nil && ctx.Err() != nil {
+			return fmt.Errorf("goccl: a stream did not pass this communicator's last device operation within %v; its flag stays allocated: %w", d, err)
+		}
+	}
 	return ds.dev.Free(ds.mem)
 }
 
@@ -168,8 +192,8 @@ func (c *Comm) checkDeviceArgs(name string, send, recv memory.Buffer, t DataType
 	return nil
 }
 
-// startDevice checks a device call, issues it and orders it on s
-// (obligations 1-4 above).
+// startDevice checks a device call, issues it and orders it on s (the
+// package documentation's obligations 1-4).
 func (c *Comm) startDevice(ctx context.Context, name string, send, recv memory.Buffer, t DataType, s Stream, mk func(args, *call) error) (*Request, error) {
 	if err := c.checkDeviceArgs(name, send, recv, t, s); err != nil {
 		return nil, err
@@ -194,6 +218,10 @@ func (c *Comm) startDevice(ctx context.Context, name string, send, recv memory.B
 	if err := s.WaitValue(c.dev.flag, r.devV); err != nil {
 		// No stream memory operations: the host waits instead (4).
 		blocking = true
+	} else {
+		c.mu.Lock()
+		c.dev.streams[s] = struct{}{}
+		c.mu.Unlock()
 	}
 	done := make(chan struct{})
 	go func() {

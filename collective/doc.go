@@ -125,6 +125,9 @@
 //     (no stream memory operations), the call blocks until the operation
 //     has ended instead.
 //  5. Bad arguments are an *ArgError before anything is enqueued.
+//  6. Close waits, up to Config.Timeout, until every stream a device
+//     operation was ordered on has passed it: the flag those streams
+//     wait on is freed only then.
 //
 // Reductions on device memory are goccl's CUDA kernels (package
 // cuda/ptx), with the host kernels' arithmetic bit for bit. Between ranks
