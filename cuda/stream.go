@@ -146,20 +146,14 @@ func (s *Stream) launch(call string, f uintptr, nbytes int, n int) error {
 // buffers) but without error.
 func (s *Stream) Reduce(dst, dst2, a, b memory.Buffer, t kernels.Type, op kernels.Op, div int) error {
 	const call = "Reduce"
-	if !t.Valid() || !op.Valid() {
-		return fmt.Errorf("cuda: Reduce of type %v, op %v: not a valid type and op", t, op)
+	if err := device.CheckReduce(dst, dst2, a, b, t, op, div); err != nil {
+		return fmt.Errorf("cuda: %w", err)
 	}
-	if div < 0 || uint64(div) > math.MaxUint32 || (div > 1 && op != kernels.Sum && op != kernels.Avg) {
-		return fmt.Errorf("cuda: Reduce %v %v with div %d: want 0 <= div < 2^32, and div > 1 only with sum or avg", t, op, div)
+	if uint64(div) > math.MaxUint32 {
+		return fmt.Errorf("cuda: Reduce with div %d: the kernels take a 32-bit divisor", div)
 	}
 	n, es := dst.Len(), t.Size()
 	has2 := dst2.Len() > 0
-	if a.Len() != n || b.Len() != n || (has2 && dst2.Len() != n) {
-		return fmt.Errorf("cuda: Reduce lengths differ: dst %d, dst2 %d, a %d, b %d bytes", n, dst2.Len(), a.Len(), b.Len())
-	}
-	if n%es != 0 {
-		return fmt.Errorf("cuda: Reduce of %d bytes: not a multiple of the %d-byte %v", n, es, t)
-	}
 	for _, x := range []struct {
 		role string
 		b    memory.Buffer
@@ -170,12 +164,6 @@ func (s *Stream) Reduce(dst, dst2, a, b memory.Buffer, t kernels.Type, op kernel
 		if err := s.kernelBuffer(call, x.role, x.b); err != nil {
 			return err
 		}
-	}
-	if (dst.Overlaps(a) && !dst.Same(a)) || (dst.Overlaps(b) && !dst.Same(b)) {
-		return fmt.Errorf("cuda: Reduce: dst overlaps a or b without being exactly it")
-	}
-	if has2 && (dst2.Overlaps(dst) || dst2.Overlaps(a) || dst2.Overlaps(b)) {
-		return fmt.Errorf("cuda: Reduce: dst2 overlaps dst, a or b")
 	}
 	if n == 0 {
 		return nil
@@ -205,27 +193,18 @@ func (s *Stream) Reduce(dst, dst2, a, b memory.Buffer, t kernels.Type, op kernel
 // 1 copies. dst may be exactly src.
 func (s *Stream) Post(dst, src memory.Buffer, t kernels.Type, div int) error {
 	const call = "Post"
-	if !t.Valid() {
-		return fmt.Errorf("cuda: Post of type %v: not a valid type", t)
+	if err := device.CheckPost(dst, src, t, div); err != nil {
+		return fmt.Errorf("cuda: %w", err)
 	}
-	if div < 1 || uint64(div) > math.MaxUint32 {
-		return fmt.Errorf("cuda: Post %v with div %d: want 1 <= div < 2^32", t, div)
+	if uint64(div) > math.MaxUint32 {
+		return fmt.Errorf("cuda: Post with div %d: the kernels take a 32-bit divisor", div)
 	}
-	n, es := dst.Len(), t.Size()
-	if src.Len() != n {
-		return fmt.Errorf("cuda: Post lengths differ: dst %d, src %d bytes", n, src.Len())
-	}
-	if n%es != 0 {
-		return fmt.Errorf("cuda: Post of %d bytes: not a multiple of the %d-byte %v", n, es, t)
-	}
+	n := dst.Len()
 	if err := s.kernelBuffer(call, "dst", dst); err != nil {
 		return err
 	}
 	if err := s.kernelBuffer(call, "src", src); err != nil {
 		return err
-	}
-	if dst.Overlaps(src) && !dst.Same(src) {
-		return fmt.Errorf("cuda: Post: dst overlaps src without being exactly it")
 	}
 	if n == 0 || (div == 1 && dst.Same(src)) {
 		return nil
@@ -239,7 +218,7 @@ func (s *Stream) Post(dst, src memory.Buffer, t kernels.Type, div int) error {
 		return err
 	}
 	p := s.params
-	p.vals[0], p.vals[1], p.vals[2], p.vals[3] = devPtr(dst), devPtr(src), uint64(n/es), uint64(div)
+	p.vals[0], p.vals[1], p.vals[2], p.vals[3] = devPtr(dst), devPtr(src), uint64(n/t.Size()), uint64(div)
 	return s.launch(call, m.post[t], n, 4)
 }
 
@@ -260,11 +239,11 @@ func (s *Stream) Post(dst, src memory.Buffer, t kernels.Type, div int) error {
 // the stream has been synchronised.
 func (s *Stream) Copy(dst, dst2, src memory.Buffer) error {
 	const call = "Copy"
+	if err := device.CheckCopy(dst, dst2, src); err != nil {
+		return fmt.Errorf("cuda: %w", err)
+	}
 	n := src.Len()
 	has2 := dst2.Len() > 0
-	if dst.Len() != n || (has2 && dst2.Len() != n) {
-		return fmt.Errorf("cuda: Copy lengths differ: dst %d, dst2 %d, src %d bytes", dst.Len(), dst2.Len(), n)
-	}
 	bufs := []struct {
 		role string
 		b    memory.Buffer
@@ -276,15 +255,6 @@ func (s *Stream) Copy(dst, dst2, src memory.Buffer) error {
 		if err := s.kernelBuffer(call, x.role, x.b); err != nil {
 			return err
 		}
-	}
-	if src.Kind() == memory.Host && (dst.Kind() == memory.Host || (has2 && dst2.Kind() == memory.Host)) {
-		return fmt.Errorf("cuda: Copy from host to host memory: one side must be the device's")
-	}
-	if dst.Overlaps(src) && !dst.Same(src) {
-		return fmt.Errorf("cuda: Copy: dst overlaps src without being exactly it")
-	}
-	if has2 && (dst2.Overlaps(dst) || dst2.Overlaps(src)) {
-		return fmt.Errorf("cuda: Copy: dst2 overlaps dst or src")
 	}
 	if n == 0 {
 		return nil

@@ -238,26 +238,11 @@ func (s *Stream) Reduce(dst, dst2, a, b memory.Buffer, t kernels.Type, op kernel
 	}
 	defer s.leave()
 	what := fmt.Sprintf("reduce %v %v", t, op)
-	if !t.Valid() || !op.Valid() {
-		return fmt.Errorf("emu: Reduce of type %v, op %v: not a valid type and op", t, op)
-	}
-	if div < 0 || (div > 1 && op != kernels.Sum && op != kernels.Avg) {
-		return fmt.Errorf("emu: Reduce %v %v with div %d: want div >= 0, and div > 1 only with sum or avg", t, op, div)
+	if err := device.CheckReduce(dst, dst2, a, b, t, op, div); err != nil {
+		return fmt.Errorf("emu: %w", err)
 	}
 	has2 := dst2.Len() > 0
 	n, es := dst.Len(), t.Size()
-	if a.Len() != n || b.Len() != n || (has2 && dst2.Len() != n) {
-		return fmt.Errorf("emu: Reduce lengths differ: dst %d, dst2 %d, a %d, b %d bytes", n, dst2.Len(), a.Len(), b.Len())
-	}
-	if n%es != 0 {
-		return fmt.Errorf("emu: Reduce of %d bytes: not a multiple of the %d-byte %v", n, es, t)
-	}
-	if dst.Overlaps(a) && !dst.Same(a) || dst.Overlaps(b) && !dst.Same(b) {
-		return fmt.Errorf("emu: Reduce: dst overlaps a or b without being exactly it")
-	}
-	if has2 && (dst2.Overlaps(dst) || dst2.Overlaps(a) || dst2.Overlaps(b)) {
-		return fmt.Errorf("emu: Reduce: dst2 overlaps dst, a or b")
-	}
 	f := kernels.Reduce(t, op)
 	if div > 1 {
 		// kernels.ReduceFinal divides only for Avg; the seam's div
@@ -288,22 +273,10 @@ func (s *Stream) Post(dst, src memory.Buffer, t kernels.Type, div int) error {
 		return err
 	}
 	defer s.leave()
-	if !t.Valid() {
-		return fmt.Errorf("emu: Post of type %v: not a valid type", t)
-	}
-	if div < 1 {
-		return fmt.Errorf("emu: Post %v with div %d: want at least 1", t, div)
+	if err := device.CheckPost(dst, src, t, div); err != nil {
+		return fmt.Errorf("emu: %w", err)
 	}
 	n, es := dst.Len(), t.Size()
-	if src.Len() != n {
-		return fmt.Errorf("emu: Post lengths differ: dst %d, src %d bytes", n, src.Len())
-	}
-	if n%es != 0 {
-		return fmt.Errorf("emu: Post of %d bytes: not a multiple of the %d-byte %v", n, es, t)
-	}
-	if dst.Overlaps(src) && !dst.Same(src) {
-		return fmt.Errorf("emu: Post: dst overlaps src without being exactly it")
-	}
 	f := kernels.Post(t, kernels.Avg, div)
 	if f == nil {
 		f = func(dst, src []byte) { copy(dst, src) }
@@ -327,21 +300,12 @@ func (s *Stream) Copy(dst, dst2, src memory.Buffer) error {
 		return err
 	}
 	defer s.leave()
+	if err := device.CheckCopy(dst, dst2, src); err != nil {
+		return fmt.Errorf("emu: %w", err)
+	}
 	has2 := dst2.Len() > 0
 	n := dst.Len()
-	if src.Len() != n || (has2 && dst2.Len() != n) {
-		return fmt.Errorf("emu: Copy lengths differ: dst %d, dst2 %d, src %d bytes", n, dst2.Len(), src.Len())
-	}
 	fromHost := src.Kind() == memory.Host
-	if fromHost && (dst.Kind() == memory.Host || has2 && dst2.Kind() == memory.Host) {
-		return fmt.Errorf("emu: Copy from host to host memory: one side must be the device's")
-	}
-	if dst.Overlaps(src) && !dst.Same(src) {
-		return fmt.Errorf("emu: Copy: dst overlaps src without being exactly it")
-	}
-	if has2 && (dst2.Overlaps(dst) || dst2.Overlaps(src)) {
-		return fmt.Errorf("emu: Copy: dst2 overlaps dst or src")
-	}
 	bufs := []memory.Buffer{dst, src}
 	host := []bool{!fromHost, fromHost}
 	if has2 {
