@@ -199,6 +199,20 @@ func (b Buffer) Offset(o Buffer) (int, bool) {
 	return int(y - x), true
 }
 
+// View returns the part of b that is the host bytes h, as b's kind sees
+// it (for mapped memory: with its device address too). It panics unless h
+// lies inside b's host view: a transport handing out views of memory it
+// registered.
+func (b Buffer) View(h []byte) Buffer {
+	off, ok := b.Offset(HostBuffer(h))
+	if !ok && len(h) > 0 {
+		panic(errView)
+	}
+	return b.Slice(off, off+len(h))
+}
+
+var errView = errors.New("memory: View of bytes outside the buffer")
+
 // Same reports whether b and o are exactly the same bytes.
 func (b Buffer) Same(o Buffer) bool {
 	off, ok := b.Offset(o)

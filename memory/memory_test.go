@@ -69,3 +69,16 @@ func TestMappedBuffer(t *testing.T) {
 	require.False(t, HostBuffer(raw).DeviceVisible())
 	require.False(t, DeviceBuffer(0, 1, 1).HostVisible())
 }
+
+func TestView(t *testing.T) {
+	raw := make([]byte, 64)
+	m := MappedBuffer(raw, 1, 0x7000)
+	v := m.View(raw[16:40])
+	require.Equal(t, Mapped, v.Kind())
+	require.Equal(t, 24, v.Len())
+	_, ptr := v.Device()
+	require.Equal(t, uintptr(0x7010), ptr)
+	require.True(t, v.SameStart(HostBuffer(raw[16:])))
+	require.Equal(t, 0, m.View(nil).Len())
+	require.Panics(t, func() { m.View(make([]byte, 8)) })
+}

@@ -7,7 +7,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -76,8 +75,7 @@ func (c *conn) buf(b []byte) memory.Buffer {
 	if c.mapped.Len() == 0 || len(b) == 0 {
 		return memory.HostBuffer(b)
 	}
-	off := int(uintptr(unsafe.Pointer(unsafe.SliceData(b))) - uintptr(unsafe.Pointer(unsafe.SliceData(c.seg.mem))))
-	return c.mapped.Slice(off, off+len(b))
+	return c.mapped.View(b)
 }
 
 // teardown lets go of the segment and the control socket. A device

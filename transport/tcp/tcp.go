@@ -591,7 +591,6 @@ type conn struct {
 	// slot and the landing buffer, whole pages of it) registered with the
 	// endpoint's device, set before first use; slots are handed out as
 	// views of it. Empty otherwise.
-	staged     []byte
 	mapped     memory.Buffer
 	unregister sync.Once
 }
@@ -727,7 +726,7 @@ func (c *conn) stage() error {
 	if err != nil {
 		return fmt.Errorf("tcp: registering the staging memory with the device: %w", err)
 	}
-	c.staged, c.mapped = mem, m
+	c.mapped = m
 	s := c.e.o.SlotSize
 	for i := range c.bufs {
 		c.bufs[i] = mem[i*s : (i+1)*s : (i+1)*s]
@@ -749,8 +748,7 @@ func (c *conn) buf(b []byte) memory.Buffer {
 	if c.mapped.Len() == 0 || len(b) == 0 {
 		return memory.HostBuffer(b)
 	}
-	off := int(uintptr(unsafe.Pointer(unsafe.SliceData(b))) - uintptr(unsafe.Pointer(unsafe.SliceData(c.staged))))
-	return c.mapped.Slice(off, off+len(b))
+	return c.mapped.View(b)
 }
 
 func (c *conn) sendFail(ctx context.Context, err error) error {
