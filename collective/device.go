@@ -174,20 +174,9 @@ func (c *Comm) checkDeviceArgs(name string, send, recv memory.Buffer, t DataType
 		what string
 		buf  memory.Buffer
 	}{{"send", send}, {"recv", recv}} {
-		switch {
-		case b.buf.Len()%t.Size() != 0:
+		if b.buf.Len()%t.Size() != 0 {
 			return c.argError(name, "%s buffer of %d bytes is not a whole number of %v elements", b.what, b.buf.Len(), t)
-		case b.buf.Len() == 0:
-		case !b.buf.DeviceVisible():
-			return c.argError(name, "%s buffer is pageable host memory, which a GPU cannot reach: pass device or mapped memory, or use the host form", b.what)
-		default:
-			if d, _ := b.buf.Device(); d != c.dev.dev.Ordinal() {
-				return c.argError(name, "%s buffer is on device %d, but this communicator's device is %d", b.what, d, c.dev.dev.Ordinal())
-			}
 		}
-	}
-	if !c.ep.Caps().DeviceSlots.DeviceVisible() {
-		return c.argError(name, "this communicator's transport (%s) carries no device operations yet: its slots are not memory a GPU reaches", c.transport)
 	}
 	return nil
 }
@@ -201,6 +190,11 @@ func (c *Comm) startDevice(ctx context.Context, name string, send, recv memory.B
 	var k call
 	if err := mk(bufferArgs(t, send, recv), &k); err != nil {
 		return nil, err
+	}
+	// The memory rules are the engine's: buffers and slots the device
+	// reaches.
+	if err := c.eng.CheckMemory(&k.op, true); err != nil {
+		return nil, c.argError(name, "%v", err)
 	}
 	// Ready also makes a call on mapped buffers alone run on the device
 	// (engine.Op.Ready), whose streams order it.

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"unsafe"
 
@@ -277,22 +278,21 @@ func onDevice(op *Op) bool {
 	return op.Ready != nil || op.In.Kind() == memory.Device || op.Out.Kind() == memory.Device
 }
 
-// checkMemory says why op cannot run on this engine's memory, or returns
-// nil: a device operation needs the engine's device, buffers its kernels
-// reach, and slots they reach; a host one needs slots the CPU reaches.
-func (e *Engine) checkMemory(op *Op, onDev bool) error {
+// CheckMemory says why op cannot run on this engine's memory, or returns
+// nil: a device operation (onDev) needs the engine's device, buffers its
+// kernels reach on that device, and slots they reach; a host one needs
+// slots the CPU reaches. The collective layer calls it to refuse a call
+// before issuing it; Run calls it again.
+func (e *Engine) CheckMemory(op *Op, onDev bool) error {
 	if !onDev {
 		if e.caps.Memory == memory.Device {
-			return fmt.Errorf("engine: host buffers on a communicator whose connections' slots are device memory; pass device buffers")
+			return errors.New("host buffers on a communicator whose connections' slots are device memory; pass device buffers")
 		}
 		return nil
 	}
 	dev := e.cfg.Device
 	if dev == nil {
-		return fmt.Errorf("engine: device buffers on a communicator without a device")
-	}
-	if !e.caps.DeviceSlots.DeviceVisible() {
-		return fmt.Errorf("engine: device buffers, but this communicator's transport carries no device operations (its slots are not memory a GPU reaches)")
+		return errors.New("device buffers on a communicator without a device")
 	}
 	for _, b := range []struct {
 		name string
@@ -302,11 +302,14 @@ func (e *Engine) checkMemory(op *Op, onDev bool) error {
 			continue
 		}
 		if !b.buf.DeviceVisible() {
-			return fmt.Errorf("engine: %s buffer is pageable host memory and the other is device memory; a device operation needs device or mapped memory on both sides", b.name)
+			return fmt.Errorf("%s buffer is pageable host memory, which a GPU cannot reach: a device operation needs device or mapped memory", b.name)
 		}
 		if ord, _ := b.buf.Device(); ord != dev.Ordinal() {
-			return fmt.Errorf("engine: %s buffer is on device %d, this communicator's device is %d", b.name, ord, dev.Ordinal())
+			return fmt.Errorf("%s buffer is on device %d, but this communicator's device is %d", b.name, ord, dev.Ordinal())
 		}
+	}
+	if !e.caps.DeviceSlots.DeviceVisible() {
+		return errors.New("this communicator's transport carries no device operations (its slots are not memory a GPU reaches)")
 	}
 	return nil
 }

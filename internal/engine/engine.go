@@ -405,8 +405,8 @@ func (e *Engine) nextSeq(op *Op) uint64 {
 // the caller must abort the endpoint.
 func (e *Engine) Run(ctx context.Context, op *Op) (Plan, error) {
 	dev := onDevice(op)
-	if err := e.checkMemory(op, dev); err != nil {
-		return Plan{}, err
+	if err := e.CheckMemory(op, dev); err != nil {
+		return Plan{}, fmt.Errorf("engine: %w", err)
 	}
 	seq := e.nextSeq(op)
 	if op.Count == 0 {
