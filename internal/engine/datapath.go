@@ -99,7 +99,8 @@ func (p path) fence(ctx context.Context) error {
 }
 
 // hostPath is the data path on host memory: internal/kernels, chosen once
-// per operation shape.
+// per operation shape. It has dataPath's primitives but no fence (its work
+// is done when a call returns), and path calls it directly.
 type hostPath struct {
 	kt           kernels.Type
 	kop          kernels.Op
@@ -202,8 +203,6 @@ func (h *hostPath) finalCopy(dst, src memory.Buffer, final bool) error {
 	}
 	return nil
 }
-
-func (h *hostPath) fence(context.Context) error { return nil }
 
 // fold is accumulate on host memory.
 func (h *hostPath) fold(out, src []byte, r, n int) {
