@@ -96,16 +96,29 @@ func (d *Dump) WriteFile(dir string) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
+	// Write a temporary file and rename it: a rank may write its dump
+	// twice (on its abort, then on the launcher's SIGUSR1) while the
+	// launcher reads the directory, which must never see half a file.
 	p := filepath.Join(dir, FileName(d.Rank, d.PID))
-	f, err := os.Create(p)
+	f, err := os.CreateTemp(dir, ".goccl-flight-*.tmp")
 	if err != nil {
 		return "", err
 	}
-	if err := d.Write(f); err != nil {
-		f.Close()
+	err = f.Chmod(0o644) // as os.Create gave, under the usual umask
+	if err == nil {
+		err = d.Write(f)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), p)
+	}
+	if err != nil {
+		os.Remove(f.Name())
 		return "", err
 	}
-	return p, f.Close()
+	return p, nil
 }
 
 // ReadDir reads every dump in dir (the latest per rank when a rank wrote
