@@ -1,0 +1,148 @@
+package ibemu
+
+import (
+	"encoding/binary"
+	"fmt"
+	"sync"
+
+	"github.com/goccl/goccl/transport/verbs/ibv"
+)
+
+// cq is a completion queue: the completions of this process's own
+// requests (local), and those peers append to the inbound rings of its
+// QPs.
+type cq struct {
+	n    *nic
+	size int
+
+	mu      sync.Mutex // guards the fields below
+	local   []localWC
+	qps     []*qp
+	overrun bool
+	gone    bool
+}
+
+type localWC struct {
+	wc  ibv.WC
+	q   *qp
+	seq uint64 // the request's sequence on q
+}
+
+var _ ibv.CQ = (*cq)(nil)
+
+func (c *cq) attach(q *qp) {
+	c.mu.Lock()
+	c.qps = append(c.qps, q)
+	c.mu.Unlock()
+}
+
+func (c *cq) detach(q *qp) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, x := range c.qps {
+		if x == q {
+			c.qps = append(c.qps[:i], c.qps[i+1:]...)
+			return
+		}
+	}
+}
+
+// push appends a completion of q's request seq. Called with q.mu held.
+func (c *cq) push(w ibv.WC, q *qp, seq uint64) {
+	c.mu.Lock()
+	c.local = append(c.local, localWC{w, q, seq})
+	c.mu.Unlock()
+}
+
+func (c *cq) Poll(wc []ibv.WC) (int, error) {
+	// QPs that failed with requests queued flush them now (their timers
+	// may be far off).
+	c.mu.Lock()
+	qps := append([]*qp(nil), c.qps...)
+	c.mu.Unlock()
+	for _, q := range qps {
+		if q.sqLen.Load() > 0 && q.view.state() == ibv.QPErr {
+			q.mu.Lock()
+			if !q.gone {
+				q.drainLocked()
+			}
+			q.mu.Unlock()
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.gone {
+		return 0, fmt.Errorf("ibemu: ibv_poll_cq on a destroyed CQ")
+	}
+	if c.overrun {
+		return 0, fmt.Errorf("ibemu: CQ overrun (more than %d completions were waiting)", c.size)
+	}
+	pending := len(c.local)
+	for _, q := range c.qps {
+		v := q.view
+		pending += int(v.ringTail().Load() - v.ringHead().Load())
+		if q.view.state() == ibv.QPErr {
+			// Receives still posted on a failed QP complete as flushed.
+			for {
+				id, ok := v.takeRecv()
+				if !ok {
+					break
+				}
+				c.local = append(c.local, localWC{wc: ibv.WC{ID: id, Status: ibv.WRFlushErr, Opcode: ibv.WCRecv, QPNum: q.num}, q: q})
+				pending++
+			}
+		}
+		if atomicU32(v.mem[segOverrun:]).Load() != 0 {
+			pending = c.size + 1
+		}
+	}
+	if pending > c.size {
+		c.overrun = true
+		for _, q := range c.qps {
+			q.view.setState(ibv.QPErr)
+		}
+		c.n.raise(ibv.Event{Type: ibv.EventCQErr})
+		return 0, fmt.Errorf("ibemu: CQ overrun: %d completions waiting in a CQ of %d", pending, c.size)
+	}
+	n := 0
+	for n < len(wc) && len(c.local) > 0 {
+		l := c.local[0]
+		c.local = c.local[1:]
+		wc[n] = l.wc
+		n++
+		if l.q != nil && l.seq > 0 && l.q.retired.Load() < l.seq {
+			// A completion retires its request and every unsignaled one
+			// before it from the send queue.
+			l.q.retired.Store(l.seq)
+		}
+	}
+	for _, q := range c.qps {
+		v := q.view
+		for n < len(wc) {
+			h := v.ringHead().Load()
+			if h >= v.ringTail().Load() {
+				break
+			}
+			e := v.ringEntry(h)
+			wc[n] = ibv.WC{ID: binary.LittleEndian.Uint64(e[0:]), ByteLen: binary.LittleEndian.Uint32(e[8:]),
+				Imm: binary.LittleEndian.Uint32(e[12:]), Status: ibv.Status(binary.LittleEndian.Uint32(e[16:])),
+				Opcode: ibv.WCOpcode(binary.LittleEndian.Uint32(e[20:])), HasImm: binary.LittleEndian.Uint32(e[24:]) != 0, QPNum: q.num}
+			v.ringHead().Store(h + 1)
+			n++
+		}
+	}
+	return n, nil
+}
+
+func (c *cq) Destroy() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.gone {
+		return fmt.Errorf("ibemu: ibv_destroy_cq of a destroyed CQ")
+	}
+	if len(c.qps) > 0 {
+		return fmt.Errorf("ibemu: ibv_destroy_cq with %d QPs still using it", len(c.qps))
+	}
+	c.gone = true
+	return nil
+}
