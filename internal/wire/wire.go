@@ -52,6 +52,7 @@ const (
 	PurposeBootstrap Purpose = 1 // a rank registering with the root
 	PurposeData      Purpose = 2 // a transport connection between ranks
 	PurposeShm       Purpose = 3 // a shared-memory segment handed between ranks
+	PurposeVerbs     Purpose = 4 // the control connection of an RDMA connection
 )
 
 func (p Purpose) String() string {
@@ -62,6 +63,8 @@ func (p Purpose) String() string {
 		return "data"
 	case PurposeShm:
 		return "shm"
+	case PurposeVerbs:
+		return "verbs"
 	}
 	return fmt.Sprintf("purpose(%d)", uint8(p))
 }
@@ -201,6 +204,9 @@ const (
 	// FrameShrink carries a surviving rank's new PeerInfo to the root,
 	// which answers every survivor with the new table (FrameTable).
 	FrameShrink FrameType = 9
+	// FrameQPInfo carries one end's queue pairs and memory of an RDMA
+	// connection (VerbsInfo), each way, after the ConnSetup.
+	FrameQPInfo FrameType = 10
 )
 
 func (t FrameType) String() string {
@@ -223,6 +229,8 @@ func (t FrameType) String() string {
 		return "bye"
 	case FrameShrink:
 		return "shrink"
+	case FrameQPInfo:
+		return "qp-info"
 	}
 	return fmt.Sprintf("frame(%d)", uint8(t))
 }
@@ -503,6 +511,11 @@ const SliceHeaderLen = 24
 // name the cause rather than just the lost connection.
 const AbortOp = ^uint64(0)
 
+// CloseOp marks a SliceHeader that is a close notice rather than data: the
+// sender closed its endpoint gracefully after every slice before the
+// notice, and sends nothing more. It has no payload (Size 0).
+const CloseOp = ^uint64(0) - 1
+
 func (h *SliceHeader) Len() int { return SliceHeaderLen }
 
 func (h *SliceHeader) Append(b []byte) []byte {
@@ -552,4 +565,70 @@ func parseString(b []byte) (string, int, error) {
 		return "", 0, ErrShort
 	}
 	return string(b[2 : 2+n]), 2 + n, nil
+}
+
+// MaxQPs is the most queue pairs one RDMA connection stripes over.
+const MaxQPs = 16
+
+// VerbsInfo is what one end of an RDMA connection tells the other: how to
+// address its port, its queue pairs, and the registered memory the peer
+// writes into (slots, slot headers and the clear-to-send FIFO, laid out
+// as the verbs transport says, from Addr on).
+type VerbsInfo struct {
+	LID      uint16
+	MTU      uint8 // ibv_mtu of the port
+	GID      [16]byte
+	PSN      uint32 // first packet sequence number of every QP
+	QPNs     []uint32
+	Addr     uint64 // base of the region
+	RKey     uint32
+	Slots    uint32
+	SlotSize uint32
+}
+
+func (v *VerbsInfo) Len() int { return 2 + 1 + 16 + 4 + 1 + 4*len(v.QPNs) + 8 + 4 + 4 + 4 }
+
+func (v *VerbsInfo) Append(b []byte) []byte {
+	b = binary.BigEndian.AppendUint16(b, v.LID)
+	b = append(b, v.MTU)
+	b = append(b, v.GID[:]...)
+	b = binary.BigEndian.AppendUint32(b, v.PSN)
+	b = append(b, byte(len(v.QPNs)))
+	for _, q := range v.QPNs {
+		b = binary.BigEndian.AppendUint32(b, q)
+	}
+	b = binary.BigEndian.AppendUint64(b, v.Addr)
+	b = binary.BigEndian.AppendUint32(b, v.RKey)
+	b = binary.BigEndian.AppendUint32(b, v.Slots)
+	return binary.BigEndian.AppendUint32(b, v.SlotSize)
+}
+
+// ParseVerbsInfo parses a VerbsInfo with 1 to MaxQPs queue pairs.
+func ParseVerbsInfo(b []byte) (VerbsInfo, int, error) {
+	var v VerbsInfo
+	if len(b) < 24 {
+		return v, 0, ErrShort
+	}
+	v.LID = binary.BigEndian.Uint16(b)
+	v.MTU = b[2]
+	copy(v.GID[:], b[3:19])
+	v.PSN = binary.BigEndian.Uint32(b[19:])
+	n := int(b[23])
+	if n < 1 || n > MaxQPs {
+		return v, 0, fmt.Errorf("%d queue pairs in a connection (1 to %d)", n, MaxQPs)
+	}
+	need := 24 + 4*n + 20
+	if len(b) < need {
+		return v, 0, ErrShort
+	}
+	v.QPNs = make([]uint32, n)
+	for i := range v.QPNs {
+		v.QPNs[i] = binary.BigEndian.Uint32(b[24+4*i:])
+	}
+	o := 24 + 4*n
+	v.Addr = binary.BigEndian.Uint64(b[o:])
+	v.RKey = binary.BigEndian.Uint32(b[o+8:])
+	v.Slots = binary.BigEndian.Uint32(b[o+12:])
+	v.SlotSize = binary.BigEndian.Uint32(b[o+16:])
+	return v, need, nil
 }

@@ -47,6 +47,8 @@ func samples() []codec {
 		{"abort", &Abort{Rank: 3, Died: true, Reason: "rank 3 lost its GPU"}, wrap(ParseAbort)},
 		{"connsetup", &ConnSetup{From: 1, To: 6, Channel: 2, Socket: 1, NSocks: 4, Flags: ConnTLS}, wrap(ParseConnSetup)},
 		{"sliceheader", &SliceHeader{Op: 1 << 40, Sig: 0xdeadbeef, Msg: 7, Slice: 9, Size: 4096}, wrap(ParseSliceHeader)},
+		{"verbsinfo", &VerbsInfo{LID: 7, MTU: 5, GID: [16]byte{10: 0xff, 11: 0xff, 12: 10, 15: 3}, PSN: 0xabcdef,
+			QPNs: []uint32{0x1234, 0x1235}, Addr: 1 << 45, RKey: 0x1000a, Slots: 8, SlotSize: 512 << 10}, wrap(ParseVerbsInfo)},
 	}
 }
 
@@ -160,6 +162,7 @@ func FuzzReject(f *testing.F)      { fuzzCodec(f, "reject") }
 func FuzzAbort(f *testing.F)       { fuzzCodec(f, "abort") }
 func FuzzConnSetup(f *testing.F)   { fuzzCodec(f, "connsetup") }
 func FuzzSliceHeader(f *testing.F) { fuzzCodec(f, "sliceheader") }
+func FuzzVerbsInfo(f *testing.F)   { fuzzCodec(f, "verbsinfo") }
 
 func FuzzFrameHeader(f *testing.F) {
 	f.Add(AppendFrame(nil, FrameTable, []byte("x")))
