@@ -407,11 +407,17 @@ func (c *conn) Reserve(ctx context.Context, n int) (memory.Buffer, error) {
 			return memory.Buffer{}, &transport.PeerError{Peer: c.peer, Op: "send", Err: context.Cause(ctx)}
 		}
 	}
+	// A slot was free, but the link may be over: either end may have
+	// closed, this one included (a slice posted after this rank's graceful
+	// close would still reach the peer).
 	select {
 	case <-l.dead:
 		l.free <- i
 		return memory.Buffer{}, l.deadErr(c.ep.rank, "send")
 	case <-l.toGone:
+		l.free <- i
+		return memory.Buffer{}, c.goneErr(l, "send")
+	case <-l.fromGone:
 		l.free <- i
 		return memory.Buffer{}, c.goneErr(l, "send")
 	default:

@@ -9,7 +9,33 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goccl/goccl/transport"
+	"github.com/goccl/goccl/transport/transporttest"
 )
+
+// endpoints makes a network of n ranks with small slots and returns its
+// endpoints, closed (and the network with them) when t ends.
+func endpoints(t *testing.T, n int) []*Endpoint {
+	t.Helper()
+	nw, err := NewNetwork(n, Options{Slots: 4, SlotSize: 4096})
+	require.NoError(t, err)
+	eps := make([]*Endpoint, n)
+	for r := range eps {
+		eps[r] = nw.Endpoint(r)
+	}
+	t.Cleanup(func() {
+		for _, ep := range eps {
+			ep.Close(nil)
+		}
+		require.NoError(t, nw.Close())
+	})
+	return eps
+}
+
+func TestContract(t *testing.T) {
+	transporttest.Contract(t, func(t *testing.T, n int) []transport.Endpoint {
+		return transporttest.Endpoints(endpoints(t, n))
+	}, transporttest.ContractOptions{})
+}
 
 func pair(t *testing.T, slots int) (*Network, transport.Conn, transport.Conn) {
 	t.Helper()

@@ -264,6 +264,23 @@ func TestDeadPeerIsNoticed(t *testing.T) {
 	}
 }
 
+func TestContract(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		mod  func(r int, o *Options)
+	}{
+		{"default", nil},
+		// Every wait sleeps on the futex; slots not a whole number of pages.
+		{"sleeping", func(_ int, o *Options) { o.SpinFor = -1; o.Slots = 2; o.SlotSize = 5000 }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			transporttest.Contract(t, func(t *testing.T, n int) []transport.Endpoint {
+				return transporttest.Endpoints(endpoints(t, n, c.mod))
+			}, transporttest.ContractOptions{})
+		})
+	}
+}
+
 func TestWaitHonoursContext(t *testing.T) {
 	eps := endpoints(t, 2, nil)
 	a, _ := connectPair(t, eps[0], eps[1], 0)

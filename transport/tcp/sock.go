@@ -17,6 +17,7 @@ import (
 
 	"github.com/goccl/goccl/internal/tlsrec"
 	"github.com/goccl/goccl/internal/wire"
+	"github.com/goccl/goccl/transport"
 )
 
 // sock is one TCP socket of a connection.
@@ -119,8 +120,15 @@ func (s *sock) notifyAbort(reason string) {
 	if len(reason) > wire.MaxString {
 		reason = reason[:wire.MaxString]
 	}
-	h := wire.SliceHeader{Op: wire.AbortOp, Size: uint32(len(reason))}
-	b := append(h.Append(nil), reason...)
+	s.writeNoticeLocked(wire.AbortOp, reason)
+}
+
+// writeNoticeLocked writes a notice (a slice header with op, and payload)
+// if the kernel takes it at once. The caller holds wmu, with the socket at
+// a slice boundary.
+func (s *sock) writeNoticeLocked(op uint64, payload string) {
+	h := wire.SliceHeader{Op: op, Size: uint32(len(payload))}
+	b := append(h.Append(nil), payload...)
 	if s.tls != nil {
 		b = s.tls.Seal(nil, b, nil)
 	}
@@ -133,15 +141,17 @@ func (s *sock) notifyAbort(reason string) {
 // errAborted stops a socket's sends once an abort notice went out.
 var errAborted = errors.New("connection aborted")
 
-// scanAbort looks, without blocking, through what the peer has sent on
-// this socket for an abort notice: when a send fails because the peer
-// hung up, the notice it left on the way out says why. It skips data
+// scanNotice looks, without blocking, through what the peer has sent on
+// this socket for a notice it left on its way out: an abort, returned as
+// a *transport.PeerAbortedError with its reason, or a graceful close,
+// returned as transport.ErrPeerClosed; nil if there is none. When a send
+// fails because the peer hung up, the notice says why. It skips data
 // slices (the receive side is at a slice boundary whenever the send side
-// is in use, both being driven by the channel's goroutine) and gives up
-// after 64 MiB.
-func (s *sock) scanAbort() (string, bool) {
+// is in use, both being driven by the channel's goroutine), leaves the
+// notice itself unread, and gives up after 64 MiB.
+func (s *sock) scanNotice() error {
 	if s.broken || s.enter() != nil {
-		return "", false
+		return nil
 	}
 	defer s.exit()
 	if s.rbuf == nil {
@@ -165,30 +175,34 @@ func (s *sock) scanAbort() (string, bool) {
 	for budget := 64 << 20; budget > 0; {
 		for s.w-s.r < wire.SliceHeaderLen {
 			if !more() {
-				return "", false
+				return nil
 			}
 		}
 		h, _, _ := wire.ParseSliceHeader(s.rbuf[s.r:])
+		if h.Op == wire.CloseOp && h.Size == 0 {
+			return transport.ErrPeerClosed
+		}
 		if h.Op == wire.AbortOp && int(h.Size) <= wire.MaxString {
 			for s.w-s.r < wire.SliceHeaderLen+int(h.Size) {
 				if !more() {
-					return "", false
+					return nil
 				}
 			}
-			return string(s.rbuf[s.r+wire.SliceHeaderLen : s.r+wire.SliceHeaderLen+int(h.Size)]), true
+			reason := string(s.rbuf[s.r+wire.SliceHeaderLen : s.r+wire.SliceHeaderLen+int(h.Size)])
+			return &transport.PeerAbortedError{Peer: s.c.peer, Cause: errors.New(reason)}
 		}
 		skip := wire.SliceHeaderLen + int(h.Size)
 		budget -= skip
 		for skip > 0 {
 			if s.w == s.r && !more() {
-				return "", false
+				return nil
 			}
 			n := min(skip, s.w-s.r)
 			s.r += n
 			skip -= n
 		}
 	}
-	return "", false
+	return nil
 }
 
 // shutdown wakes every call blocked on the socket (reads see end of file,

@@ -529,14 +529,18 @@ func (e *Endpoint) Close(cause error) error {
 	}
 	e.mu.Unlock()
 	// Operations flush their connections before they return, so a
-	// graceful close has nothing left to send. An abort tells the peers
-	// why first: a rank that fails because another died then passes the
-	// name of the dead rank on, instead of only its own lost connection.
+	// graceful close has nothing left to send but a notice that nothing
+	// more comes: the peers' receivers tell it from a lost connection
+	// (ErrPeerClosed). An abort tells the peers why first: a rank that
+	// fails because another died then passes the name of the dead rank
+	// on, instead of only its own lost connection.
 	for _, c := range conns {
 		if cause != nil {
 			for _, s := range c.socks {
 				s.notifyAbort(cause.Error())
 			}
+		} else {
+			c.notifyClose()
 		}
 		c.shutdown()
 	}
@@ -586,6 +590,10 @@ type conn struct {
 	land    []byte // landing buffer for payloads larger than a socket's read buffer
 	recvSeq uint64
 	holding bool
+	// gone is the notice the peer left when it closed its end, once this
+	// side has read it: a *transport.PeerAbortedError, or
+	// transport.ErrPeerClosed. Every later call fails with it.
+	gone error
 
 	// On a connection of device operations: the staging memory (every
 	// slot and the landing buffer, whole pages of it) registered with the
@@ -629,6 +637,27 @@ func (c *conn) shutdown() {
 	}
 }
 
+// notifyClose tells the peer, on every socket, that this rank closed
+// gracefully and sends nothing more, if everything posted has been
+// written; otherwise it says nothing, and the peer, missing slices, sees
+// the connection lost. Best effort, as notifyAbort. Any goroutine may
+// call it.
+func (c *conn) notifyClose() {
+	for _, s := range c.socks {
+		s.wmu.Lock()
+		defer s.wmu.Unlock()
+	}
+	for _, s := range c.socks {
+		if len(s.queue) > 0 || s.err != nil {
+			return
+		}
+	}
+	for _, s := range c.socks {
+		s.err = net.ErrClosed // nothing more goes out after the notice
+		s.writeNoticeLocked(wire.CloseOp, "")
+	}
+}
+
 // release closes the sockets once no call uses them.
 func (c *conn) release() {
 	for _, s := range c.socks {
@@ -644,12 +673,16 @@ func (c *conn) peerErr(op string, err error) error {
 		return err // already names its peer (a write error seen while waiting)
 	}
 	if errClosedOrEOF(err) {
-		// A peer that aborted left a notice before hanging up; a send that
-		// failed has not read it yet.
+		// A peer that aborted or closed left a notice before hanging up; a
+		// send that failed has not read it yet.
 		for _, s := range c.socks {
-			if reason, ok := s.scanAbort(); ok {
-				return &transport.PeerError{Peer: c.peer, Op: op, Err: &transport.PeerAbortedError{Peer: c.peer, Cause: errors.New(reason)}}
+			if c.gone != nil {
+				break
 			}
+			c.gone = s.scanNotice()
+		}
+		if c.gone != nil {
+			return &transport.PeerError{Peer: c.peer, Op: op, Err: c.gone}
 		}
 		err = fmt.Errorf("connection lost (did rank %d's process exit or abort?): %w", c.peer, err)
 	}
@@ -682,6 +715,12 @@ func (c *conn) sendErr() error {
 func (c *conn) Reserve(ctx context.Context, n int) (memory.Buffer, error) {
 	if n < 0 || n > c.e.o.SlotSize {
 		return memory.Buffer{}, fmt.Errorf("tcp: reserve %d bytes of a %d-byte slot", n, c.e.o.SlotSize)
+	}
+	if c.gone != nil || c.socks[0].closed.Load() {
+		// The peer has said it takes nothing more, or this endpoint
+		// closed (Close shuts every socket down): a free slot would be
+		// filled for nothing.
+		return memory.Buffer{}, c.peerErr("send", net.ErrClosed)
 	}
 	if len(c.free) == 0 {
 		// Every slot is on its way out: move the channel's data until one
@@ -824,7 +863,12 @@ func (c *conn) header(ctx context.Context) (*sock, wire.SliceHeader, error) {
 		if b, err := s.next(ctx, int(h.Size), nil); err == nil && len(b) > 0 {
 			reason = string(b)
 		}
-		return s, h, &transport.PeerError{Peer: c.peer, Op: "recv", Err: &transport.PeerAbortedError{Peer: c.peer, Cause: errors.New(reason)}}
+		c.gone = &transport.PeerAbortedError{Peer: c.peer, Cause: errors.New(reason)}
+		return s, h, &transport.PeerError{Peer: c.peer, Op: "recv", Err: c.gone}
+	}
+	if h.Op == wire.CloseOp && h.Size == 0 {
+		c.gone = transport.ErrPeerClosed
+		return s, h, &transport.PeerError{Peer: c.peer, Op: "recv", Err: c.gone}
 	}
 	if int(h.Size) > c.e.o.SlotSize {
 		err := fmt.Errorf("protocol error: rank %d sent a %d-byte slice, the limit is %d (different GOCCL slot settings?)", c.peer, h.Size, c.e.o.SlotSize)

@@ -10,6 +10,9 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,6 +21,7 @@ import (
 
 	"github.com/goccl/goccl/algorithms"
 	"github.com/goccl/goccl/internal/handshake"
+	"github.com/goccl/goccl/internal/tlsrec/tlstest"
 	"github.com/goccl/goccl/internal/wire"
 	"github.com/goccl/goccl/transport"
 	"github.com/goccl/goccl/transport/transporttest"
@@ -137,6 +141,50 @@ func TestPeerDeathIsNamed(t *testing.T) {
 		}
 	}
 	require.Error(t, err)
+}
+
+// socketBuffers is the most the kernel may hold of one socket's data in
+// flight: the largest send buffer plus the largest receive buffer it grows
+// them to (the last figures of /proc/sys/net/ipv4/tcp_wmem and tcp_rmem),
+// or 64 MiB where those cannot be read.
+func socketBuffers(t *testing.T) int {
+	total := 0
+	for _, f := range []string{"/proc/sys/net/ipv4/tcp_wmem", "/proc/sys/net/ipv4/tcp_rmem"} {
+		b, err := os.ReadFile(f)
+		fields := strings.Fields(string(b))
+		if err != nil || len(fields) != 3 {
+			t.Logf("no %s (%v): assuming 64 MiB of socket buffers", f, err)
+			return 64 << 20
+		}
+		n, err := strconv.Atoi(fields[2])
+		require.NoError(t, err, f)
+		total += n
+	}
+	return total
+}
+
+func TestContract(t *testing.T) {
+	ca := tlstest.NewCA(t, "job")
+	for _, c := range []struct {
+		name   string
+		nsocks int
+		mod    func(r int, o *Options)
+	}{
+		{"default", DefaultNSocks, nil},
+		// Slots larger than a socket's read buffer: payloads land in the
+		// landing buffer, or straight in the caller's memory.
+		{"onesocket", 1, func(_ int, o *Options) { o.NSocks = 1; o.SlotSize = 200_003 }},
+		{"tls", 2, func(r int, o *Options) { withTLS(t, ca)(r, o); o.NSocks = 2 }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			// A sender runs Slots staged slices plus the kernel's buffers
+			// ahead of its receiver, on each of its sockets.
+			opts := transporttest.ContractOptions{Buffered: c.nsocks * socketBuffers(t)}
+			transporttest.Contract(t, func(t *testing.T, n int) []transport.Endpoint {
+				return transporttest.Endpoints(endpoints(t, n, c.mod))
+			}, opts)
+		})
+	}
 }
 
 func TestWaitHonoursContext(t *testing.T) {
