@@ -12,8 +12,9 @@ import (
 // heap memory, which the emulated device can also map in a peer's
 // process.
 type Mem struct {
-	B  []byte
-	fd int
+	B   []byte
+	fd  int
+	all []byte // the whole mapping, whole pages
 }
 
 // Alloc maps n bytes (rounded up to whole pages) of fresh zeroed memory.
@@ -36,7 +37,7 @@ func Alloc(n int) (*Mem, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("ibv: mapping %d bytes: %w", size, err)
 	}
-	m := &Mem{B: b[:n:n], fd: fd}
+	m := &Mem{B: b[:n:n], fd: fd, all: b}
 	allocs.add(m, size)
 	return m, nil
 }
@@ -47,10 +48,7 @@ func (m *Mem) Free() error {
 		return nil
 	}
 	allocs.remove(m)
-	b := m.B[:cap(m.B)]
-	page := unix.Getpagesize()
-	b = b[:(len(b)+page-1)&^(page-1)]
-	err := unix.Munmap(b)
+	err := unix.Munmap(m.all)
 	unix.Close(m.fd)
 	m.B = nil
 	return err

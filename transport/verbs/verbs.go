@@ -1,0 +1,491 @@
+package verbs
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/goccl/goccl/internal/handshake"
+	"github.com/goccl/goccl/internal/wire"
+	"github.com/goccl/goccl/memory"
+	"github.com/goccl/goccl/transport"
+	"github.com/goccl/goccl/transport/verbs/ibv"
+)
+
+// Endpoint is one rank's RDMA transport: one device port, and per
+// connection a control socket, queue pairs and registered memory.
+type Endpoint struct {
+	o    Options
+	log  *slog.Logger
+	port *Port
+	wg   sync.WaitGroup // accept loop, setup goroutines, event watcher
+
+	mu      sync.Mutex // guards the fields below
+	conns   map[connKey]*conn
+	byQPN   map[uint32]*conn
+	pending map[connKey]*pendingConn
+	setup   map[net.Conn]struct{}
+	closed  bool
+	cause   error
+	done    chan struct{}
+	closing chan struct{}
+
+	drops handshake.DropLog
+}
+
+type connKey struct{ peer, ch int }
+
+// pendingConn is a connection a lower rank established before this
+// rank's Connect asked for it.
+type pendingConn struct {
+	c     *conn
+	ready chan struct{}
+}
+
+var _ transport.Endpoint = (*Endpoint)(nil)
+
+// New opens the device port o.HCA selects and starts accepting the
+// peers' control connections.
+func New(o Options) (*Endpoint, error) {
+	switch {
+	case o.NRanks < 1 || o.Rank < 0 || o.Rank >= o.NRanks || len(o.Peers) != o.NRanks:
+		return nil, fmt.Errorf("verbs: rank %d of %d with %d peer addresses", o.Rank, o.NRanks, len(o.Peers))
+	case o.Listener == nil:
+		return nil, errors.New("verbs: no listener")
+	case o.Provider == nil:
+		return nil, errors.New("verbs: no device provider")
+	}
+	if o.QPs == 0 {
+		o.QPs = 1
+	}
+	if o.Slots == 0 {
+		o.Slots = DefaultSlots
+	}
+	if o.SlotSize == 0 {
+		o.SlotSize = DefaultSlotSize
+	}
+	if o.SpinFor == 0 {
+		o.SpinFor = DefaultSpinFor
+	}
+	if o.Timeout == 0 {
+		o.Timeout = DefaultTimeout
+	}
+	if o.RetryCnt == 0 {
+		o.RetryCnt = DefaultRetryCnt
+	}
+	switch {
+	case o.QPs < 1 || o.QPs > wire.MaxQPs:
+		return nil, fmt.Errorf("verbs: %d queue pairs per connection (GOCCL_IB_QPS_PER_CONNECTION: 1 to %d)", o.QPs, wire.MaxQPs)
+	case o.Slots < 2 || o.Slots > 256 || o.SlotSize < 64 || o.SlotSize > 1<<30:
+		return nil, fmt.Errorf("verbs: need 2..256 slots of 64 bytes to 1 GiB: %d slots of %d", o.Slots, o.SlotSize)
+	case o.Timeout > 31 || o.RetryCnt > 7:
+		return nil, fmt.Errorf("verbs: timeout %d (≤ 31), retry count %d (≤ 7)", o.Timeout, o.RetryCnt)
+	}
+	spec, err := ParseHCA(o.HCA)
+	if err != nil {
+		return nil, err
+	}
+	port, err := OpenPort(o.Provider, spec, o.GIDIndex)
+	if err != nil {
+		return nil, fmt.Errorf("verbs: %w", err)
+	}
+	e := &Endpoint{o: o, log: o.Logger, port: port, conns: map[connKey]*conn{}, byQPN: map[uint32]*conn{},
+		pending: map[connKey]*pendingConn{}, setup: map[net.Conn]struct{}{}, done: make(chan struct{}), closing: make(chan struct{})}
+	if e.log == nil {
+		e.log = slog.Default()
+	}
+	e.wg.Add(1)
+	go e.accept()
+	if es, ok := port.Ctx.(ibv.EventSource); ok {
+		e.wg.Add(1)
+		go e.watchEvents(es)
+	}
+	return e, nil
+}
+
+// Port is the device port the endpoint uses.
+func (e *Endpoint) Port() *Port { return e.port }
+
+// Caps implements transport.Endpoint.
+func (e *Endpoint) Caps() transport.Caps {
+	return transport.Caps{Slots: e.o.Slots, SlotSize: e.o.SlotSize, Memory: memory.Host}
+}
+
+func (e *Endpoint) accept() {
+	defer e.wg.Done()
+	handshake.AcceptLoop(e.o.Listener, func(err error) { e.logDrop(nil, err) }, e.admit, func(c net.Conn) { go e.setupIncoming(c) })
+}
+
+func (e *Endpoint) admit(c net.Conn) handshake.Admission {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	a := handshake.Admit(e.closed, e.setup, c)
+	if a == handshake.Serve {
+		e.wg.Add(1)
+	}
+	return a
+}
+
+func (e *Endpoint) logDrop(c net.Conn, err error) {
+	from := ""
+	if c != nil {
+		from = c.RemoteAddr().String()
+	}
+	e.drops.Log(e.log, "goccl: verbs transport dropped a connection", "rank", e.o.Rank, "from", from, "err", err)
+}
+
+// setupIncoming authenticates a control connection from a lower rank and
+// files it for Connect, which exchanges the queue pairs over it.
+func (e *Endpoint) setupIncoming(c net.Conn) {
+	defer e.wg.Done()
+	kept := false
+	defer func() {
+		e.mu.Lock()
+		delete(e.setup, c)
+		e.mu.Unlock()
+		if !kept {
+			c.Close()
+		}
+	}()
+	c.SetDeadline(time.Now().Add(setupTimeout))
+	_, typ, payload, err := handshake.Server(c, e.o.Secret, wire.PurposeVerbs, 64)
+	if err != nil {
+		e.logDrop(c, err)
+		return
+	}
+	reject := func(err error) {
+		handshake.Reject(c, err.Error())
+		e.logDrop(c, err)
+	}
+	if typ != wire.FrameConnSetup {
+		reject(fmt.Errorf("expected a connection setup, got a %v frame", typ))
+		return
+	}
+	s, _, err := wire.ParseConnSetup(payload)
+	if err == nil {
+		err = e.checkSetup(s)
+	}
+	if err != nil {
+		reject(err)
+		return
+	}
+	k := connKey{int(s.From), int(s.Channel)}
+	e.mu.Lock()
+	p := e.pendingLocked(k)
+	dup := p.c != nil || e.conns[k] != nil
+	e.mu.Unlock()
+	if dup {
+		reject(fmt.Errorf("connection from rank %d on channel %d already established", s.From, s.Channel))
+		return
+	}
+	if err := handshake.WriteFrame(c, wire.FrameConnSetup, payload); err != nil {
+		e.logDrop(c, err)
+		return
+	}
+	// The connection is made here, not in Connect: the dialer's Connect
+	// must not wait on what this rank's channels happen to connect first.
+	vc, err := newConn(e, int(s.From), int(s.Channel), c)
+	if err != nil {
+		reject(err)
+		return
+	}
+	kept = true // vc owns c now
+	if err := vc.establish(false); err != nil {
+		e.logDrop(c, fmt.Errorf("connecting the queue pairs of rank %d (channel %d): %w", s.From, s.Channel, err))
+		vc.teardown()
+		return
+	}
+	c.SetDeadline(time.Time{})
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed || p.c != nil {
+		vc.teardown()
+		return
+	}
+	p.c = vc
+	vc.watch()
+	close(p.ready)
+}
+
+func (e *Endpoint) checkSetup(s wire.ConnSetup) error {
+	switch {
+	case s.Flags != 0:
+		return fmt.Errorf("unknown connection flags %#x", s.Flags)
+	case int(s.To) != e.o.Rank:
+		return fmt.Errorf("connection meant for rank %d reached rank %d", s.To, e.o.Rank)
+	case int(s.From) >= e.o.NRanks || int(s.From) >= e.o.Rank:
+		return fmt.Errorf("rank %d may not dial rank %d (the lower rank of a pair dials)", s.From, e.o.Rank)
+	case e.o.Peers[s.From] == "":
+		return fmt.Errorf("rank %d is not an RDMA peer of rank %d", s.From, e.o.Rank)
+	case int(s.NSocks) != e.o.QPs:
+		return fmt.Errorf("rank %d stripes a connection over %d queue pairs, rank %d over %d (set GOCCL_IB_QPS_PER_CONNECTION alike on every rank)", s.From, s.NSocks, e.o.Rank, e.o.QPs)
+	}
+	return nil
+}
+
+func (e *Endpoint) pendingLocked(k connKey) *pendingConn {
+	p := e.pending[k]
+	if p == nil {
+		p = &pendingConn{ready: make(chan struct{})}
+		e.pending[k] = p
+	}
+	return p
+}
+
+// Connect implements transport.Endpoint.
+func (e *Endpoint) Connect(ctx context.Context, peer, ch int) (transport.Conn, error) {
+	fail := func(err error) (transport.Conn, error) {
+		return nil, &transport.PeerError{Peer: peer, Op: "connect", Err: err}
+	}
+	if peer < 0 || peer >= e.o.NRanks || peer == e.o.Rank {
+		return fail(fmt.Errorf("no such peer for rank %d of %d", e.o.Rank, e.o.NRanks))
+	}
+	if e.o.Peers[peer] == "" {
+		return fail(fmt.Errorf("rank %d is not reachable over RDMA", peer))
+	}
+	if ch >= transport.DeviceChannels {
+		return fail(errors.New("verbs: device operations over RDMA (GPUDirect) are not built yet"))
+	}
+	k := connKey{peer, ch}
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil, transport.ErrClosed
+	}
+	if c := e.conns[k]; c != nil {
+		e.mu.Unlock()
+		return c, nil
+	}
+	e.mu.Unlock()
+	var c *conn
+	var err error
+	if e.o.Rank < peer {
+		c, err = e.dial(ctx, peer, ch)
+	} else {
+		c, err = e.awaitIncoming(ctx, k)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		go c.close(e.cause)
+		return nil, transport.ErrClosed
+	}
+	if old := e.conns[k]; old != nil { // a concurrent Connect won
+		go c.close(nil)
+		return old, nil
+	}
+	e.conns[k] = c
+	for _, q := range c.qps {
+		e.byQPN[q.Num()] = c
+	}
+	return c, nil
+}
+
+func (e *Endpoint) awaitIncoming(ctx context.Context, k connKey) (*conn, error) {
+	e.mu.Lock()
+	p := e.pendingLocked(k)
+	e.mu.Unlock()
+	select {
+	case <-p.ready:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("waiting for rank %d to connect (channel %d): %w", k.peer, k.ch, context.Cause(ctx))
+	case <-e.done:
+		return nil, transport.ErrClosed
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	delete(e.pending, k)
+	if e.closed {
+		return nil, transport.ErrClosed // Close closes it
+	}
+	return p.c, nil
+}
+
+// dial opens and authenticates the control connection to peer, retrying
+// until the peer's listener answers, it refuses, or ctx ends, then makes
+// the connection over it.
+func (e *Endpoint) dial(ctx context.Context, peer, ch int) (*conn, error) {
+	addr := e.o.Peers[peer]
+	backoff := 5 * time.Millisecond
+	s := wire.ConnSetup{From: uint32(e.o.Rank), To: uint32(peer), Channel: uint32(ch), NSocks: uint16(e.o.QPs)}
+	for {
+		d := net.Dialer{Timeout: setupTimeout}
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err == nil {
+			err = handshake.Bounded(ctx, c, setupTimeout, func() error {
+				if err := handshake.Client(c, e.o.Secret, wire.PurposeVerbs, func() (wire.FrameType, []byte) {
+					return wire.FrameConnSetup, s.Append(nil)
+				}); err != nil {
+					return err
+				}
+				return expect(c, wire.FrameConnSetup, nil)
+			})
+			if err == nil {
+				vc, err := newConn(e, peer, ch, c)
+				if err != nil {
+					c.Close()
+					return nil, err
+				}
+				if err := handshake.Bounded(ctx, c, setupTimeout, func() error { return vc.establish(true) }); err != nil {
+					vc.teardown()
+					return nil, fmt.Errorf("connecting the queue pairs: %w", err)
+				}
+				vc.watch()
+				return vc, nil
+			}
+			c.Close()
+			var rej *handshake.RejectedError
+			if errors.Is(err, handshake.ErrAuth) || errors.As(err, &rej) || ctx.Err() != nil {
+				return nil, fmt.Errorf("connecting to rank %d at %s: %w", peer, addr, err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("connecting to rank %d at %s: %v: %w", peer, addr, err, context.Cause(ctx))
+		case <-e.done:
+			return nil, transport.ErrClosed
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 500*time.Millisecond)
+	}
+}
+
+// expect reads one frame of type want (its payload into *payload when
+// set), or the peer's refusal.
+func expect(c net.Conn, want wire.FrameType, payload *[]byte) error {
+	typ, p, err := handshake.ReadFrame(c, wire.MaxString+256)
+	if err != nil {
+		return err
+	}
+	if typ == wire.FrameReject {
+		r, _, _ := wire.ParseReject(p)
+		return &handshake.RejectedError{Reason: r.Reason}
+	}
+	if typ != want {
+		return fmt.Errorf("expected a %v frame, got a %v frame", want, typ)
+	}
+	if payload != nil {
+		*payload = p
+	}
+	return nil
+}
+
+// watchEvents fails the connections a fatal asynchronous event touches.
+func (e *Endpoint) watchEvents(es ibv.EventSource) {
+	defer e.wg.Done()
+	for {
+		select {
+		case <-e.done:
+			return
+		default:
+		}
+		ev, ok, err := es.WaitEvent(100 * time.Millisecond)
+		if err != nil {
+			return
+		}
+		if !ok || !ev.Fatal() {
+			continue
+		}
+		e.log.Warn("goccl: RDMA device event", "rank", e.o.Rank, "device", e.port.Device.Name, "event", ev.String())
+		e.mu.Lock()
+		var hit []*conn
+		if c := e.byQPN[ev.QPNum]; c != nil && ev.QPNum != 0 {
+			hit = append(hit, c)
+		} else if ev.QPNum == 0 {
+			for _, c := range e.conns {
+				hit = append(hit, c)
+			}
+		}
+		e.mu.Unlock()
+		for _, c := range hit {
+			c.failAsync(fmt.Errorf("device %s reported %v", e.port.Device.Name, ev))
+		}
+	}
+}
+
+// Close implements transport.Endpoint.
+func (e *Endpoint) Close(cause error) error {
+	e.mu.Lock()
+	if e.closed {
+		if cause != nil && e.cause == nil {
+			e.cause = cause
+		}
+		e.mu.Unlock()
+		<-e.closing
+		return nil
+	}
+	e.closed = true
+	e.cause = cause
+	close(e.done)
+	e.o.Listener.Close()
+	for c := range e.setup {
+		c.Close()
+	}
+	conns := make([]*conn, 0, len(e.conns))
+	for _, c := range e.conns {
+		conns = append(conns, c)
+	}
+	for _, p := range e.pending {
+		if p.c != nil { // established, never collected: the peer has it
+			conns = append(conns, p.c)
+		}
+	}
+	e.mu.Unlock()
+	for _, c := range conns {
+		c.close(cause)
+	}
+	e.wg.Wait()
+	e.port.Ctx.Close()
+	close(e.closing)
+	return nil
+}
+
+// closedErr is the error of a call on a closed endpoint.
+func (e *Endpoint) closedErr() error {
+	e.mu.Lock()
+	cause := e.cause
+	e.mu.Unlock()
+	if cause != nil {
+		return fmt.Errorf("%w: %w", transport.ErrClosed, cause)
+	}
+	return transport.ErrClosed
+}
+
+// Control messages, after the QP exchange: one byte, and for an abort a
+// length and the reason.
+const (
+	ctlReady = 'R' // queue pairs ready, receives posted
+	ctlGone  = 'G' // closed gracefully: everything posted has landed
+	ctlAbort = 'A'
+)
+
+func writeAbort(c net.Conn, reason string) {
+	if len(reason) > wire.MaxString {
+		reason = reason[:wire.MaxString]
+	}
+	b := []byte{ctlAbort, 0, 0}
+	binary.BigEndian.PutUint16(b[1:], uint16(len(reason)))
+	c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+	c.Write(append(b, reason...))
+}
+
+func readAbort(r io.Reader) string {
+	var n [2]byte
+	if _, err := io.ReadFull(r, n[:]); err != nil {
+		return "no reason given"
+	}
+	b := make([]byte, binary.BigEndian.Uint16(n[:]))
+	if _, err := io.ReadFull(r, b); err != nil || len(b) == 0 {
+		return "no reason given"
+	}
+	return string(b)
+}

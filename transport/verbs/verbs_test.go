@@ -1,0 +1,94 @@
+package verbs
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goccl/goccl/algorithms"
+	"github.com/goccl/goccl/transport"
+	"github.com/goccl/goccl/transport/transporttest"
+	"github.com/goccl/goccl/transport/verbs/ibemu"
+)
+
+var secret = []byte("0123456789abcdef0123456789abcdef")
+
+// endpoints makes n endpoints on one emulated fabric (adversarial, with
+// a seed per test run that the log shows).
+func endpoints(t *testing.T, n int, mod func(r int, o *Options)) []*Endpoint {
+	t.Helper()
+	pr := ibemu.New(ibemu.Options{Dir: t.TempDir(), Adversarial: true, TimeScale: 0.001})
+	lns := make([]net.Listener, n)
+	peers := make([]string, n)
+	for i := range lns {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		lns[i], peers[i] = ln, ln.Addr().String()
+	}
+	eps := make([]*Endpoint, n)
+	for r := range eps {
+		o := Options{Rank: r, NRanks: n, Peers: peers, Secret: secret, Listener: lns[r], Provider: pr,
+			GIDIndex: -1, Slots: 4, SlotSize: 64 << 10}
+		if mod != nil {
+			mod(r, &o)
+		}
+		e, err := New(o)
+		require.NoError(t, err)
+		eps[r] = e
+		t.Cleanup(func() { e.Close(nil) })
+	}
+	return eps
+}
+
+func TestContract(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		mod  func(r int, o *Options)
+	}{
+		{"default", nil},
+		{"qps3", func(_ int, o *Options) { o.QPs = 3; o.Slots = 5 }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			transporttest.Contract(t, func(t *testing.T, n int) []transport.Endpoint {
+				return transporttest.Endpoints(endpoints(t, n, c.mod))
+			}, transporttest.ContractOptions{})
+		})
+	}
+}
+
+func TestAllReduce(t *testing.T) {
+	link := algorithms.LinkModel{Latency: 5e-6, Bandwidth: 5e9, ReduceRate: 6e9, MaxChannels: 2, ChannelBytes: 1 << 20, ChunkBytes: 64 << 10}
+	for _, qps := range []int{1, 2} {
+		t.Run("", func(t *testing.T) {
+			transporttest.AllReduceEveryAlgorithm(t, link, func(t *testing.T, n int) []transport.Endpoint {
+				return transporttest.Endpoints(endpoints(t, n, func(_ int, o *Options) { o.QPs = qps }))
+			})
+		})
+	}
+}
+
+func TestPortIsTheEmulatedDevice(t *testing.T) {
+	eps := endpoints(t, 1, nil)
+	p := eps[0].Port()
+	require.True(t, p.Device.Emulated)
+	require.Equal(t, 2, p.GIDIdx, "the IPv4-mapped RoCE v2 GID, link-local entries skipped")
+	require.Contains(t, p.String(), "emulated test device, not RDMA hardware")
+}
+
+func TestMismatchedQPCountsAreRefused(t *testing.T) {
+	eps := endpoints(t, 2, func(r int, o *Options) { o.QPs = r + 1 })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := eps[1].Connect(ctx, 0, 0)
+		errc <- err
+	}()
+	_, err := eps[0].Connect(ctx, 1, 0)
+	require.ErrorContains(t, err, "GOCCL_IB_QPS_PER_CONNECTION")
+	cancel()
+	<-errc
+}
