@@ -154,6 +154,9 @@ func (Table) Header(w io.Writer, rep *Report) {
 		if ri.Device != "" {
 			dev = " device " + ri.Device
 		}
+		if ri.NIC != "" {
+			dev += " nic " + ri.NIC
+		}
 		fmt.Fprintf(w, "#  Rank %2d Pid %6d on %10s transport %s%s\n", ri.Rank, ri.PID, host, ri.Transport, dev)
 	}
 	fmt.Fprintln(w, "#")

@@ -31,7 +31,8 @@ type Comm struct {
 	ep         transport.Endpoint
 	peers      []wire.PeerInfo // from the bootstrap; nil in a local group
 	transport  string          // "mem" in a local group
-	routes     []string        // by rank, between processes: "self", "shm" or "tcp"
+	routes     []string        // by rank, between processes: "self", "shm", "tcp" or "verbs"
+	ibPort     string          // the RDMA port, when some peer is reached over verbs
 	dev        *devState       // nil without a device (WithDevice)
 	devNames   []string        // by rank, where known (RankInfo.Device)
 	// closed, in a local group, is called once this rank has closed: the
@@ -93,11 +94,15 @@ type RankInfo struct {
 	PID       int
 	Host      string // host identity (hostname/boot id, or GOCCL_HOSTID)
 	Addr      string // data address, "" in a local group
-	Transport string // how this rank reaches it: "self", "mem", "shm", "tcp"
+	Transport string // how this rank reaches it: "self", "mem", "shm", "tcp", "verbs"
 	// Device describes the rank's GPU ("cuda:0 NVIDIA H200 [0000:19:00.0]"),
 	// where this rank knows it: its own, and every rank's in a local
 	// group; "" for none or unknown.
 	Device string
+	// NIC is the RDMA port this rank uses ("mlx5_0:1 RoCE 200 Gbit/s GID
+	// 3 (::ffff:10.0.0.7)"), for this rank itself when it uses the verbs
+	// transport; "" otherwise.
+	NIC string
 }
 
 // Ranks describes every rank of the communicator, as this rank sees it.
@@ -116,6 +121,9 @@ func (c *Comm) Ranks() []RankInfo {
 		}
 		if r == c.rank && c.dev != nil {
 			ri.Device = describeDevice(c.dev.dev)
+		}
+		if r == c.rank {
+			ri.NIC = c.ibPort
 		}
 		if c.peers != nil {
 			p := c.peers[r]

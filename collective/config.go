@@ -70,11 +70,16 @@ type Config struct {
 	// make namespaces count as hosts.
 	HostID string
 	// Transport chooses how processes reach each other: TransportAuto
-	// (or ""): shared memory between ranks on one host, TCP otherwise;
-	// TransportTCP: TCP everywhere; TransportShm: shared memory everywhere,
-	// and Init fails if some pair cannot use it. Ranks may differ: a pair
-	// uses shared memory only if neither side forces TCP.
+	// (or ""): shared memory between ranks on one host, RDMA verbs
+	// between hosts where both ends have a usable port, TCP otherwise;
+	// TransportTCP: TCP everywhere; TransportShm: shared memory everywhere;
+	// TransportVerbs: RDMA for every pair. Init fails if some pair cannot
+	// use the transport forced. Ranks may differ: a pair uses shared
+	// memory only if neither side forces TCP or verbs, and verbs if one
+	// side forces it and both can.
 	Transport string
+	// IB configures the RDMA transport (GOCCL_IB_*); see IBConfig.
+	IB IBConfig
 	// Spin is how long a rank waiting for data polls before it sleeps
 	// (parking and waking a thread costs tens of microseconds); 0 means
 	// DefaultSpin, a negative value never polls.
@@ -102,6 +107,33 @@ type Config struct {
 	tls *tls.Config
 	// devices are the GPUs of WithDevice; nil: host memory only.
 	devices []Device
+}
+
+// IBConfig configures the RDMA verbs transport. The zero value means
+// NCCL's defaults.
+type IBConfig struct {
+	// HCA chooses the device and port, in NCCL_IB_HCA's syntax:
+	// "mlx5_0:1,mlx5_1" (prefixes of device names, optionally with a
+	// port), "^mlx5_1" (all but these), "=mlx5_0" (exact names). Empty:
+	// the first active port.
+	HCA string
+	// GIDIndex, if set, forces the GID table entry on RoCE; nil chooses
+	// the IPv4-mapped RoCE v2 entry, skipping link-local ones.
+	GIDIndex *int
+	// TC and SL are the traffic class and service level of every
+	// connection (NCCL_IB_TC, NCCL_IB_SL).
+	TC, SL int
+	// QPsPerConnection stripes each connection over this many queue
+	// pairs, 1..16 (NCCL_IB_QPS_PER_CONNECTION); 0 means 1.
+	QPsPerConnection int
+	// Timeout (0..31; 4.096 µs × 2^Timeout per try) and RetryCnt (0..7)
+	// bound how long a NIC retries a peer that does not answer before
+	// the connection fails with RETRY_EXC_ERR; 0 means NCCL's 20 and 7.
+	Timeout, RetryCnt int
+	// Emulate uses the emulated RC device (transport/verbs/ibemu) in
+	// place of RDMA hardware: for tests on machines without it. It moves
+	// bytes between processes through shared memory and is never RDMA.
+	Emulate bool
 }
 
 // Option changes a Config.
@@ -244,13 +276,22 @@ const (
 	EnvSocketIf    = "GOCCL_SOCKET_IFNAME"
 	EnvHostID      = "GOCCL_HOSTID"
 	EnvSpin        = "GOCCL_SPIN"         // a duration ("1ms", "200us"); 0 never polls
-	EnvTransport   = "GOCCL_TRANSPORT"    // auto, tcp or shm
+	EnvTransport   = "GOCCL_TRANSPORT"    // auto, tcp, shm or verbs
 	EnvDebugDump   = "GOCCL_DEBUG_DUMP"   // a directory for flight recorder dumps
 	EnvDebug       = "GOCCL_DEBUG"        // WARN, INFO, DEBUG, TRACE or NONE
 	EnvDebugSubsys = "GOCCL_DEBUG_SUBSYS" // INIT,COLL,NET or ALL; ^ excludes
 	EnvTLSCert     = "GOCCL_TLS_CERT"     // PEM: this rank's certificate
 	EnvTLSKey      = "GOCCL_TLS_KEY"      // PEM: its private key
 	EnvTLSCA       = "GOCCL_TLS_CA"       // PEM: the CA that signed every rank's certificate
+
+	EnvIBHCA      = "GOCCL_IB_HCA"                // NCCL_IB_HCA's syntax: mlx5_0:1,mlx5_1 / ^mlx5_1 / =mlx5_0
+	EnvIBGIDIndex = "GOCCL_IB_GID_INDEX"          // a GID table index
+	EnvIBTC       = "GOCCL_IB_TC"                 // 0..255
+	EnvIBSL       = "GOCCL_IB_SL"                 // 0..15
+	EnvIBQPs      = "GOCCL_IB_QPS_PER_CONNECTION" // 1..16
+	EnvIBTimeout  = "GOCCL_IB_TIMEOUT"            // 1..31
+	EnvIBRetryCnt = "GOCCL_IB_RETRY_CNT"          // 1..7
+	EnvIBEmulate  = "GOCCL_IB_EMULATE"            // 1: the emulated test device, not RDMA
 )
 
 // resolve builds the Config: defaults, then the environment, then
@@ -388,8 +429,38 @@ func fromEnv(lookup func(string) (string, bool)) (Config, error) {
 	}
 	if v, ok := lookup(EnvTransport); ok && v != "" {
 		c.Transport = strings.ToLower(strings.TrimSpace(v))
-		if c.Transport != TransportAuto && c.Transport != TransportTCP && c.Transport != TransportShm {
-			return c, bad(EnvTransport, v, "auto, tcp or shm")
+		if !knownTransport(c.Transport) {
+			return c, bad(EnvTransport, v, "auto, tcp, shm or verbs")
+		}
+	}
+	if v, ok := lookup(EnvIBHCA); ok {
+		c.IB.HCA = v
+	}
+	for _, e := range []struct {
+		name   string
+		dst    *int
+		lo, hi int
+	}{{EnvIBTC, &c.IB.TC, 0, 255}, {EnvIBSL, &c.IB.SL, 0, 15}, {EnvIBQPs, &c.IB.QPsPerConnection, 1, 16},
+		{EnvIBTimeout, &c.IB.Timeout, 1, 31}, {EnvIBRetryCnt, &c.IB.RetryCnt, 1, 7}, {EnvIBGIDIndex, nil, 0, 255}} {
+		if v, ok := lookup(e.name); ok && strings.TrimSpace(v) != "" {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil || n < e.lo || n > e.hi {
+				return c, bad(e.name, v, fmt.Sprintf("an integer in %d..%d", e.lo, e.hi))
+			}
+			if e.dst == nil {
+				c.IB.GIDIndex = &n
+			} else {
+				*e.dst = n
+			}
+		}
+	}
+	if v, ok := lookup(EnvIBEmulate); ok && strings.TrimSpace(v) != "" {
+		switch strings.TrimSpace(v) {
+		case "1", "true", "yes":
+			c.IB.Emulate = true
+		case "0", "false", "no":
+		default:
+			return c, bad(EnvIBEmulate, v, "1 or 0")
 		}
 	}
 	if v, ok := lookup(EnvSpin); ok && v != "" {
@@ -445,6 +516,14 @@ func ParseSize(s string) (int64, error) {
 	return n * mult, nil
 }
 
+func knownTransport(t string) bool {
+	switch t {
+	case TransportAuto, TransportTCP, TransportShm, TransportVerbs:
+		return true
+	}
+	return false
+}
+
 func (c Config) validate() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: config: %s", ErrInvalidArgument, fmt.Sprintf(format, args...))
@@ -470,8 +549,16 @@ func (c Config) validate() error {
 		return bad("negative InitTimeout %v", c.InitTimeout)
 	case c.NSocks < 0 || c.NSocks > 64:
 		return bad("NSocks %d out of range 0..64", c.NSocks)
-	case c.Transport != "" && c.Transport != TransportAuto && c.Transport != TransportTCP && c.Transport != TransportShm:
-		return bad("Transport %q (want auto, tcp or shm)", c.Transport)
+	case c.Transport != "" && !knownTransport(c.Transport):
+		return bad("Transport %q (want auto, tcp, shm or verbs)", c.Transport)
+	case c.IB.TC < 0 || c.IB.TC > 255 || c.IB.SL < 0 || c.IB.SL > 15:
+		return bad("IB traffic class %d (0..255), service level %d (0..15)", c.IB.TC, c.IB.SL)
+	case c.IB.QPsPerConnection < 0 || c.IB.QPsPerConnection > 16:
+		return bad("IB QPsPerConnection %d out of range 0..16", c.IB.QPsPerConnection)
+	case c.IB.Timeout < 0 || c.IB.Timeout > 31 || c.IB.RetryCnt < 0 || c.IB.RetryCnt > 7:
+		return bad("IB Timeout %d (0..31), RetryCnt %d (0..7)", c.IB.Timeout, c.IB.RetryCnt)
+	case c.IB.GIDIndex != nil && (*c.IB.GIDIndex < 0 || *c.IB.GIDIndex > 255):
+		return bad("IB GIDIndex %d out of range 0..255", *c.IB.GIDIndex)
 	case (c.TLSCert == "") != (c.TLSKey == "") || (c.TLSCert == "") != (c.TLSCA == ""):
 		return bad("TLS needs a certificate, its key and the CA, all three (%s=%q %s=%q %s=%q)",
 			EnvTLSCert, c.TLSCert, EnvTLSKey, c.TLSKey, EnvTLSCA, c.TLSCA)

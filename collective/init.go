@@ -25,6 +25,9 @@ import (
 	"github.com/goccl/goccl/transport"
 	"github.com/goccl/goccl/transport/shm"
 	"github.com/goccl/goccl/transport/tcp"
+	"github.com/goccl/goccl/transport/verbs"
+	"github.com/goccl/goccl/transport/verbs/ibemu"
+	"github.com/goccl/goccl/transport/verbs/ibv"
 )
 
 // Version is the library version. Ranks of one job must run the same
@@ -125,6 +128,20 @@ var tcpLink = algorithms.LinkModel{
 	ChunkBytes:   2 << 20,
 }
 
+// verbsLink is the tuner's model of RDMA connections: a hop is a write
+// with immediate and its completion (ib_write_lat measures 1–2 µs on
+// HDR/NDR, perftest issue 131) plus the engine's step; bandwidth is a
+// link's (24 GB/s busbw per HDR 200G NIC in NCCL, less on older ones);
+// chunks as TCP's, 4 slots of 512 KiB in flight.
+var verbsLink = algorithms.LinkModel{
+	Latency:      3e-6,
+	Bandwidth:    12e9,
+	ReduceRate:   6e9,
+	MaxChannels:  DefaultMaxChannels,
+	ChannelBytes: 4 << 20,
+	ChunkBytes:   2 << 20,
+}
+
 // shmLink is the tuner's model of shared-memory connections: a hop is a
 // store seen by a polling core (well under a microsecond) plus the
 // engine's own work per step; bandwidth is a memory copy through the
@@ -208,8 +225,29 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	if err != nil {
 		return fail(err)
 	}
+	// The RDMA port, opened before this rank is announced so that the
+	// others learn whether it has one.
+	var vport *verbs.Port
+	var vln net.Listener
+	if mode == TransportAuto || mode == TransportVerbs {
+		p, err := openVerbsPort(cfg.IB)
+		switch {
+		case err == nil:
+			if vln, err = net.Listen("tcp", net.JoinHostPort(addrs[0].Host(), "0")); err != nil {
+				p.Ctx.Close()
+				ln.Close()
+				return fail(err)
+			}
+			vport = p
+		case mode == TransportVerbs:
+			ln.Close()
+			return fail(fmt.Errorf("GOCCL_TRANSPORT=verbs: %w", err))
+		default:
+			slog.Debug("goccl: no RDMA transport", "rank", rank, "why", err)
+		}
+	}
 	var shmLn *net.UnixListener
-	if mode != TransportTCP && shm.Supported {
+	if (mode == TransportAuto || mode == TransportShm) && shm.Supported {
 		if shmLn, err = shm.Listen(); err != nil {
 			if mode == TransportShm {
 				ln.Close()
@@ -223,6 +261,10 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		if shmLn != nil {
 			shmLn.Close()
 		}
+		if vport != nil {
+			vln.Close()
+			vport.Ctx.Close()
+		}
 	}
 	hostID := cfg.HostID
 	if hostID == "" {
@@ -234,6 +276,9 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	summary := hostSummary{CPUs: runtime.NumCPU(), NetNS: netNamespace()}
 	if shmLn != nil {
 		summary.Shm = shmLn.Addr().String()
+	}
+	if vport != nil {
+		summary.Verbs, summary.ForceVerbs = vln.Addr().String(), mode == TransportVerbs
 	}
 	info := wire.PeerInfo{Rank: uint32(rank), NRanks: uint32(nranks), PID: uint32(os.Getpid()),
 		HostID: hostID, DataAddr: ln.Addr().String(), Version: Version, Topology: summary.encode()}
@@ -261,17 +306,24 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		return fail(errors.New("this rank is not in the root's table"))
 	}
 	rank, nranks = me, len(table.Peers)
-	route, anyTCP, err := routes(table.Peers, rank, mode)
+	route, anyNet, err := routes(table.Peers, rank, mode)
 	if err != nil {
 		closeListeners()
 		return fail(err)
 	}
 	// Every connection of the job has the same slot shape (the engine's
-	// plans depend on it): TCP's when any pair uses TCP, else shared
-	// memory's, unless Config sets it.
+	// plans depend on it): the network's (TCP's and verbs' are alike) when
+	// any pair goes over it, else shared memory's, unless Config sets it.
 	slots, slotSize, link := shm.DefaultSlots, shm.DefaultSlotSize, shmLink
-	if anyTCP {
-		slots, slotSize, link = tcp.DefaultSlots, tcp.DefaultSlotSize, tcpLink
+	if anyNet {
+		slots, slotSize, link = tcp.DefaultSlots, tcp.DefaultSlotSize, verbsLink
+		for _, p := range table.Peers {
+			for _, q := range table.Peers {
+				if r, _ := pairRoute(p, q); p.Rank != q.Rank && r == TransportTCP {
+					link = tcpLink // the slowest link of the job
+				}
+			}
+		}
 	}
 	if cfg.Slots != 0 {
 		slots = cfg.Slots
@@ -290,21 +342,25 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	}
 	tcpPeers := make([]string, nranks)
 	shmPeers := make([]string, nranks)
-	var nTCP, nShm int
+	verbsPeers := make([]string, nranks)
+	var nTCP, nShm, nVerbs int
 	for i, p := range table.Peers {
+		s, _ := decodeHostSummary(p.Topology)
 		switch route[i] {
 		case TransportTCP:
 			tcpPeers[i] = p.DataAddr
 			nTCP++
 		case TransportShm:
-			s, _ := decodeHostSummary(p.Topology)
 			shmPeers[i] = s.Shm
 			nShm++
+		case TransportVerbs:
+			verbsPeers[i] = s.Verbs
+			nVerbs++
 		}
 	}
 	rep := &routedEndpoint{byPeer: make([]transport.Endpoint, nranks)}
 	var tcpEp *tcp.Endpoint
-	if nTCP > 0 || nShm == 0 {
+	if nTCP > 0 || nShm == 0 && nVerbs == 0 {
 		tcpPeers[rank] = ln.Addr().String()
 		to := tcp.Options{Rank: rank, NRanks: nranks, Peers: tcpPeers, Secret: id.secret[:], Listener: ln,
 			NSocks: cfg.NSocks, Slots: slots, SlotSize: slotSize, SpinFor: cfg.Spin, TLS: cfg.tls}
@@ -326,6 +382,34 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		}
 	} else {
 		ln.Close()
+	}
+	if nVerbs > 0 {
+		verbsPeers[rank] = vln.Addr().String()
+		vo := verbs.Options{Rank: rank, NRanks: nranks, Peers: verbsPeers, Secret: id.secret[:], Listener: vln, Port: vport,
+			TC: uint8(cfg.IB.TC), SL: uint8(cfg.IB.SL), QPs: cfg.IB.QPsPerConnection, Slots: slots, SlotSize: slotSize,
+			SpinFor: cfg.Spin, Timeout: uint8(cfg.IB.Timeout), RetryCnt: uint8(cfg.IB.RetryCnt)}
+		if tcpEp != nil {
+			vo.Progress = tcpEp.Progress
+		}
+		ep, err := verbs.New(vo)
+		if err != nil {
+			vln.Close()
+			vport.Ctx.Close()
+			if shmLn != nil {
+				shmLn.Close()
+			}
+			rep.Close(err)
+			return fail(err)
+		}
+		rep.all = append(rep.all, ep)
+		for i, r := range route {
+			if r == TransportVerbs {
+				rep.byPeer[i] = ep
+			}
+		}
+	} else if vport != nil {
+		vln.Close()
+		vport.Ctx.Close()
 	}
 	if nShm > 0 {
 		here := summarize(table.Peers)[hostID]
@@ -384,6 +468,9 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	}
 	c.peers = table.Peers
 	c.routes = route
+	if nVerbs > 0 {
+		c.ibPort = vport.String()
+	}
 	c.id, c.lookup = id, lookup
 	if watch != nil {
 		c.startWatch(watch)
@@ -486,4 +573,24 @@ func channelsPerRank(hosts map[string]hostLoad) int {
 		c = min(c, max(1, h.cpus/h.ranks))
 	}
 	return c
+}
+
+// openVerbsPort opens the RDMA port the IB settings choose: on the
+// emulated test device with Emulate, through libibverbs otherwise.
+func openVerbsPort(ib IBConfig) (*verbs.Port, error) {
+	spec, err := verbs.ParseHCA(ib.HCA)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	var pr ibv.Provider
+	if ib.Emulate {
+		pr = ibemu.New(ibemu.Options{})
+	} else if pr, err = ibv.OpenLibrary(); err != nil {
+		return nil, fmt.Errorf("%w (GOCCL_IB_EMULATE=1 uses the emulated test device instead)", err)
+	}
+	gid := -1
+	if ib.GIDIndex != nil {
+		gid = *ib.GIDIndex
+	}
+	return verbs.OpenPort(pr, spec, gid)
 }

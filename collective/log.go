@@ -138,6 +138,9 @@ func (c *Comm) logReady() {
 	}
 	attrs := []any{"nranks", c.size, "hosts", max(1, len(hosts)), "transports", strings.Join(tr, ","),
 		"allreduce_8B", algo(8), "allreduce_64MiB", algo(64 << 20), "timeout", c.cfg.Timeout, "tls", c.cfg.TLSCert != ""}
+	if c.ibPort != "" {
+		attrs = append(attrs, "ib_port", c.ibPort)
+	}
 	if c.dev != nil {
 		// Device operations between ranks of this process move device to
 		// device (slots in the receiver's device memory); between

@@ -138,10 +138,10 @@ func requireAllOK(t *testing.T, res []procResult) {
 }
 
 func TestMultiProcessEveryCollective(t *testing.T) {
-	for _, tr := range transports() {
+	for _, tr := range allTransports() {
 		for _, n := range []int{2, 3, 4} {
 			t.Run(fmt.Sprintf("transport=%s/nranks=%d", tr, n), func(t *testing.T) {
-				res := spawn(t, "collectives", gocclEnvs(t, n, "GOCCL_TRANSPORT="+tr), nil)
+				res := spawn(t, "collectives", gocclEnvs(t, n, transportEnv(t, tr)...), nil)
 				requireAllOK(t, res)
 				for q := 1; q < n; q++ {
 					require.Contains(t, res[0].output, fmt.Sprintf("rank %d transport %s ", q, tr))
@@ -151,12 +151,32 @@ func TestMultiProcessEveryCollective(t *testing.T) {
 	}
 }
 
-// transports lists the transports between processes on this machine.
+// transports lists the transports between processes on this machine
+// that carry device operations.
 func transports() []string {
 	if runtime.GOOS == "linux" {
 		return []string{"shm", "tcp"}
 	}
 	return []string{"tcp"}
+}
+
+// allTransports adds RDMA verbs, over the emulated test device (there is
+// no RDMA hardware here).
+func allTransports() []string {
+	if runtime.GOOS == "linux" {
+		return append(transports(), "verbs")
+	}
+	return transports()
+}
+
+// transportEnv forces transport tr: for verbs, on an emulated fabric of
+// the test's own.
+func transportEnv(t *testing.T, tr string) []string {
+	env := []string{"GOCCL_TRANSPORT=" + tr}
+	if tr == "verbs" {
+		env = append(env, "GOCCL_IB_EMULATE=1", "GOCCL_IB_EMULATE_DIR="+t.TempDir())
+	}
+	return env
 }
 
 func TestMultiProcessDefaultTransport(t *testing.T) {
@@ -240,13 +260,14 @@ func TestMultiProcessKilledRank(t *testing.T) {
 	cases := []struct{ transport, count string }{{"tcp", "2097152"}}
 	if runtime.GOOS == "linux" {
 		// 8 bytes run on the shared board (transport/shm's JoinBoard).
-		cases = append(cases, struct{ transport, count string }{"shm", "2097152"}, struct{ transport, count string }{"shm", "2"})
+		cases = append(cases, struct{ transport, count string }{"shm", "2097152"}, struct{ transport, count string }{"shm", "2"},
+			struct{ transport, count string }{"verbs", "2097152"})
 	}
 	for _, tc := range cases {
 		t.Run("transport="+tc.transport+"/count="+tc.count, func(t *testing.T) {
 			const n, victim = 4, 2
 			start := time.Now()
-			res := spawn(t, "kill", gocclEnvs(t, n, "GOCCL_TEST_VICTIM="+strconv.Itoa(victim), "GOCCL_TIMEOUT=10m", "GOCCL_TRANSPORT="+tc.transport, "GOCCL_TEST_COUNT="+tc.count), nil)
+			res := spawn(t, "kill", gocclEnvs(t, n, append(transportEnv(t, tc.transport), "GOCCL_TEST_VICTIM="+strconv.Itoa(victim), "GOCCL_TIMEOUT=10m", "GOCCL_TEST_COUNT="+tc.count)...), nil)
 			took := time.Since(start)
 			for _, r := range res {
 				if r.rank == victim {
@@ -266,10 +287,10 @@ func TestMultiProcessKilledRank(t *testing.T) {
 // loop; the other 3 shrink the communicator and finish the loop with
 // exact sums.
 func TestMultiProcessShrink(t *testing.T) {
-	for _, tr := range transports() {
+	for _, tr := range allTransports() {
 		t.Run("transport="+tr, func(t *testing.T) {
 			const n, victim = 4, 2
-			res := spawn(t, "shrink", gocclEnvs(t, n, "GOCCL_TEST_VICTIM="+strconv.Itoa(victim), "GOCCL_TRANSPORT="+tr), nil)
+			res := spawn(t, "shrink", gocclEnvs(t, n, append(transportEnv(t, tr), "GOCCL_TEST_VICTIM="+strconv.Itoa(victim))...), nil)
 			for _, r := range res {
 				if r.rank == victim {
 					require.NotEqual(t, 0, r.code)

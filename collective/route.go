@@ -15,23 +15,34 @@ const (
 	TransportAuto = "auto" // shared memory between ranks that share a host, TCP otherwise
 	TransportTCP  = "tcp"  // TCP for every pair
 	TransportShm  = "shm"  // shared memory for every pair; an error if some pair cannot
+	// TransportVerbs is RDMA (InfiniBand, RoCE) for every pair; an error
+	// if some pair cannot.
+	TransportVerbs = "verbs"
 )
 
 // hostSummary is what a rank tells the others about itself and its host,
 // in PeerInfo.Topology: its CPU count (the topology issue will grow this
-// into the full system document), its network namespace, and the address
-// of its shared-memory listener ("" when it has none).
+// into the full system document), its network namespace, the address of
+// its shared-memory listener ("" when it has none), and the control
+// address of its RDMA transport ("" when it has no usable port), with
+// whether it forces RDMA.
 type hostSummary struct {
-	CPUs  int
-	NetNS string
-	Shm   string
+	CPUs       int
+	NetNS      string
+	Shm        string
+	Verbs      string
+	ForceVerbs bool
 }
 
-const summaryVersion = 2
+const summaryVersion = 3
 
 func (h hostSummary) encode() []byte {
-	b := []byte{summaryVersion, byte(h.CPUs >> 8), byte(h.CPUs)}
-	for _, s := range []string{h.NetNS, h.Shm} {
+	f := byte(0)
+	if h.ForceVerbs {
+		f = 1
+	}
+	b := []byte{summaryVersion, byte(h.CPUs >> 8), byte(h.CPUs), f}
+	for _, s := range []string{h.NetNS, h.Shm, h.Verbs} {
 		if len(s) > 255 {
 			s = s[:255]
 		}
@@ -44,9 +55,12 @@ func decodeHostSummary(b []byte) (hostSummary, bool) {
 	if len(b) < 3 || b[0] != summaryVersion {
 		return hostSummary{}, false
 	}
-	h := hostSummary{CPUs: int(b[1])<<8 | int(b[2])}
-	b = b[3:]
-	for _, dst := range []*string{&h.NetNS, &h.Shm} {
+	if len(b) < 4 {
+		return hostSummary{}, false
+	}
+	h := hostSummary{CPUs: int(b[1])<<8 | int(b[2]), ForceVerbs: b[3]&1 != 0}
+	b = b[4:]
+	for _, dst := range []*string{&h.NetNS, &h.Shm, &h.Verbs} {
 		if len(b) < 1 || len(b) < 1+int(b[0]) {
 			return hostSummary{}, false
 		}
@@ -84,34 +98,66 @@ func sharesMemory(a, b wire.PeerInfo) (bool, string) {
 	return true, ""
 }
 
-// routes decides, for every peer of rank, "shm" or "tcp", and whether any
-// pair of the whole job uses TCP (which sets the slot shape every rank
-// must agree on).
-func routes(peers []wire.PeerInfo, rank int, mode string) (route []string, anyTCP bool, err error) {
+// routes decides, for every peer of rank, "shm", "verbs" or "tcp", and
+// whether any pair of the whole job goes over the network (TCP or
+// verbs), which sets the slot shape every rank must agree on. Every rank
+// computes it from the same table, so both ends of a pair agree: a pair
+// uses verbs when both ends have a port and one forces it, else shared
+// memory when it can, else verbs when both ends have a port, else TCP.
+func routes(peers []wire.PeerInfo, rank int, mode string) (route []string, anyNet bool, err error) {
 	route = make([]string, len(peers))
 	for i := range peers {
 		for j := i + 1; j < len(peers); j++ {
-			ok, why := sharesMemory(peers[i], peers[j])
-			if !ok {
-				anyTCP = true
+			r, why := pairRoute(peers[i], peers[j])
+			if r != TransportShm {
+				anyNet = true
 			}
 			if i != rank && j != rank {
 				continue
 			}
 			peer := i + j - rank
 			switch {
-			case ok:
-				route[peer] = TransportShm
-			case mode == TransportShm:
+			case mode == TransportShm && r != TransportShm:
 				return nil, false, fmt.Errorf("%w: GOCCL_TRANSPORT=shm, but rank %d cannot reach rank %d over shared memory: %s",
 					ErrInvalidArgument, rank, peer, why)
-			default:
-				route[peer] = TransportTCP
+			case mode == TransportVerbs && r != TransportVerbs:
+				return nil, false, fmt.Errorf("%w: GOCCL_TRANSPORT=verbs, but rank %d cannot reach rank %d over RDMA: %s",
+					ErrInvalidArgument, rank, peer, why)
 			}
+			route[peer] = r
 		}
 	}
 	route[rank] = "self"
-	return route, anyTCP, nil
+	return route, anyNet, nil
+}
+
+// pairRoute is the transport of ranks a and b, and why not the one a
+// rank may have forced.
+func pairRoute(a, b wire.PeerInfo) (string, string) {
+	sa, _ := decodeHostSummary(a.Topology)
+	sb, _ := decodeHostSummary(b.Topology)
+	rdma := sa.Verbs != "" && sb.Verbs != ""
+	noRDMA := ""
+	switch {
+	case sa.Verbs == "":
+		noRDMA = fmt.Sprintf("rank %d has no usable RDMA port (its INFO log says why)", a.Rank)
+	case sb.Verbs == "":
+		noRDMA = fmt.Sprintf("rank %d has no usable RDMA port (its INFO log says why)", b.Rank)
+	}
+	if rdma && (sa.ForceVerbs || sb.ForceVerbs) {
+		return TransportVerbs, ""
+	}
+	ok, why := sharesMemory(a, b)
+	switch {
+	case ok:
+		return TransportShm, "they share memory, and neither forces RDMA"
+	case rdma:
+		return TransportVerbs, why
+	}
+	if noRDMA != "" {
+		why = noRDMA + "; " + why
+	}
+	return TransportTCP, why
 }
 
 // routedEndpoint sends each peer's connections through the transport its

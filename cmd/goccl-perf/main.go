@@ -90,7 +90,7 @@ func run(args []string) int {
 		target   = fs.Duration("target", 0, "time each size for about this long instead of -n iterations (e.g. 0.5s)")
 		jsonPath = fs.String("J", "", "write the results as JSON to this file")
 		plotPath = fs.String("plot", "", "draw busbw and time against size into this PNG file")
-		tr       = fs.String("transport", "", "force the transport: shm or tcp (default: GOCCL_TRANSPORT, else auto)")
+		tr       = fs.String("transport", "", "force the transport: shm, tcp or verbs (default: GOCCL_TRANSPORT, else auto)")
 		tlsF     = fs.Bool("tls", false, "with -np: mutual TLS on the TCP connections, with a throwaway CA made for this run (a launched job sets GOCCL_TLS_CERT, _KEY and _CA instead)")
 		algo     = fs.String("algo", "", "force the all-reduce algorithm: ring, tree, recdoubling, rabenseifner, oneshot")
 		channels = fs.Int("channels", 0, "force the number of channels (1..32)")

@@ -33,9 +33,13 @@ type Options struct {
 	// Provider gives the device: ibv.OpenLibrary's (libibverbs) or
 	// ibemu's (the emulated test device).
 	Provider ibv.Provider
+	// Port, if set, is the port to use, already opened (OpenPort); the
+	// endpoint owns it from New on. Nil: New opens one from Provider,
+	// HCA and GIDIndex.
 	// HCA chooses the device and port, in NCCL_IB_HCA's syntax
 	// (ParseHCA); empty takes the first active port.
-	HCA string
+	Port *Port
+	HCA  string
 	// GIDIndex forces a GID table entry (RoCE); -1 chooses one: the
 	// IPv4-mapped RoCE v2 entry, link-local entries skipped.
 	GIDIndex int

@@ -87,7 +87,10 @@ type Port struct {
 
 // String describes the port for logs and the INFO line.
 func (p *Port) String() string {
-	s := fmt.Sprintf("%s:%d %v %.0f Gbit/s", p.Device.Name, p.Num, p.Attr.LinkLayer, p.Attr.Rate())
+	s := fmt.Sprintf("%s:%d %v", p.Device.Name, p.Num, p.Attr.LinkLayer)
+	if r := p.Attr.Rate(); r > 0 {
+		s += fmt.Sprintf(" %.0f Gbit/s", r)
+	}
 	if p.GIDIdx >= 0 {
 		s += fmt.Sprintf(" GID %d (%v)", p.GIDIdx, p.GID)
 	} else {

@@ -58,7 +58,7 @@ func New(o Options) (*Endpoint, error) {
 		return nil, fmt.Errorf("verbs: rank %d of %d with %d peer addresses", o.Rank, o.NRanks, len(o.Peers))
 	case o.Listener == nil:
 		return nil, errors.New("verbs: no listener")
-	case o.Provider == nil:
+	case o.Provider == nil && o.Port == nil:
 		return nil, errors.New("verbs: no device provider")
 	}
 	if o.QPs == 0 {
@@ -87,13 +87,15 @@ func New(o Options) (*Endpoint, error) {
 	case o.Timeout > 31 || o.RetryCnt > 7:
 		return nil, fmt.Errorf("verbs: timeout %d (≤ 31), retry count %d (≤ 7)", o.Timeout, o.RetryCnt)
 	}
-	spec, err := ParseHCA(o.HCA)
-	if err != nil {
-		return nil, err
-	}
-	port, err := OpenPort(o.Provider, spec, o.GIDIndex)
-	if err != nil {
-		return nil, fmt.Errorf("verbs: %w", err)
+	port := o.Port
+	if port == nil {
+		spec, err := ParseHCA(o.HCA)
+		if err != nil {
+			return nil, err
+		}
+		if port, err = OpenPort(o.Provider, spec, o.GIDIndex); err != nil {
+			return nil, fmt.Errorf("verbs: %w", err)
+		}
 	}
 	e := &Endpoint{o: o, log: o.Logger, port: port, conns: map[connKey]*conn{}, byQPN: map[uint32]*conn{},
 		pending: map[connKey]*pendingConn{}, setup: map[net.Conn]struct{}{}, done: make(chan struct{}), closing: make(chan struct{})}

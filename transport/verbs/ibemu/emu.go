@@ -187,7 +187,7 @@ func (n *nic) QueryPort(port int) (ibv.PortAttr, error) {
 		return ibv.PortAttr{}, fmt.Errorf("ibemu: ibv_query_port %d: %w (the device has port 1)", port, unix.EINVAL)
 	}
 	return ibv.PortAttr{State: ibv.PortActive, MaxMTU: ibv.MTU4096, ActiveMTU: n.p.o.MTU, LID: uint16(n.id),
-		LinkLayer: ibv.LinkEthernet, GIDTblLen: gidTableLen, ActiveWidth: 2, ActiveSpeed: 64}, nil
+		LinkLayer: ibv.LinkEthernet, GIDTblLen: gidTableLen}, nil // no rate: it is no link
 }
 
 func (n *nic) QueryGID(port, index int) (ibv.GID, ibv.GIDType, error) {

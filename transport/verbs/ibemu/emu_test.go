@@ -72,7 +72,7 @@ func connect(t *testing.T, a, b *end, mod func(*ibv.QPAttr)) {
 	gid, _, err := b.ctx.QueryGID(1, 2)
 	require.NoError(t, err)
 	at := ibv.QPAttr{State: ibv.QPRTR, PathMTU: ibv.MTU4096, DestQPN: b.qp.Num(), RQPSN: 7, SQPSN: 7, MinRNRTimer: 12,
-		AH: ibv.AH{IsGlobal: true, DGID: gid, SGIDIdx: 2, HopLimit: 255, Port: 1},
+		AH:      ibv.AH{IsGlobal: true, DGID: gid, SGIDIdx: 2, HopLimit: 255, Port: 1},
 		Timeout: 20, RetryCnt: 7, RNRRetry: 7, MaxDestRdAtomic: 1, MaxRdAtomic: 1}
 	if mod != nil {
 		mod(&at)

@@ -7,7 +7,7 @@
 //
 // Two providers sit behind it:
 //
-//   - the real one (Open, in cgo.go, built with -tags verbs): libibverbs
+//   - the real one (OpenLibrary, in cgo.go, built with -tags verbs): libibverbs
 //     loaded with dlopen at run time, its inline post and poll calls
 //     reached through small C wrappers, a whole chain of work requests
 //     built and posted inside one C call;
@@ -51,7 +51,8 @@ type DeviceInfo struct {
 
 // Provider opens devices.
 type Provider interface {
-	// Devices lists the devices there are; none is not an error.
+	// Devices lists the devices there are. None at all (no kernel
+	// support, no driver) is an error wrapping ErrNoDevice.
 	Devices() ([]DeviceInfo, error)
 	// Open opens a device by name.
 	Open(name string) (Context, error)
@@ -126,11 +127,11 @@ type PortAttr struct {
 	ActiveSpeed uint8
 }
 
-// Rate is the port's data rate in Gbit/s, decoded from its width and
-// speed as ibv_rate_to_mbps and ibstat do; 0 if unknown.
+// Rate is the port's nominal rate in Gbit/s, as ibstat shows it (4x HDR
+// is 200), decoded from its width and speed; 0 if unknown.
 func (p PortAttr) Rate() float64 {
 	lanes := map[uint8]float64{1: 1, 2: 4, 4: 8, 8: 12, 16: 2}[p.ActiveWidth]
-	perLane := map[uint8]float64{1: 2.5, 2: 5, 4: 10, 8: 10.3125, 16: 14.0625, 32: 25.78125, 64: 53.125, 128: 106.25}[p.ActiveSpeed]
+	perLane := map[uint8]float64{1: 2.5, 2: 5, 4: 10, 8: 10, 16: 14, 32: 25, 64: 50, 128: 100}[p.ActiveSpeed]
 	return lanes * perLane
 }
 
