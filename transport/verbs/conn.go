@@ -102,6 +102,7 @@ type conn struct {
 	sqDepth, rqDepth       int
 	wcs                    []ibv.WC
 	wrs                    []ibv.SendWR
+	rwrs                   []ibv.RecvWR
 
 	// Send side: the next message, its reservation, the CTS entries that
 	// came (by FIFO index: the message number + 1), and what last used

@@ -72,9 +72,12 @@ func (c *conn) fence(r wrRef) error {
 func (c *conn) isDone(r wrRef) bool { return r.n == 0 || c.done[r.qp] >= r.n }
 
 func (c *conn) postRecvs(qi, n int) error {
-	wrs := make([]ibv.RecvWR, n)
+	if cap(c.rwrs) < n {
+		c.rwrs = make([]ibv.RecvWR, n)
+	}
+	wrs := c.rwrs[:n]
 	for i := range wrs {
-		wrs[i].ID = uint64(qi)
+		wrs[i] = ibv.RecvWR{ID: uint64(qi)}
 	}
 	if _, err := c.qps[qi].PostRecv(wrs); err != nil {
 		c.fail(fmt.Errorf("verbs: ibv_post_recv: %w", err))

@@ -1,7 +1,6 @@
 package ibemu
 
 import (
-	"encoding/binary"
 	"fmt"
 	"sync"
 
@@ -58,16 +57,19 @@ func (c *cq) Poll(wc []ibv.WC) (int, error) {
 	// QPs that failed with requests queued flush them now (their timers
 	// may be far off).
 	c.mu.Lock()
-	qps := append([]*qp(nil), c.qps...)
-	c.mu.Unlock()
-	for _, q := range qps {
+	var failed []*qp
+	for _, q := range c.qps {
 		if q.sqLen.Load() > 0 && q.view.state() == ibv.QPErr {
-			q.mu.Lock()
-			if !q.gone {
-				q.drainLocked()
-			}
-			q.mu.Unlock()
+			failed = append(failed, q)
 		}
+	}
+	c.mu.Unlock()
+	for _, q := range failed {
+		q.mu.Lock()
+		if !q.gone {
+			q.drainLocked()
+		}
+		q.mu.Unlock()
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -80,7 +82,10 @@ func (c *cq) Poll(wc []ibv.WC) (int, error) {
 	pending := len(c.local)
 	for _, q := range c.qps {
 		v := q.view
-		pending += int(v.ringTail().Load() - v.ringHead().Load())
+		h := v.ringHead().Load()
+		for k := uint64(0); k <= uint64(c.size) && v.ringValid(h+k); k++ {
+			pending++
+		}
 		if q.view.state() == ibv.QPErr {
 			// Receives still posted on a failed QP complete as flushed.
 			for {
@@ -120,13 +125,10 @@ func (c *cq) Poll(wc []ibv.WC) (int, error) {
 		v := q.view
 		for n < len(wc) {
 			h := v.ringHead().Load()
-			if h >= v.ringTail().Load() {
+			if !v.ringValid(h) {
 				break
 			}
-			e := v.ringEntry(h)
-			wc[n] = ibv.WC{ID: binary.LittleEndian.Uint64(e[0:]), ByteLen: binary.LittleEndian.Uint32(e[8:]),
-				Imm: binary.LittleEndian.Uint32(e[12:]), Status: ibv.Status(binary.LittleEndian.Uint32(e[16:])),
-				Opcode: ibv.WCOpcode(binary.LittleEndian.Uint32(e[20:])), HasImm: binary.LittleEndian.Uint32(e[24:]) != 0, QPNum: q.num}
+			wc[n] = v.ringWC(h, q.num)
 			v.ringHead().Store(h + 1)
 			n++
 		}

@@ -302,7 +302,11 @@ func (n *nic) localMR(s ibv.SGE, write bool) (*mr, bool) {
 	return m, true
 }
 
-// localBytes is the memory an SGE names (checked by localMR).
+func (m *mr) covers(addr uint64, n uint32) bool {
+	return addr >= m.addr && addr+uint64(n) <= m.addr+uint64(m.len)
+}
+
+// bytes is the memory an SGE names (checked by localMR).
 func (m *mr) bytes(addr uint64, n uint32) []byte {
 	o := int(addr - m.addr)
 	return m.mem[o : o+int(n) : o+int(n)]

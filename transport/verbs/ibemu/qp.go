@@ -30,9 +30,12 @@ import (
 //	128  RQ head     (atomic; receives taken, by the peer or by a flush)
 //	256  RQ tail     (receives posted, by the owner)
 //	384  ring head   (inbound completions the owner has polled)
-//	512  ring tail   (inbound completions the peer has appended)
+//	512  ring tail   (inbound completions the peer has appended; the
+//	                 peer's line only: the owner polls the entries)
 //	1024 RQ entries  (capacity × 8: the receives' work request ids)
-//	...  ring entries (capacity × 32: id, byte_len, imm, status, opcode)
+//	...  ring entries (capacity × 64, a cache line each: sequence (its
+//	                 index + 1, written last), id, byte_len, imm, status,
+//	                 opcode, flags)
 const (
 	qpMagic      = 0x716d65626967_6f67 // "gogibemq"-ish
 	segQPN       = 8
@@ -51,7 +54,7 @@ const (
 	segRingHead  = 384
 	segRingTail  = 512
 	segRQ        = 1024
-	ringEntryLen = 32
+	ringEntryLen = 64
 )
 
 func qpSegmentLen(rqCap, ringCap int) int {
@@ -97,27 +100,62 @@ func (v qpView) takeRecv() (uint64, bool) {
 	}
 }
 
-// appendCompletion appends a completion to the inbound ring; false if
-// the ring is full (the owner's CQ is overrun).
-func (v qpView) appendCompletion(w ibv.WC) bool {
+// takeRecv is qpView.takeRecv for the requester, which reads the
+// owner's tail only when the one it saw last is used up (a line the
+// owner writes is a cache miss each time).
+func (r *remoteQP) takeRecv() (uint64, bool) {
+	v := r.view
+	for {
+		h := v.rqHead().Load()
+		if h >= r.rqTail {
+			if r.rqTail = v.rqTail().Load(); h >= r.rqTail {
+				return 0, false
+			}
+		}
+		id := binary.LittleEndian.Uint64(v.rqEntry(h))
+		if v.rqHead().CompareAndSwap(h, h+1) {
+			return id, true
+		}
+	}
+}
+
+// appendCompletion appends a completion to the owner's inbound ring;
+// false if the ring is full (the owner's CQ is overrun). The owner's
+// head is read only when the one seen last says full.
+func (r *remoteQP) appendCompletion(w ibv.WC) bool {
+	v := r.view
 	t := v.ringTail().Load()
-	if t-v.ringHead().Load() >= uint64(v.ringCap()) {
-		atomicU32(v.mem[segOverrun:]).Store(1)
-		return false
+	if t-r.ringHead >= uint64(r.ringCap) {
+		if r.ringHead = v.ringHead().Load(); t-r.ringHead >= uint64(r.ringCap) {
+			atomicU32(v.mem[segOverrun:]).Store(1)
+			return false
+		}
 	}
 	e := v.ringEntry(t)
-	binary.LittleEndian.PutUint64(e[0:], w.ID)
-	binary.LittleEndian.PutUint32(e[8:], w.ByteLen)
-	binary.LittleEndian.PutUint32(e[12:], w.Imm)
-	binary.LittleEndian.PutUint32(e[16:], uint32(w.Status))
-	binary.LittleEndian.PutUint32(e[20:], uint32(w.Opcode))
+	binary.LittleEndian.PutUint64(e[8:], w.ID)
+	binary.LittleEndian.PutUint32(e[16:], w.ByteLen)
+	binary.LittleEndian.PutUint32(e[20:], w.Imm)
+	binary.LittleEndian.PutUint32(e[24:], uint32(w.Status))
+	binary.LittleEndian.PutUint32(e[28:], uint32(w.Opcode))
 	var f uint32
 	if w.HasImm {
 		f = 1
 	}
-	binary.LittleEndian.PutUint32(e[24:], f)
+	binary.LittleEndian.PutUint32(e[32:], f)
+	atomicU64(e[0:]).Store(t + 1) // the owner polls this
 	v.ringTail().Store(t + 1)
 	return true
+}
+
+// ringValid reports whether entry i of the inbound ring holds completion i.
+func (v qpView) ringValid(i uint64) bool { return atomicU64(v.ringEntry(i)[0:]).Load() == i+1 }
+
+// ringWC decodes entry i.
+func (v qpView) ringWC(i uint64, qpn uint32) ibv.WC {
+	e := v.ringEntry(i)
+	return ibv.WC{ID: binary.LittleEndian.Uint64(e[8:]), ByteLen: binary.LittleEndian.Uint32(e[16:]),
+		Imm: binary.LittleEndian.Uint32(e[20:]), Status: ibv.Status(binary.LittleEndian.Uint32(e[24:])),
+		Opcode: ibv.WCOpcode(binary.LittleEndian.Uint32(e[28:])), HasImm: binary.LittleEndian.Uint32(e[32:]) != 0, QPNum: qpn}
 }
 
 // sqEntry is a posted send request.
@@ -140,9 +178,11 @@ type qp struct {
 	mu      sync.Mutex // guards the fields below
 	attr    ibv.QPAttr
 	sq      []sqEntry // posted, not yet executed, in order
+	sqBuf   []sqEntry // sq's array, MaxSendWR long
 	posted  uint64    // sequence of the last request posted
 	timer   *time.Timer
 	remote  *remoteQP
+	lastMR  *mr  // the region of the last request's source
 	checked bool // the pair's attributes have been compared
 	gone    bool // destroyed
 
@@ -174,7 +214,8 @@ func (n *nic) CreateQP(c ibv.CQ, caps ibv.QPCap) (ibv.QP, error) {
 		return nil, errClosed
 	}
 	n.nextQPN++
-	q := &qp{n: n, num: n.nextQPN & 0xffffff, cq: ec, cap: caps, seg: seg, view: qpView{seg.mem}}
+	q := &qp{n: n, num: n.nextQPN & 0xffffff, cq: ec, cap: caps, seg: seg, view: qpView{seg.mem},
+		sqBuf: make([]sqEntry, 0, caps.MaxSendWR)}
 	binary.LittleEndian.PutUint64(seg.mem[0:], qpMagic)
 	q.view.put32(segQPN, q.num)
 	q.view.put32(segRQCap, uint32(caps.MaxRecvWR))
@@ -238,7 +279,7 @@ func (q *qp) Modify(a *ibv.QPAttr, mask ibv.AttrMask) error {
 		}
 		q.view.setState(to)
 		if to == ibv.QPReset {
-			q.sq, q.remote, q.checked = nil, nil, false
+			q.sq, q.remote, q.checked = q.sqBuf[:0], nil, false
 			q.sqLen.Store(0)
 			q.view.rqHead().Store(q.view.rqTail().Load())
 		} else {
@@ -360,7 +401,13 @@ func (q *qp) PostSend(wrs []ibv.SendWR) (int, error) {
 // drainLocked executes the send queue in order until it is empty or a
 // request must wait; then a timer takes over.
 func (q *qp) drainLocked() {
-	defer func() { q.sqLen.Store(int32(len(q.sq))) }()
+	defer func() {
+		// Keep the queue at the front of its array, so that appends do
+		// not allocate.
+		n := copy(q.sqBuf[:cap(q.sqBuf)], q.sq)
+		q.sq = q.sqBuf[:n]
+		q.sqLen.Store(int32(n))
+	}()
 	for len(q.sq) > 0 {
 		e := &q.sq[0]
 		if q.view.state() == ibv.QPErr {
@@ -368,11 +415,12 @@ func (q *qp) drainLocked() {
 			q.sq = q.sq[1:]
 			continue
 		}
-		now := time.Now()
-		if e.since.IsZero() {
-			e.since = now
+		var now time.Time
+		var wait time.Duration
+		if !e.notBefore.IsZero() {
+			now = time.Now()
+			wait = e.notBefore.Sub(now)
 		}
-		wait := e.notBefore.Sub(now)
 		var st ibv.Status
 		if wait <= 0 {
 			st, wait = q.execute(e, now)
@@ -406,6 +454,12 @@ func (q *qp) drainLocked() {
 func (q *qp) execute(e *sqEntry, now time.Time) (ibv.Status, time.Duration) {
 	w := &e.wr
 	unanswered := func() (ibv.Status, time.Duration) {
+		if now.IsZero() {
+			now = time.Now()
+		}
+		if e.since.IsZero() {
+			e.since = now
+		}
 		left := q.retryTimeout() - now.Sub(e.since)
 		if q.remote != nil && !q.remote.nic.deadAt().IsZero() {
 			left = q.retryTimeout() - now.Sub(q.remote.nic.deadAt())
@@ -447,9 +501,13 @@ func (q *qp) execute(e *sqEntry, now time.Time) (ibv.Status, time.Duration) {
 	// The local side of the request.
 	var src []byte
 	if w.SGE.Len > 0 {
-		m, ok := q.n.localMR(w.SGE, false)
-		if !ok {
-			return ibv.LocProtErr, 0
+		m := q.lastMR
+		if m == nil || m.key != w.SGE.LKey || m.dereg.Load() || !m.covers(w.SGE.Addr, w.SGE.Len) {
+			var ok bool
+			if m, ok = q.n.localMR(w.SGE, false); !ok {
+				return ibv.LocProtErr, 0
+			}
+			q.lastMR = m
 		}
 		src = m.bytes(w.SGE.Addr, w.SGE.Len)
 	}
@@ -457,27 +515,27 @@ func (q *qp) execute(e *sqEntry, now time.Time) (ibv.Status, time.Duration) {
 	var dst []byte
 	if w.SGE.Len > 0 {
 		var ok bool
-		if dst, ok = r.nic.region(w.RKey, w.Remote, w.SGE.Len); !ok {
+		if dst, ok = r.region(w.RKey, w.Remote, w.SGE.Len); !ok {
 			r.fail()
 			return ibv.RemAccessErr, 0
 		}
 	}
 	var recvID uint64
 	if w.Op == ibv.OpWriteImm {
-		id, ok := r.view.takeRecv()
+		id, ok := r.takeRecv()
 		if !ok {
 			e.rnr++
 			if q.attr.RNRRetry != 7 && e.rnr > int(q.attr.RNRRetry) {
 				return ibv.RNRRetryExcErr, 0
 			}
 			d := time.Duration(rnrDelays[r.minRNRTimer()] * float64(time.Microsecond))
-			return 0, d
+			return 0, max(d, time.Nanosecond)
 		}
 		recvID = id
 	}
 	q.n.place(dst, src)
 	if w.Op == ibv.OpWriteImm {
-		r.view.appendCompletion(ibv.WC{ID: recvID, Status: ibv.Success, Opcode: ibv.WCRecvWriteImm,
+		r.appendCompletion(ibv.WC{ID: recvID, Status: ibv.Success, Opcode: ibv.WCRecvWriteImm,
 			ByteLen: w.SGE.Len, Imm: w.Imm, HasImm: true, QPNum: r.num})
 	}
 	return ibv.Success, 0

@@ -143,11 +143,36 @@ func (r *remoteNIC) deadAt() time.Time {
 	return time.Time{}
 }
 
-// remoteQP is a connected peer QP.
+// remoteQP is a connected peer QP, with what its requester last saw of
+// the owner's indices, and the region it last wrote into.
 type remoteQP struct {
-	nic  *remoteNIC
-	num  uint32
-	view qpView
+	nic      *remoteNIC
+	num      uint32
+	view     qpView
+	rqTail   uint64
+	ringHead uint64
+	ringCap  int
+	last     mapping
+	lastKey  uint32
+}
+
+// region is remoteNIC.region, remembering the last region used.
+func (r *remoteQP) region(key uint32, addr uint64, n uint32) ([]byte, bool) {
+	if key == r.lastKey && key != 0 {
+		i := int(key&mrSlotMask) * mrEntryLen
+		e := r.nic.table[i : i+mrEntryLen]
+		base := binary.LittleEndian.Uint64(e[8:])
+		size := binary.LittleEndian.Uint64(e[16:])
+		if atomicU32(e[0:]).Load() == key && addr >= base && addr+uint64(n) <= base+size && base == r.last.addr {
+			o := addr - base
+			return r.last.mem[o : o+uint64(n) : o+uint64(n)], true
+		}
+	}
+	b, m, ok := r.nic.region(key, addr, n)
+	if ok {
+		r.last, r.lastKey = m, key
+	}
+	return b, ok
 }
 
 func (r *remoteQP) minRNRTimer() int { return int(r.view.u32(segMinRNR) & 31) }
@@ -181,7 +206,8 @@ func (n *nic) resolve(id, qpn uint32) (*remoteQP, error) {
 	r.mu.Lock()
 	r.maps = append(r.maps, mem)
 	r.mu.Unlock()
-	return &remoteQP{nic: r, num: qpn, view: qpView{mem}}, nil
+	v := qpView{mem}
+	return &remoteQP{nic: r, num: qpn, view: v, ringCap: v.ringCap()}, nil
 }
 
 func (n *nic) remoteNIC(id uint32) (*remoteNIC, error) {
@@ -271,17 +297,17 @@ func (r *remoteNIC) ask(kind byte, arg uint32) (fd int, size uint64, off int64, 
 
 // region checks a remote write of n bytes at addr under key against the
 // peer's table, as its NIC would, and returns the bytes it lands in.
-func (r *remoteNIC) region(key uint32, addr uint64, n uint32) ([]byte, bool) {
+func (r *remoteNIC) region(key uint32, addr uint64, n uint32) ([]byte, mapping, bool) {
 	i := int(key&mrSlotMask) * mrEntryLen
 	e := r.table[i : i+mrEntryLen]
 	if atomicU32(e[0:]).Load() != key {
-		return nil, false
+		return nil, mapping{}, false
 	}
 	access := ibv.Access(binary.LittleEndian.Uint32(e[4:]))
 	base := binary.LittleEndian.Uint64(e[8:])
 	size := binary.LittleEndian.Uint64(e[16:])
 	if access&ibv.AccessRemoteWrite == 0 || addr < base || addr+uint64(n) > base+size {
-		return nil, false
+		return nil, mapping{}, false
 	}
 	r.mu.Lock()
 	m, ok := r.regions[key]
@@ -289,14 +315,14 @@ func (r *remoteNIC) region(key uint32, addr uint64, n uint32) ([]byte, bool) {
 	if !ok {
 		fd, _, off, length, err := r.ask(reqRegion, key)
 		if err != nil {
-			return nil, false
+			return nil, mapping{}, false
 		}
 		page := int64(unix.Getpagesize())
 		start := off &^ (page - 1)
 		mem, err := mapFD(fd, start, int(off-start)+length)
 		unix.Close(fd)
 		if err != nil {
-			return nil, false
+			return nil, mapping{}, false
 		}
 		m = mapping{mem: mem[off-start:], addr: base}
 		r.mu.Lock()
@@ -305,10 +331,10 @@ func (r *remoteNIC) region(key uint32, addr uint64, n uint32) ([]byte, bool) {
 		r.mu.Unlock()
 	}
 	if atomicU32(e[0:]).Load() != key { // deregistered meanwhile
-		return nil, false
+		return nil, mapping{}, false
 	}
 	o := addr - m.addr
-	return m.mem[o : o+uint64(n) : o+uint64(n)], true
+	return m.mem[o : o+uint64(n) : o+uint64(n)], m, true
 }
 
 func (r *remoteNIC) close() {
