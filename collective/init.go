@@ -279,6 +279,7 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	}
 	if vport != nil {
 		summary.Verbs, summary.ForceVerbs = vln.Addr().String(), mode == TransportVerbs
+		summary.EmulatedIB = vport.Device.Emulated
 	}
 	info := wire.PeerInfo{Rank: uint32(rank), NRanks: uint32(nranks), PID: uint32(os.Getpid()),
 		HostID: hostID, DataAddr: ln.Addr().String(), Version: Version, Topology: summary.encode()}
@@ -317,12 +318,20 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	slots, slotSize, link := shm.DefaultSlots, shm.DefaultSlotSize, shmLink
 	if anyNet {
 		slots, slotSize, link = tcp.DefaultSlots, tcp.DefaultSlotSize, verbsLink
+		emulated := true
 		for _, p := range table.Peers {
+			s, _ := decodeHostSummary(p.Topology)
+			emulated = emulated && (s.Verbs == "" || s.EmulatedIB)
 			for _, q := range table.Peers {
 				if r, _ := pairRoute(p, q); p.Rank != q.Rank && r == TransportTCP {
-					link = tcpLink // the slowest link of the job
+					link, emulated = tcpLink, false // the slowest link of the job
 				}
 			}
+		}
+		if emulated {
+			// The emulated device moves bytes by a memory copy, as shared
+			// memory does: its slots fit the caches the same way.
+			slots, slotSize = shm.DefaultSlots, shm.DefaultSlotSize
 		}
 	}
 	if cfg.Slots != 0 {

@@ -32,6 +32,10 @@ type hostSummary struct {
 	Shm        string
 	Verbs      string
 	ForceVerbs bool
+	// EmulatedIB: the port is the emulated test device, whose data
+	// movement is a memory copy (its connections take shared memory's
+	// slot shape).
+	EmulatedIB bool
 }
 
 const summaryVersion = 3
@@ -39,7 +43,10 @@ const summaryVersion = 3
 func (h hostSummary) encode() []byte {
 	f := byte(0)
 	if h.ForceVerbs {
-		f = 1
+		f |= 1
+	}
+	if h.EmulatedIB {
+		f |= 2
 	}
 	b := []byte{summaryVersion, byte(h.CPUs >> 8), byte(h.CPUs), f}
 	for _, s := range []string{h.NetNS, h.Shm, h.Verbs} {
@@ -58,7 +65,7 @@ func decodeHostSummary(b []byte) (hostSummary, bool) {
 	if len(b) < 4 {
 		return hostSummary{}, false
 	}
-	h := hostSummary{CPUs: int(b[1])<<8 | int(b[2]), ForceVerbs: b[3]&1 != 0}
+	h := hostSummary{CPUs: int(b[1])<<8 | int(b[2]), ForceVerbs: b[3]&1 != 0, EmulatedIB: b[3]&2 != 0}
 	b = b[4:]
 	for _, dst := range []*string{&h.NetNS, &h.Shm, &h.Verbs} {
 		if len(b) < 1 || len(b) < 1+int(b[0]) {
