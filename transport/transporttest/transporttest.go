@@ -80,7 +80,7 @@ func f64bytes(v []float64) []byte {
 
 // ConnectPair connects endpoint a (rank ra) and b (rank rb) on channel ch,
 // both sides at once, as two ranks do, and returns a's and b's ends.
-func ConnectPair(t *testing.T, a, b transport.Endpoint, ra, rb, ch int) (transport.Conn, transport.Conn) {
+func ConnectPair(t testing.TB, a, b transport.Endpoint, ra, rb, ch int) (transport.Conn, transport.Conn) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -108,8 +108,8 @@ type conn struct {
 	// came (by FIFO index: the message number + 1), and what last used
 	// each staging slot and CTS source entry.
 	sendSeq  uint64
-	reserved int // bytes reserved, -1 if none
-	cts      []uint64
+	reserved int    // bytes reserved, -1 if none
+	ctsUpTo  uint64 // messages the peer has cleared (numbers below it)
 	staged   []wrRef
 	ctsUsed  []wrRef
 
@@ -118,8 +118,12 @@ type conn struct {
 	recvSeq uint64
 	arrived []uint64
 	holding bool
-	// Per QP: messages and CTS entries arrived on it so far.
-	dataIn, ctsIn []uint64
+	// Per QP: messages arrived on it so far; in all.
+	dataIn   []uint64
+	arrivedN uint64
+	// Messages this side has cleared the peer to send (numbers below it).
+	cleared uint64
+	set     *chanSet // the channel's connections, once established
 
 	failed   error        // a failed completion: every later call fails with it
 	asyncErr atomic.Value // error: a fatal device event
@@ -139,8 +143,8 @@ func newConn(e *Endpoint, peer, ch int, ctl net.Conn) (*conn, error) {
 	n := o.QPs
 	c.posted, c.done, c.signaled = make([]uint64, n), make([]uint64, n), make([]uint64, n)
 	c.unsignaled, c.owed = make([]int, n), make([]int, n)
-	c.dataIn, c.ctsIn = make([]uint64, n), make([]uint64, n)
-	c.cts, c.arrived = make([]uint64, o.Slots), make([]uint64, o.Slots)
+	c.dataIn = make([]uint64, n)
+	c.arrived = make([]uint64, o.Slots)
 	c.staged, c.ctsUsed = make([]wrRef, o.Slots), make([]wrRef, o.Slots)
 	c.wcs = make([]ibv.WC, 32)
 	// Per QP at most: 2 requests per message in flight and a CTS per slot,
@@ -250,12 +254,7 @@ func (c *conn) establish(dialer bool) error {
 	if b[0] != ctlReady {
 		return fmt.Errorf("the peer's queue pairs failed (control byte %q)", b[0])
 	}
-	for s := range uint64(c.l.slots) {
-		if err := c.postCTS(s); err != nil {
-			return err
-		}
-	}
-	return nil
+	return c.clear(uint64(c.l.slots))
 }
 
 // connectQPs moves each QP to RTR toward the peer's matching QP, then to

@@ -16,9 +16,11 @@ import (
 // The data path. Message s (numbered from 0 on each side) uses slot
 // s % Slots on both sides and QP s % QPs:
 //
-//   - the receiver clears it to be sent: an RDMA write with immediate of
-//     a 16-byte entry (where the payload may land, its key and room) into
-//     the sender's FIFO entry, immediate immCTS | s;
+//   - the receiver clears messages to be sent: it writes one 16-byte
+//     entry per message into the sender's FIFO (where the payload may
+//     land, its key and room), and an RDMA write with immediate of the
+//     last entries tells the sender, immediate immCTS | the last message
+//     cleared. Clearances are cumulative and go on QP 0, in order;
 //   - the sender fills its staging slot (Reserve), then posts one chain:
 //     an RDMA write of the payload to where the entry says (none for a
 //     payload of up to 32 bytes, which rides in the header), and an RDMA
@@ -27,14 +29,22 @@ import (
 //     header's completion arrives, the payload has landed;
 //   - the receiver learns of it from the completion, never from the
 //     data (placement within a message is unordered), reads the header,
-//     and on Release clears message s + Slots for the same slot.
+//     and on Release frees the slot for message s + Slots. It tells the
+//     sender only once the sender may be running short (fewer than
+//     Slots/2 + 2 messages cleared and not arrived): the engine's
+//     schedules need half the slots and one more (algorithms.MinPieces),
+//     and a clearance per message would cost a request per message.
 //
-// Completions on QP i arrive in order, so the k-th message (or CTS) to
-// arrive on it is number k·QPs + i; the immediate checks that. Requests
-// are signaled once every Slots on a QP (the send queue holds 4·Slots +
-// 8), and when a staging slot or CTS entry is to be reused before the
-// request that last read it is known to be done, a zero-length signaled
-// write fences the QP.
+// Messages on QP i arrive in order, so the k-th to arrive on it is
+// number k·QPs + i; the immediate checks that. Requests are signaled
+// once every Slots on a QP (the send queue holds 4·Slots + 8), and when
+// a staging slot or FIFO entry is to be reused before the request that
+// last read it is known to be done, a zero-length signaled write fences
+// the QP.
+
+// clearAfter is how long a wait lasts before the clearances Release held
+// back go out: longer than a quick exchange takes.
+const clearAfter = 10 * time.Microsecond
 
 // sigEvery is how many requests a QP posts per signaled one.
 func (c *conn) sigEvery() int { return c.l.slots }
@@ -126,21 +136,26 @@ func (c *conn) poll() {
 			c.fail(fmt.Errorf("protocol error: rank %d sent a message without an immediate", c.peer))
 			return
 		}
-		in := &c.dataIn[qi]
 		if wc.Imm&immCTS != 0 {
-			in = &c.ctsIn[qi]
+			// Clearances are cumulative: the immediate is the last
+			// message cleared, at most Slots past what was cleared
+			// before.
+			d := uint64((wc.Imm&immMask + 1 - uint32(c.ctsUpTo)) & immMask)
+			if qi != 0 || d > uint64(c.l.slots) || c.ctsUpTo+d > c.sendSeq+uint64(c.l.slots) {
+				c.fail(fmt.Errorf("protocol error: rank %d cleared up to message %d on queue pair %d, %d were cleared and %d sent", c.peer, wc.Imm&immMask, qi, c.ctsUpTo, c.sendSeq))
+				return
+			}
+			c.ctsUpTo += d
+			continue
 		}
-		s := *in*nq + uint64(qi)
-		*in++
+		s := c.dataIn[qi]*nq + uint64(qi)
+		c.dataIn[qi]++
+		c.arrivedN++
 		if wc.Imm&immMask != uint32(s)&immMask {
 			c.fail(fmt.Errorf("protocol error: rank %d's message %d arrived as number %d on queue pair %d", c.peer, wc.Imm&immMask, s, qi))
 			return
 		}
-		if wc.Imm&immCTS != 0 {
-			c.cts[s%uint64(c.l.slots)] = s + 1
-		} else {
-			c.arrived[s%uint64(c.l.slots)] = s + 1
-		}
+		c.arrived[s%uint64(c.l.slots)] = s + 1
 	}
 	for qi, o := range c.owed {
 		if o >= 8 {
@@ -194,6 +209,7 @@ func (c *conn) waitFor(ctx context.Context, op string, ready func() bool) error 
 	}
 	start := time.Now()
 	sleep := time.Duration(0)
+	cleared := false
 	for i := 1; ; i++ {
 		c.poll()
 		if ready() {
@@ -216,9 +232,18 @@ func (c *conn) waitFor(ctx context.Context, op string, ready func() bool) error 
 				return err
 			}
 		}
-		if i%16 == 0 {
+		if i%64 == 0 {
 			if ctx.Err() != nil {
 				return &transport.PeerError{Peer: c.peer, Op: op, Err: context.Cause(ctx)}
+			}
+			if !cleared && time.Since(start) > clearAfter {
+				// Not a quick exchange: clear every peer of the channel
+				// for what this goroutine has released, so that no two
+				// ranks wait on each other's clearances.
+				cleared = true
+				if err := c.clearChannel(); err != nil {
+					return &transport.PeerError{Peer: c.peer, Op: op, Err: err}
+				}
 			}
 			if pending || time.Since(start) < c.e.o.SpinFor {
 				runtime.Gosched()
@@ -249,7 +274,7 @@ func (c *conn) Reserve(ctx context.Context, n int) (memory.Buffer, error) {
 	if err := c.fence(c.staged[i]); err != nil {
 		return memory.Buffer{}, &transport.PeerError{Peer: c.peer, Op: "send", Err: err}
 	}
-	if err := c.waitFor(ctx, "send", func() bool { return c.cts[i] == s+1 && c.isDone(c.staged[i]) }); err != nil {
+	if err := c.waitFor(ctx, "send", func() bool { return s < c.ctsUpTo && c.isDone(c.staged[i]) }); err != nil {
 		return memory.Buffer{}, err
 	}
 	c.reserved = n
@@ -299,7 +324,6 @@ func (c *conn) Post(n int, tag transport.Tag) error {
 		return &transport.PeerError{Peer: c.peer, Op: "send", Err: err}
 	}
 	c.staged[i] = ref
-	c.cts[i] = 0
 	c.sendSeq++
 	return nil
 }
@@ -350,41 +374,95 @@ func (c *conn) Release() error {
 	if c.peerGone.Load() {
 		return nil // it sends nothing more
 	}
-	if err := c.postCTS(s + uint64(c.l.slots)); err != nil {
+	if c.cleared-c.arrivedN > uint64(c.l.slots)/2+1 {
+		return nil // the sender has room enough: tell it later, with others
+	}
+	if err := c.clear(c.recvSeq + uint64(c.l.slots)); err != nil {
 		return &transport.PeerError{Peer: c.peer, Op: "recv", Err: err}
 	}
 	return nil
 }
 
-// postCTS clears message t to be sent into slot t % Slots.
-func (c *conn) postCTS(t uint64) error {
-	i := int(t % uint64(c.l.slots))
-	if !c.isDone(c.ctsUsed[i]) {
-		// Its source entry is still being read: rare, since requests are
-		// signaled every Slots on a QP.
-		if err := c.fence(c.ctsUsed[i]); err != nil {
-			return err
+// clearChannel sends the clearances that this connection, and the
+// others of its channel (driven by the same goroutine), hold back.
+func (c *conn) clearChannel() error {
+	if err := c.clearHeld(); err != nil {
+		return err
+	}
+	if c.set == nil {
+		return nil
+	}
+	c.set.mu.Lock()
+	defer c.set.mu.Unlock()
+	for _, o := range c.set.conns {
+		if o == c || !o.use.TryLock() {
+			continue // in use elsewhere: Close has it
 		}
-		for !c.isDone(c.ctsUsed[i]) {
-			if err := c.broken("recv"); err != nil {
+		if !o.down.Load() && o.failed == nil {
+			o.clearHeld()
+		}
+		o.use.Unlock()
+	}
+	return nil
+}
+
+// clearHeld sends what Release held back.
+func (c *conn) clearHeld() error {
+	if c.peerGone.Load() || c.failed != nil {
+		return nil
+	}
+	return c.clear(c.recvSeq + uint64(c.l.slots))
+}
+
+// clear clears the peer to send every message below upTo: one FIFO
+// entry each, the last in a write with immediate, on QP 0.
+func (c *conn) clear(upTo uint64) error {
+	from := c.cleared
+	if upTo <= from {
+		return nil
+	}
+	n := uint64(c.l.slots)
+	for t := from; t < upTo; t++ {
+		i := int(t % n)
+		if !c.isDone(c.ctsUsed[i]) {
+			// Its source entry is still being read: rare, since requests
+			// are signaled every Slots on a QP.
+			if err := c.fence(c.ctsUsed[i]); err != nil {
 				return err
 			}
-			c.poll()
+			for !c.isDone(c.ctsUsed[i]) {
+				if err := c.broken("recv"); err != nil {
+					return err
+				}
+				c.poll()
+			}
 		}
+		e := c.mem.B[c.l.l2+i*ctsLen:]
+		binary.LittleEndian.PutUint64(e, c.rmr.Addr()+uint64(i*c.l.slotSize))
+		binary.LittleEndian.PutUint32(e[8:], c.rmr.RKey())
+		binary.LittleEndian.PutUint32(e[12:], uint32(c.l.slotSize))
 	}
-	o := c.l.l2 + i*ctsLen
-	e := c.mem.B[o : o+ctsLen]
-	binary.LittleEndian.PutUint64(e, c.rmr.Addr()+uint64(i*c.l.slotSize))
-	binary.LittleEndian.PutUint32(e[8:], c.rmr.RKey())
-	binary.LittleEndian.PutUint32(e[12:], uint32(c.l.slotSize))
-	c.wrs = append(c.wrs[:0], ibv.SendWR{Op: ibv.OpWriteImm, Imm: immCTS | uint32(t)&immMask,
-		SGE:    ibv.SGE{Addr: ibv.Addr(e), Len: ctsLen, LKey: c.lmr.LKey()},
-		Remote: c.remote.Addr + uint64(c.l.r1+i*ctsLen), RKey: c.remote.RKey})
-	ref, err := c.post(int(t%uint64(len(c.qps))), c.wrs, false)
+	// The entries from..upTo-1, contiguous but for a wrap: up to two
+	// writes, the last with the immediate.
+	c.wrs = c.wrs[:0]
+	for t := from; t < upTo; {
+		i := int(t % n)
+		k := min(upTo-t, n-uint64(i))
+		c.wrs = append(c.wrs, ibv.SendWR{Op: ibv.OpWrite,
+			SGE:    ibv.SGE{Addr: ibv.Addr(c.mem.B[c.l.l2+i*ctsLen:]), Len: uint32(k) * ctsLen, LKey: c.lmr.LKey()},
+			Remote: c.remote.Addr + uint64(c.l.r1+i*ctsLen), RKey: c.remote.RKey})
+		t += k
+	}
+	last := &c.wrs[len(c.wrs)-1]
+	last.Op, last.Imm = ibv.OpWriteImm, immCTS|uint32(upTo-1)&immMask
+	ref, err := c.post(0, c.wrs, false)
 	if err != nil {
 		return err
 	}
-	c.ctsUsed[i] = ref
+	for t := from; t < upTo; t++ {
+		c.ctsUsed[t%n] = ref
+	}
+	c.cleared = upTo
 	return nil
 }
 

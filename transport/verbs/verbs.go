@@ -29,6 +29,7 @@ type Endpoint struct {
 	mu      sync.Mutex // guards the fields below
 	conns   map[connKey]*conn
 	byQPN   map[uint32]*conn
+	chans   map[int]*chanSet
 	pending map[connKey]*pendingConn
 	setup   map[net.Conn]struct{}
 	closed  bool
@@ -40,6 +41,13 @@ type Endpoint struct {
 }
 
 type connKey struct{ peer, ch int }
+
+// chanSet is a channel's connections: a wait on one clears the others'
+// peers to send (see conn.release).
+type chanSet struct {
+	mu    sync.Mutex
+	conns []*conn
+}
 
 // pendingConn is a connection a lower rank established before this
 // rank's Connect asked for it.
@@ -97,7 +105,7 @@ func New(o Options) (*Endpoint, error) {
 			return nil, fmt.Errorf("verbs: %w", err)
 		}
 	}
-	e := &Endpoint{o: o, log: o.Logger, port: port, conns: map[connKey]*conn{}, byQPN: map[uint32]*conn{},
+	e := &Endpoint{o: o, log: o.Logger, port: port, conns: map[connKey]*conn{}, byQPN: map[uint32]*conn{}, chans: map[int]*chanSet{},
 		pending: map[connKey]*pendingConn{}, setup: map[net.Conn]struct{}{}, done: make(chan struct{}), closing: make(chan struct{})}
 	if e.log == nil {
 		e.log = slog.Default()
@@ -289,6 +297,15 @@ func (e *Endpoint) Connect(ctx context.Context, peer, ch int) (transport.Conn, e
 	for _, q := range c.qps {
 		e.byQPN[q.Num()] = c
 	}
+	set := e.chans[ch]
+	if set == nil {
+		set = &chanSet{}
+		e.chans[ch] = set
+	}
+	set.mu.Lock()
+	set.conns = append(set.conns, c)
+	set.mu.Unlock()
+	c.set = set
 	return c, nil
 }
 

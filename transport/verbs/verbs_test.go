@@ -12,6 +12,7 @@ import (
 	"github.com/goccl/goccl/transport"
 	"github.com/goccl/goccl/transport/transporttest"
 	"github.com/goccl/goccl/transport/verbs/ibemu"
+	"github.com/goccl/goccl/transport/verbs/ibv"
 )
 
 var secret = []byte("0123456789abcdef0123456789abcdef")
@@ -20,7 +21,11 @@ var secret = []byte("0123456789abcdef0123456789abcdef")
 // a seed per test run that the log shows).
 func endpoints(t *testing.T, n int, mod func(r int, o *Options)) []*Endpoint {
 	t.Helper()
-	pr := ibemu.New(ibemu.Options{Dir: t.TempDir(), Adversarial: true, TimeScale: 0.001})
+	return endpointsOn(t, n, ibemu.New(ibemu.Options{Dir: t.TempDir(), Adversarial: true, TimeScale: 0.001}), mod)
+}
+
+func endpointsOn(t testing.TB, n int, pr ibv.Provider, mod func(r int, o *Options)) []*Endpoint {
+	t.Helper()
 	lns := make([]net.Listener, n)
 	peers := make([]string, n)
 	for i := range lns {

@@ -63,15 +63,17 @@ func (c *cq) Poll(wc []ibv.WC) (int, error) {
 			failed = append(failed, q)
 		}
 	}
-	c.mu.Unlock()
-	for _, q := range failed {
-		q.mu.Lock()
-		if !q.gone {
-			q.drainLocked()
+	if failed != nil {
+		c.mu.Unlock()
+		for _, q := range failed {
+			q.mu.Lock()
+			if !q.gone {
+				q.drainLocked()
+			}
+			q.mu.Unlock()
 		}
-		q.mu.Unlock()
+		c.mu.Lock()
 	}
-	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.gone {
 		return 0, fmt.Errorf("ibemu: ibv_poll_cq on a destroyed CQ")

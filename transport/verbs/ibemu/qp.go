@@ -62,8 +62,19 @@ func qpSegmentLen(rqCap, ringCap int) int {
 	return (n + 4095) &^ 4095
 }
 
-// qpView is a QP's segment as either side sees it.
-type qpView struct{ mem []byte }
+// qpView is a QP's segment as either side sees it, with its geometry
+// read once.
+type qpView struct {
+	mem              []byte
+	rqN, ringN, ring int // capacities, and where the ring starts
+}
+
+func newView(mem []byte) qpView {
+	v := qpView{mem: mem}
+	v.rqN, v.ringN = int(v.u32(segRQCap)), int(v.u32(segRingCap))
+	v.ring = segRQ + v.rqN*8
+	return v
+}
 
 func (v qpView) state() ibv.QPState      { return ibv.QPState(atomicU32(v.mem[segState:]).Load()) }
 func (v qpView) setState(s ibv.QPState)  { atomicU32(v.mem[segState:]).Store(uint32(s)) }
@@ -75,14 +86,14 @@ func (v qpView) ringHead() *atomic.Uint64 {
 	return atomicU64(v.mem[segRingHead:])
 }
 func (v qpView) ringTail() *atomic.Uint64 { return atomicU64(v.mem[segRingTail:]) }
-func (v qpView) rqCap() int               { return int(v.u32(segRQCap)) }
-func (v qpView) ringCap() int             { return int(v.u32(segRingCap)) }
+func (v qpView) rqCap() int               { return v.rqN }
+func (v qpView) ringCap() int             { return v.ringN }
 func (v qpView) rqEntry(i uint64) []byte {
-	o := segRQ + int(i%uint64(v.rqCap()))*8
+	o := segRQ + int(i%uint64(v.rqN))*8
 	return v.mem[o : o+8]
 }
 func (v qpView) ringEntry(i uint64) []byte {
-	o := segRQ + v.rqCap()*8 + int(i%uint64(v.ringCap()))*ringEntryLen
+	o := v.ring + int(i%uint64(v.ringN))*ringEntryLen
 	return v.mem[o : o+ringEntryLen]
 }
 
@@ -214,12 +225,12 @@ func (n *nic) CreateQP(c ibv.CQ, caps ibv.QPCap) (ibv.QP, error) {
 		return nil, errClosed
 	}
 	n.nextQPN++
-	q := &qp{n: n, num: n.nextQPN & 0xffffff, cq: ec, cap: caps, seg: seg, view: qpView{seg.mem},
-		sqBuf: make([]sqEntry, 0, caps.MaxSendWR)}
+	q := &qp{n: n, num: n.nextQPN & 0xffffff, cq: ec, cap: caps, seg: seg, sqBuf: make([]sqEntry, 0, caps.MaxSendWR)}
 	binary.LittleEndian.PutUint64(seg.mem[0:], qpMagic)
-	q.view.put32(segQPN, q.num)
-	q.view.put32(segRQCap, uint32(caps.MaxRecvWR))
-	q.view.put32(segRingCap, uint32(ringCap))
+	binary.LittleEndian.PutUint32(seg.mem[segQPN:], q.num)
+	binary.LittleEndian.PutUint32(seg.mem[segRQCap:], uint32(caps.MaxRecvWR))
+	binary.LittleEndian.PutUint32(seg.mem[segRingCap:], uint32(ringCap))
+	q.view = newView(seg.mem)
 	q.view.setState(ibv.QPReset)
 	n.qps[q.num] = q
 	ec.attach(q)

@@ -206,7 +206,11 @@ func (n *nic) resolve(id, qpn uint32) (*remoteQP, error) {
 	r.mu.Lock()
 	r.maps = append(r.maps, mem)
 	r.mu.Unlock()
-	v := qpView{mem}
+	v := newView(mem)
+	if len(mem) < qpSegmentLen(v.rqN, v.ringN) {
+		unix.Munmap(mem)
+		return nil, errors.New("ibemu: malformed QP segment")
+	}
 	return &remoteQP{nic: r, num: qpn, view: v, ringCap: v.ringCap()}, nil
 }
 
