@@ -19,9 +19,11 @@
 //   - TCP: the slots are the sender's staging buffers (Post writes them to
 //     the sockets, striped) and the receiver's landing buffers (a reader
 //     fills them from the sockets);
-//   - RDMA verbs: slots are registered memory; Post is an RDMA write with
-//     immediate into the receiver's slot, the immediate carrying the tag;
-//     the receiver's Release returns credit;
+//   - RDMA verbs (package verbs): slots are registered memory; Post is
+//     an RDMA write into the slot the receiver cleared, then a write with
+//     immediate of a header carrying the tag (the immediate has only 32
+//     bits: it carries the sequence); the receiver's Release returns
+//     credit through the sender's clear-to-send FIFO;
 //   - GPU memory: operations on device memory use their own connections
 //     (channels from DeviceChannels on), whose slots a GPU's kernels
 //     reach (Caps.DeviceSlots): device memory in process (package mem),

@@ -226,8 +226,11 @@ func run(args []string) int {
 		cfg.coll = append(cfg.coll, collective.WithDevice(d))
 	}
 	c, err := collective.InitFromEnv(ctx, cfg.coll...)
-	if err != nil {
+	if errors.Is(err, launch.ErrNoLauncher) {
 		return fail(fmt.Errorf("%w\n(run under a launcher, or give -np N to start N local ranks)", err))
+	}
+	if err != nil {
+		return fail(err)
 	}
 	defer c.Close()
 	if cfg.cpuProf != "" {
