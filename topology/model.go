@@ -204,13 +204,17 @@ type Topo struct {
 	NVS      []*Node
 	Graph    *simple.WeightedDirectedGraph // weights: link bandwidth
 	Warnings []string
+	// GDRLevel is the longest GPU–NIC path over which a NIC moves GPU
+	// memory directly (GPUDirect RDMA): GOCCL_NET_GDR_LEVEL, as
+	// NCCL_NET_GDR_LEVEL. Build sets DefaultGDRLevel.
+	GDRLevel PathType
 	paths    map[[2]int64]Path
 }
 
 // Build makes the graph of s and computes the paths. It is a pure
 // function of the document.
 func Build(s *System) (*Topo, error) {
-	t := &Topo{Sys: s, Graph: simple.NewWeightedDirectedGraph(0, 0), paths: map[[2]int64]Path{}}
+	t := &Topo{Sys: s, Graph: simple.NewWeightedDirectedGraph(0, 0), paths: map[[2]int64]Path{}, GDRLevel: DefaultGDRLevel}
 	byBus := map[string]*Node{} // host|busid → GPU node
 	nvs := map[string]*Node{}   // host → NVS node
 	var hostCPUs = map[string][]*Node{}

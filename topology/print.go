@@ -90,8 +90,14 @@ func (t *Topo) WriteMatrix(w io.Writer) {
 					var ports []string
 					for _, p := range n.NICs {
 						s := p.Name
+						if p.Net != nil && p.Net.Port > 0 {
+							s = fmt.Sprintf("%s:%d RDMA port", p.Name, p.Net.Port)
+						}
 						if p.Net != nil && p.Net.Speed > 0 {
 							s += fmt.Sprintf(" %d Gb/s", p.Net.Speed/1000)
+						}
+						if p.Net != nil && p.Net.GUID != "" {
+							s += " GUID " + p.Net.GUID
 						}
 						ports = append(ports, s)
 					}
@@ -118,6 +124,7 @@ func (t *Topo) WriteMatrix(w io.Writer) {
 				}
 				fmt.Fprintf(w, "  %s: %s (%v)\n", t.Label(g), strings.Join(names, ", "), typ)
 			}
+			t.writeGDR(w, gpus)
 		}
 	}
 }
@@ -189,4 +196,45 @@ func cpulist(mask string) string {
 		i = j + 1
 	}
 	return strings.Join(parts, ",")
+}
+
+// writeGDR says, for each GPU and the RDMA ports nearest it, whether the
+// port would move the GPU's memory directly (GPUDirect RDMA) at the
+// default level, or stage it through host memory.
+func (t *Topo) writeGDR(w io.Writer, gpus []*Node) {
+	var lines []string
+	for _, g := range gpus {
+		for _, n := range t.NearestNICs(g) {
+			for _, p := range n.NICs {
+				if p.Net == nil || p.Net.Port == 0 {
+					continue // not an RDMA port
+				}
+				ok, typ := t.GDR(g, n, p.Net, t.GDRLevel)
+				how := "GPUDirect RDMA"
+				if !ok {
+					how = "staged through host memory"
+					if !p.Net.GDR {
+						how += " (the port does not support GPUDirect)"
+					}
+				}
+				lines = append(lines, fmt.Sprintf("  %s - %s:%d (%v): %s", t.Label(g), p.Name, p.Net.Port, typ, how))
+			}
+		}
+	}
+	if len(lines) == 0 {
+		return
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "GPUDirect RDMA (GOCCL_NET_GDR_LEVEL=%v: %s):\n", t.GDRLevel, gdrMeaning[t.GDRLevel])
+	for _, l := range lines {
+		fmt.Fprintln(w, l)
+	}
+}
+
+var gdrMeaning = map[PathType]string{
+	LOC: "never",
+	PIX: "a GPU and a NIC behind one PCIe switch",
+	PXB: "a GPU and a NIC under common PCIe switches, not across the CPU",
+	PHB: "a GPU and a NIC under one CPU",
+	SYS: "a GPU and a NIC anywhere in the host",
 }

@@ -26,3 +26,17 @@ func TestMatrixOfAzureNDv4(t *testing.T) {
 	require.Equal(t, "20-39", cpulist("000000ff,fff00000"))
 	require.Equal(t, "0-3,8", cpulist("10f"))
 }
+
+func TestParseGDRLevel(t *testing.T) {
+	for in, want := range map[string]PathType{"LOC": LOC, "pix": PIX, " PXB ": PXB, "PHB": PHB, "SYS": SYS, "0": LOC, "2": PXB, "5": SYS} {
+		got, err := ParseGDRLevel(in)
+		if err != nil || got != want {
+			t.Errorf("ParseGDRLevel(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "NVL", "6", "-1", "near"} {
+		if _, err := ParseGDRLevel(in); err == nil {
+			t.Errorf("ParseGDRLevel(%q) accepted", in)
+		}
+	}
+}

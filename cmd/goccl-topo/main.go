@@ -71,6 +71,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail(stderr, err)
 	}
+	if v := os.Getenv("GOCCL_NET_GDR_LEVEL"); v != "" {
+		if t.GDRLevel, err = topology.ParseGDRLevel(v); err != nil {
+			return fail(stderr, fmt.Errorf("GOCCL_NET_GDR_LEVEL: %w", err))
+		}
+	}
 	summary(stdout, t)
 	for _, w := range t.Warnings {
 		fmt.Fprintf(stdout, "  warning: %s\n", w)

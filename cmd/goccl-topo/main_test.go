@@ -85,3 +85,22 @@ func TestBadInput(t *testing.T) {
 	require.Equal(t, 1, code)
 	require.Contains(t, errs, "missing.xml")
 }
+
+// The RDMA ports and, for each GPU, whether its nearest port would move
+// its memory directly (GPUDirect RDMA) at the default level and at one
+// that forbids it.
+func TestRDMAPortsAndGDR(t *testing.T) {
+	out, errs, code := topo(t, "--file", "../../topology/testdata/multihost.xml")
+	require.Equal(t, 0, code, errs)
+	require.Contains(t, out, "mlx5_0:1 RDMA port 400 Gb/s GUID 0xb83fd20300a1b2c3")
+	require.Contains(t, out, "GPUDirect RDMA (GOCCL_NET_GDR_LEVEL=PXB")
+	require.Contains(t, out, "GPU2 - mlx5_0:1 (PIX): GPUDirect RDMA")
+	t.Setenv("GOCCL_NET_GDR_LEVEL", "LOC")
+	out, errs, code = topo(t, "--file", "../../topology/testdata/multihost.xml")
+	require.Equal(t, 0, code, errs)
+	require.Contains(t, out, "GPU2 - mlx5_0:1 (PIX): staged through host memory")
+	t.Setenv("GOCCL_NET_GDR_LEVEL", "nearby")
+	_, errs, code = topo(t, "--file", "../../topology/testdata/multihost.xml")
+	require.NotEqual(t, 0, code)
+	require.Contains(t, errs, "want LOC, PIX, PXB, PHB or SYS")
+}

@@ -1,0 +1,53 @@
+package topology
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// DefaultGDRLevel is NCCL's default NCCL_NET_GDR_LEVEL (ncclTopoCheckGdr,
+// src/graph/paths.cc): a NIC reads and writes a GPU's memory directly
+// when the two meet below the CPU, through PCIe switches (PXB or
+// closer); through the CPU's root complex the peer-to-peer traffic is
+// slower than staging, or not routed at all.
+const DefaultGDRLevel = PXB
+
+// ParseGDRLevel parses GOCCL_NET_GDR_LEVEL as NCCL parses
+// NCCL_NET_GDR_LEVEL: a path type (LOC, PIX, PXB, PHB, SYS) up to which
+// GPUDirect RDMA is used, or NCCL's numbers for them (0..4; 5 is SYS too).
+func ParseGDRLevel(s string) (PathType, error) {
+	s = strings.ToUpper(strings.TrimSpace(s))
+	switch s {
+	case "LOC":
+		return LOC, nil
+	case "PIX":
+		return PIX, nil
+	case "PXB":
+		return PXB, nil
+	case "PHB":
+		return PHB, nil
+	case "SYS":
+		return SYS, nil
+	}
+	if n, err := strconv.Atoi(s); err == nil && n >= 0 && n <= 5 {
+		return [...]PathType{LOC, PIX, PXB, PHB, SYS, SYS}[n], nil
+	}
+	return 0, fmt.Errorf("GDR level %q: want LOC, PIX, PXB, PHB or SYS (or 0..5)", s)
+}
+
+// GDR reports whether port net of NIC nic would read and write the
+// memory of gpu directly (GPUDirect RDMA) at the given level: the two
+// are on one host, the port supports it (the topology's gdr attribute),
+// and the path between GPU and NIC is no longer than level. The kernel
+// side (nvidia-peermem or dma-buf) is checked when a connection is made.
+func (t *Topo) GDR(gpu, nic *Node, net *Net, level PathType) (bool, PathType) {
+	if gpu.Host != nic.Host {
+		return false, NET
+	}
+	p := t.Path(gpu, nic).Type
+	if net != nil && !net.GDR {
+		return false, p
+	}
+	return p <= level, p
+}
