@@ -93,7 +93,7 @@ type RankInfo struct {
 	Rank      int
 	PID       int
 	Host      string // host identity (hostname/boot id, or GOCCL_HOSTID)
-	Addr      string // data address, "" in a local group
+	Addr      string // data address (an RDMA peer's control listener), "" in a local group
 	Transport string // how this rank reaches it: "self", "mem", "shm", "tcp", "verbs"
 	// Device describes the rank's GPU ("cuda:0 NVIDIA H200 [0000:19:00.0]"),
 	// where this rank knows it: its own, and every rank's in a local
@@ -128,6 +128,10 @@ func (c *Comm) Ranks() []RankInfo {
 		if c.peers != nil {
 			p := c.peers[r]
 			ri.PID, ri.Host, ri.Addr = int(p.PID), p.HostID, p.DataAddr
+			if ri.Transport == TransportVerbs {
+				s, _ := decodeHostSummary(p.Topology)
+				ri.Addr = s.Verbs // its RDMA connections' control listener
+			}
 		} else {
 			ri.PID = os.Getpid()
 			ri.Host, _ = os.Hostname()

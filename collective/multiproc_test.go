@@ -349,12 +349,18 @@ func TestMultiProcessStrangers(t *testing.T) {
 		want string
 	}{
 		{"plain", false, "attacking 3 TCP and 3 shared-memory listeners"},
+		// Over RDMA the data ports are the verbs transport's control
+		// listeners, where the queue pairs are exchanged.
+		{"verbs", false, "attacking 3 TCP and 0 shared-memory listeners"},
 		// With TLS the data listeners are TCP only, and the root and
 		// every data port expect a TLS handshake.
 		{"tls", true, "attacking 3 TCP and 0 shared-memory listeners"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			envs := gocclEnvs(t, 3)
+			if tc.name == "verbs" {
+				envs = gocclEnvs(t, 3, transportEnv(t, "verbs")...)
+			}
 			if tc.tls {
 				for r := range envs {
 					envs[r] = append(envs[r], "GOCCL_TRANSPORT=tcp")

@@ -79,15 +79,21 @@ func hosts(t *testing.T, k int) (ns []string, addrs []string) {
 func TestMultiHostNamespaces(t *testing.T) {
 	// The last shape also runs TLS on every TCP connection: shared memory
 	// inside each host, TLS records across.
+	// The verbs shapes give every rank a port of one emulated fabric (a
+	// directory the namespaces share): between hosts auto takes RDMA.
 	for _, shape := range []struct {
 		hosts, perHost int
-		tls            bool
-	}{{3, 1, false}, {3, 2, false}, {2, 2, false}, {2, 2, true}} {
+		tls, verbs     bool
+	}{{3, 1, false, false}, {3, 2, false, false}, {2, 2, false, false}, {2, 2, true, false}, {2, 1, false, true}, {2, 2, false, true}} {
 		perHost := shape.perHost
-		t.Run(fmt.Sprintf("hosts=%d/ranks-per-host=%d/tls=%v", shape.hosts, perHost, shape.tls), func(t *testing.T) {
+		t.Run(fmt.Sprintf("hosts=%d/ranks-per-host=%d/tls=%v/verbs=%v", shape.hosts, perHost, shape.tls, shape.verbs), func(t *testing.T) {
 			ns, addrs := hosts(t, shape.hosts)
 			n := shape.hosts * perHost
-			envs := gocclEnvs(t, n)
+			var extra []string
+			if shape.verbs {
+				extra = []string{"GOCCL_IB_EMULATE=1", "GOCCL_IB_EMULATE_DIR=" + t.TempDir()}
+			}
+			envs := gocclEnvs(t, n, extra...)
 			if shape.tls {
 				for r := range envs {
 					envs[r] = append(envs[r], "GOCCL_DEBUG=INFO", "GOCCL_DEBUG_SUBSYS=INIT")
@@ -110,9 +116,12 @@ func TestMultiHostNamespaces(t *testing.T) {
 			for _, h := range ns {
 				require.Contains(t, res[0].output, h, "rank 0 sees every host")
 			}
-			// Shared memory inside a host, TCP across.
+			// Shared memory inside a host, TCP (or RDMA) across.
 			for q := 1; q < n; q++ {
 				want := "tcp"
+				if shape.verbs {
+					want = "verbs"
+				}
 				if q/perHost == 0 {
 					want = "shm"
 				}
