@@ -2,13 +2,18 @@ package verbs
 
 import (
 	"context"
+	"errors"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/goccl/goccl/algorithms"
+	"github.com/goccl/goccl/internal/engine"
+	"github.com/goccl/goccl/internal/kernels"
+	"github.com/goccl/goccl/memory"
 	"github.com/goccl/goccl/transport"
 	"github.com/goccl/goccl/transport/transporttest"
 	"github.com/goccl/goccl/transport/verbs/ibemu"
@@ -96,4 +101,40 @@ func TestMismatchedQPCountsAreRefused(t *testing.T) {
 	require.ErrorContains(t, err, "GOCCL_IB_QPS_PER_CONNECTION")
 	cancel()
 	<-errc
+}
+
+// Two ranks that call all-reduces of different counts over RDMA fail at
+// once, one of them with the engine's MismatchError, instead of mixing
+// each other's data or waiting for the timeout.
+func TestMismatchedCollectivesFail(t *testing.T) {
+	eps := endpoints(t, 2, nil)
+	link := algorithms.LinkModel{Latency: 5e-6, Bandwidth: 5e9, ReduceRate: 6e9, MaxChannels: 1, ChannelBytes: 1 << 20, ChunkBytes: 64 << 10}
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for r, ep := range eps {
+		e, err := engine.New(r, 2, ep, engine.Config{Algo: algorithms.Ring, MaxChannels: 1, Link: link})
+		require.NoError(t, err)
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			n := 1000 + 5000*r
+			buf := make([]byte, 4*n)
+			_, errs[r] = e.Run(ctx, &engine.Op{Coll: algorithms.CollAllReduce, Type: kernels.Float32, Red: kernels.Sum, Count: n,
+				In: memory.HostBuffer(buf), Out: memory.HostBuffer(buf)})
+			if errs[r] != nil {
+				ep.Close(errs[r]) // as a communicator aborts
+			}
+		})
+	}
+	wg.Wait()
+	require.Less(t, time.Since(start), 10*time.Second)
+	mismatch := false
+	for r, err := range errs {
+		require.Error(t, err, "rank %d", r)
+		var me *engine.MismatchError
+		mismatch = mismatch || errors.As(err, &me)
+		t.Logf("rank %d: %v", r, err)
+	}
+	require.True(t, mismatch, "some rank names the mismatch")
 }

@@ -26,7 +26,7 @@ type endOpts struct {
 	size                int
 }
 
-func newEnd(t *testing.T, p *Provider, o endOpts) *end {
+func newEnd(t testing.TB, p *Provider, o endOpts) *end {
 	t.Helper()
 	if o.cqe == 0 {
 		o.cqe = 64
@@ -68,10 +68,16 @@ func newEnd(t *testing.T, p *Provider, o endOpts) *end {
 // mod may change the RTR/RTS attributes.
 func connect(t *testing.T, a, b *end, mod func(*ibv.QPAttr)) {
 	t.Helper()
-	require.NoError(t, a.qp.Modify(&ibv.QPAttr{State: ibv.QPInit, Port: 1, Access: ibv.AccessRemoteWriteAll}, ibv.MaskResetToInit))
 	gid, _, err := b.ctx.QueryGID(1, 2)
 	require.NoError(t, err)
-	at := ibv.QPAttr{State: ibv.QPRTR, PathMTU: ibv.MTU4096, DestQPN: b.qp.Num(), RQPSN: 7, SQPSN: 7, MinRNRTimer: 12,
+	connectTo(t, a, gid, b.qp.Num(), mod)
+}
+
+// connectTo moves a's QP to RTS toward QP qpn of the NIC with GID gid.
+func connectTo(t testing.TB, a *end, gid ibv.GID, qpn uint32, mod func(*ibv.QPAttr)) {
+	t.Helper()
+	require.NoError(t, a.qp.Modify(&ibv.QPAttr{State: ibv.QPInit, Port: 1, Access: ibv.AccessRemoteWriteAll}, ibv.MaskResetToInit))
+	at := ibv.QPAttr{State: ibv.QPRTR, PathMTU: ibv.MTU4096, DestQPN: qpn, RQPSN: 7, SQPSN: 7, MinRNRTimer: 12,
 		AH:      ibv.AH{IsGlobal: true, DGID: gid, SGIDIdx: 2, HopLimit: 255, Port: 1},
 		Timeout: 20, RetryCnt: 7, RNRRetry: 7, MaxDestRdAtomic: 1, MaxRdAtomic: 1}
 	if mod != nil {
