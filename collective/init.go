@@ -411,6 +411,17 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 			return fail(err)
 		}
 		rep.all = append(rep.all, ep)
+		if nVerbs == nranks-1 {
+			// Every rank is an RDMA peer: small all-reduces go on a board
+			// of RDMA writes (transport/verbs's JoinBoard).
+			if err := ep.JoinBoard(ctx); err != nil {
+				if shmLn != nil {
+					shmLn.Close()
+				}
+				rep.Close(err)
+				return fail(err)
+			}
+		}
 		for i, r := range route {
 			if r == TransportVerbs {
 				rep.byPeer[i] = ep

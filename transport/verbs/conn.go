@@ -124,6 +124,7 @@ type conn struct {
 	// Messages this side has cleared the peer to send (numbers below it).
 	cleared uint64
 	set     *chanSet // the channel's connections, once established
+	brd     *board   // the board, on a board connection (board.go)
 
 	failed   error        // a failed completion: every later call fails with it
 	asyncErr atomic.Value // error: a fatal device event
@@ -139,18 +140,22 @@ var _ transport.Conn = (*conn)(nil)
 
 func newConn(e *Endpoint, peer, ch int, ctl net.Conn) (*conn, error) {
 	o := e.o
-	c := &conn{e: e, peer: peer, ch: ch, ctl: ctl, l: newLayout(o.Slots, o.SlotSize), qpIdx: map[uint32]int{}, reserved: -1}
-	n := o.QPs
+	slots, slotSize := o.Slots, o.SlotSize
+	if ch == boardChannel {
+		slots, slotSize = 2, boardEntryLen // an entry per collective parity
+	}
+	c := &conn{e: e, peer: peer, ch: ch, ctl: ctl, l: newLayout(slots, slotSize), qpIdx: map[uint32]int{}, reserved: -1}
+	n := e.qpsFor(ch)
 	c.posted, c.done, c.signaled = make([]uint64, n), make([]uint64, n), make([]uint64, n)
 	c.unsignaled, c.owed = make([]int, n), make([]int, n)
 	c.dataIn = make([]uint64, n)
-	c.arrived = make([]uint64, o.Slots)
-	c.staged, c.ctsUsed = make([]wrRef, o.Slots), make([]wrRef, o.Slots)
+	c.arrived = make([]uint64, slots)
+	c.staged, c.ctsUsed = make([]wrRef, slots), make([]wrRef, slots)
 	c.wcs = make([]ibv.WC, 32)
 	// Per QP at most: 2 requests per message in flight and a CTS per slot,
 	// fences; receives for the peer's messages and CTS entries.
-	c.sqDepth = 4*o.Slots + 8
-	c.rqDepth = 2*o.Slots + 16
+	c.sqDepth = 4*slots + 8
+	c.rqDepth = 2*slots + 16
 	var err error
 	if c.mem, err = ibv.Alloc(c.l.total); err != nil {
 		return nil, err
@@ -253,6 +258,9 @@ func (c *conn) establish(dialer bool) error {
 	}
 	if b[0] != ctlReady {
 		return fmt.Errorf("the peer's queue pairs failed (control byte %q)", b[0])
+	}
+	if c.ch == boardChannel {
+		return nil // a board's entries need no clearance (board.go)
 	}
 	return c.clear(uint64(c.l.slots))
 }

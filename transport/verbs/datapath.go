@@ -136,6 +136,10 @@ func (c *conn) poll() {
 			c.fail(fmt.Errorf("protocol error: rank %d sent a message without an immediate", c.peer))
 			return
 		}
+		if c.brd != nil {
+			c.boardWC(wc.Imm)
+			continue
+		}
 		if wc.Imm&immCTS != 0 {
 			// Clearances are cumulative: the immediate is the last
 			// message cleared, at most Slots past what was cleared

@@ -30,6 +30,7 @@ type Endpoint struct {
 	conns   map[connKey]*conn
 	byQPN   map[uint32]*conn
 	chans   map[int]*chanSet
+	board   *board // see JoinBoard
 	pending map[connKey]*pendingConn
 	setup   map[net.Conn]struct{}
 	closed  bool
@@ -117,6 +118,14 @@ func New(o Options) (*Endpoint, error) {
 		go e.watchEvents(es)
 	}
 	return e, nil
+}
+
+// qpsFor is the number of queue pairs of a connection on channel ch.
+func (e *Endpoint) qpsFor(ch int) int {
+	if ch == boardChannel {
+		return 1
+	}
+	return e.o.QPs
 }
 
 // Port is the device port the endpoint uses.
@@ -233,8 +242,8 @@ func (e *Endpoint) checkSetup(s wire.ConnSetup) error {
 		return fmt.Errorf("rank %d may not dial rank %d (the lower rank of a pair dials)", s.From, e.o.Rank)
 	case e.o.Peers[s.From] == "":
 		return fmt.Errorf("rank %d is not an RDMA peer of rank %d", s.From, e.o.Rank)
-	case int(s.NSocks) != e.o.QPs:
-		return fmt.Errorf("rank %d stripes a connection over %d queue pairs, rank %d over %d (set GOCCL_IB_QPS_PER_CONNECTION alike on every rank)", s.From, s.NSocks, e.o.Rank, e.o.QPs)
+	case int(s.NSocks) != e.qpsFor(int(s.Channel)):
+		return fmt.Errorf("rank %d stripes a connection over %d queue pairs, rank %d over %d (set GOCCL_IB_QPS_PER_CONNECTION alike on every rank)", s.From, s.NSocks, e.o.Rank, e.qpsFor(int(s.Channel)))
 	}
 	return nil
 }
@@ -335,7 +344,7 @@ func (e *Endpoint) awaitIncoming(ctx context.Context, k connKey) (*conn, error) 
 func (e *Endpoint) dial(ctx context.Context, peer, ch int) (*conn, error) {
 	addr := e.o.Peers[peer]
 	backoff := 5 * time.Millisecond
-	s := wire.ConnSetup{From: uint32(e.o.Rank), To: uint32(peer), Channel: uint32(ch), NSocks: uint16(e.o.QPs)}
+	s := wire.ConnSetup{From: uint32(e.o.Rank), To: uint32(peer), Channel: uint32(ch), NSocks: uint16(e.qpsFor(ch))}
 	for {
 		d := net.Dialer{Timeout: setupTimeout}
 		c, err := d.DialContext(ctx, "tcp", addr)
