@@ -85,6 +85,8 @@ type conn struct {
 	mem    *ibv.Mem
 	rmr    ibv.MR // the remote region
 	lmr    ibv.MR // the local region
+	rref   *mrRef // their holds in the endpoint's cache
+	lref   *mrRef
 	cq     ibv.CQ
 	qps    []ibv.QP
 	qpIdx  map[uint32]int
@@ -161,14 +163,16 @@ func newConn(e *Endpoint, peer, ch int, ctl net.Conn) (*conn, error) {
 		return nil, err
 	}
 	ctx := e.port.Ctx
-	if c.rmr, err = ctx.RegMR(c.mem.B[:c.l.remote], ibv.AccessRemoteWriteAll); err != nil {
+	if c.rref, err = e.mrs.register(c.mem.B[:c.l.remote], ibv.AccessRemoteWriteAll); err != nil {
 		c.teardown()
 		return nil, fmt.Errorf("verbs: registering %d bytes for the peer's writes: %w", c.l.remote, err)
 	}
-	if c.lmr, err = ctx.RegMR(c.mem.B[c.l.l0:c.l.total], ibv.AccessLocalWrite); err != nil {
+	c.rmr = c.rref.MR
+	if c.lref, err = e.mrs.register(c.mem.B[c.l.l0:c.l.total], ibv.AccessLocalWrite); err != nil {
 		c.teardown()
 		return nil, fmt.Errorf("verbs: registering %d bytes of staging: %w", c.l.total-c.l.l0, err)
 	}
+	c.lmr = c.lref.MR
 	if c.cq, err = ctx.CreateCQ(n*(c.sqDepth+c.rqDepth) + 16); err != nil {
 		c.teardown()
 		return nil, fmt.Errorf("verbs: ibv_create_cq: %w", err)

@@ -546,12 +546,9 @@ func (c *conn) teardown() {
 		c.cq.Destroy()
 		c.cq = nil
 	}
-	for _, m := range []*ibv.MR{&c.rmr, &c.lmr} {
-		if *m != nil {
-			(*m).Dereg()
-			*m = nil
-		}
-	}
+	c.rref.release()
+	c.lref.release()
+	c.rmr, c.lmr, c.rref, c.lref = nil, nil, nil, nil
 	if c.mem != nil {
 		c.mem.Free()
 		c.mem = nil

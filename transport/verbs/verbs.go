@@ -24,6 +24,7 @@ type Endpoint struct {
 	o    Options
 	log  *slog.Logger
 	port *Port
+	mrs  *mrCache
 	wg   sync.WaitGroup // accept loop, setup goroutines, event watcher
 
 	mu      sync.Mutex // guards the fields below
@@ -106,7 +107,7 @@ func New(o Options) (*Endpoint, error) {
 			return nil, fmt.Errorf("verbs: %w", err)
 		}
 	}
-	e := &Endpoint{o: o, log: o.Logger, port: port, conns: map[connKey]*conn{}, byQPN: map[uint32]*conn{}, chans: map[int]*chanSet{},
+	e := &Endpoint{o: o, log: o.Logger, port: port, mrs: newMRCache(port.Ctx), conns: map[connKey]*conn{}, byQPN: map[uint32]*conn{}, chans: map[int]*chanSet{},
 		pending: map[connKey]*pendingConn{}, setup: map[net.Conn]struct{}{}, done: make(chan struct{}), closing: make(chan struct{})}
 	if e.log == nil {
 		e.log = slog.Default()
