@@ -368,7 +368,6 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		}
 	}
 	rep := &routedEndpoint{byPeer: make([]transport.Endpoint, nranks)}
-	var tcpEp *tcp.Endpoint
 	if nTCP > 0 || nShm == 0 && nVerbs == 0 {
 		tcpPeers[rank] = ln.Addr().String()
 		to := tcp.Options{Rank: rank, NRanks: nranks, Peers: tcpPeers, Secret: id.secret[:], Listener: ln,
@@ -383,7 +382,6 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 			return fail(err)
 		}
 		rep.all = append(rep.all, ep)
-		tcpEp = ep
 		for i, r := range route {
 			if r == TransportTCP {
 				rep.byPeer[i] = ep
@@ -397,9 +395,9 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		vo := verbs.Options{Rank: rank, NRanks: nranks, Peers: verbsPeers, Secret: id.secret[:], Listener: vln, Port: vport,
 			TC: uint8(cfg.IB.TC), SL: uint8(cfg.IB.SL), QPs: cfg.IB.QPsPerConnection, Slots: slots, SlotSize: slotSize,
 			SpinFor: cfg.Spin, Timeout: uint8(cfg.IB.Timeout), RetryCnt: uint8(cfg.IB.RetryCnt)}
-		if tcpEp != nil {
-			vo.Progress = tcpEp.Progress
-		}
+		// TCP's sends move only while the channel's goroutine moves them,
+		// also while it waits on an RDMA connection.
+		vo.Progress = transport.ProgressOf(rep.all...)
 		ep, err := verbs.New(vo)
 		if err != nil {
 			vln.Close()
@@ -440,11 +438,9 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 			// the GPU reaches once registered.
 			o.Device = reg
 		}
-		if tcpEp != nil {
-			// TCP sends move only while the channel's goroutine moves them,
-			// also when it waits on shared memory.
-			o.Progress = tcpEp.Progress
-		}
+		// TCP's sends move only while the channel's goroutine moves them,
+		// also while it waits on shared memory.
+		o.Progress = transport.ProgressOf(rep.all...)
 		ep, err := shm.New(o)
 		if err != nil {
 			shmLn.Close()

@@ -194,3 +194,45 @@ type BoardHolder interface {
 	// Board returns the board, or nil if the endpoint has none.
 	Board() Board
 }
+
+// Progresser is implemented by endpoints whose sends move only while a
+// channel's goroutine moves them (TCP's non-blocking writes, finished by
+// whatever the goroutine calls next). A channel may wait on a connection
+// of another transport meanwhile (shared memory, RDMA), so the endpoints
+// of a communicator that waits themselves take a progress function
+// (their Options.Progress) and call it while they wait: ProgressOf makes
+// it from the communicator's Progressers.
+type Progresser interface {
+	// Progress moves, without blocking, what channel ch's connections have
+	// queued, and reports whether any of it still waits, or the first
+	// error. Only channel ch's goroutine calls it.
+	Progress(ch int) (pending bool, err error)
+}
+
+// ProgressOf returns a function that progresses every Progresser among
+// eps, or nil when none of them is one.
+func ProgressOf(eps ...Endpoint) func(ch int) (bool, error) {
+	var ps []Progresser
+	for _, e := range eps {
+		if p, ok := e.(Progresser); ok {
+			ps = append(ps, p)
+		}
+	}
+	switch len(ps) {
+	case 0:
+		return nil
+	case 1:
+		return ps[0].Progress
+	}
+	return func(ch int) (bool, error) {
+		any := false
+		for _, p := range ps {
+			pending, err := p.Progress(ch)
+			if err != nil {
+				return pending, err
+			}
+			any = any || pending
+		}
+		return any, nil
+	}
+}

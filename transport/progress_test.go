@@ -1,0 +1,42 @@
+package transport_test
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goccl/goccl/transport"
+)
+
+type fakeEndpoint struct{ transport.Endpoint }
+
+type progressing struct {
+	fakeEndpoint
+	calls   []int
+	pending bool
+	err     error
+}
+
+func (p *progressing) Progress(ch int) (bool, error) {
+	p.calls = append(p.calls, ch)
+	return p.pending, p.err
+}
+
+func TestProgressOf(t *testing.T) {
+	require.Nil(t, transport.ProgressOf(fakeEndpoint{}), "no Progresser, no function")
+	a, b := &progressing{}, &progressing{pending: true}
+	f := transport.ProgressOf(fakeEndpoint{}, a, b)
+	pending, err := f(3)
+	require.NoError(t, err)
+	require.True(t, pending, "pending if any is")
+	require.Equal(t, []int{3}, a.calls)
+	require.Equal(t, []int{3}, b.calls)
+	a.err = errors.New("socket gone")
+	_, err = f(1)
+	require.ErrorIs(t, err, a.err)
+	one := transport.ProgressOf(a)
+	_, err = one(2)
+	require.ErrorIs(t, err, a.err)
+	require.Equal(t, []int{3, 1, 2}, a.calls)
+}
