@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/goccl/goccl/internal/connsetup"
 	"github.com/goccl/goccl/internal/handshake"
 	"github.com/goccl/goccl/internal/wire"
 	"github.com/goccl/goccl/memory"
@@ -25,21 +26,21 @@ type Endpoint struct {
 	log  *slog.Logger
 	port *Port
 	mrs  *mrCache
-	wg   sync.WaitGroup // accept loop, setup goroutines, event watcher
+	wg   sync.WaitGroup // the event watcher
+
+	acc     connsetup.Acceptor
+	dialer  connsetup.Dialer
+	pending connsetup.Pending[*conn] // established by a lower rank, not yet collected
 
 	mu      sync.Mutex // guards the fields below
 	conns   map[connKey]*conn
 	byQPN   map[uint32]*conn
 	chans   map[int]*chanSet
 	board   *board // see JoinBoard
-	pending map[connKey]*pendingConn
-	setup   map[net.Conn]struct{}
 	closed  bool
 	cause   error
 	done    chan struct{}
 	closing chan struct{}
-
-	drops handshake.DropLog
 }
 
 type connKey struct{ peer, ch int }
@@ -49,13 +50,6 @@ type connKey struct{ peer, ch int }
 type chanSet struct {
 	mu    sync.Mutex
 	conns []*conn
-}
-
-// pendingConn is a connection a lower rank established before this
-// rank's Connect asked for it.
-type pendingConn struct {
-	c     *conn
-	ready chan struct{}
 }
 
 var _ transport.Endpoint = (*Endpoint)(nil)
@@ -108,12 +102,14 @@ func New(o Options) (*Endpoint, error) {
 		}
 	}
 	e := &Endpoint{o: o, log: o.Logger, port: port, mrs: newMRCache(port.Ctx), conns: map[connKey]*conn{}, byQPN: map[uint32]*conn{}, chans: map[int]*chanSet{},
-		pending: map[connKey]*pendingConn{}, setup: map[net.Conn]struct{}{}, done: make(chan struct{}), closing: make(chan struct{})}
+		done: make(chan struct{}), closing: make(chan struct{})}
 	if e.log == nil {
 		e.log = slog.Default()
 	}
-	e.wg.Add(1)
-	go e.accept()
+	e.acc = connsetup.Acceptor{Name: "verbs", Rank: o.Rank, Secret: o.Secret, Purpose: wire.PurposeVerbs, Timeout: setupTimeout,
+		Log: e.log, Check: e.checkSetup, Serve: e.serveIncoming}
+	e.dialer = connsetup.Dialer{Network: "tcp", Secret: o.Secret, Purpose: wire.PurposeVerbs, Timeout: setupTimeout, Done: e.done}
+	e.acc.Start(o.Listener)
 	if es, ok := port.Ctx.(ibv.EventSource); ok {
 		e.wg.Add(1)
 		go e.watchEvents(es)
@@ -137,104 +133,40 @@ func (e *Endpoint) Caps() transport.Caps {
 	return transport.Caps{Slots: e.o.Slots, SlotSize: e.o.SlotSize, Memory: memory.Host}
 }
 
-func (e *Endpoint) accept() {
-	defer e.wg.Done()
-	handshake.AcceptLoop(e.o.Listener, func(err error) { e.logDrop(nil, err) }, e.admit, func(c net.Conn) { go e.setupIncoming(c) })
-}
-
-func (e *Endpoint) admit(c net.Conn) handshake.Admission {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	a := handshake.Admit(e.closed, e.setup, c)
-	if a == handshake.Serve {
-		e.wg.Add(1)
-	}
-	return a
-}
-
-func (e *Endpoint) logDrop(c net.Conn, err error) {
-	from := ""
-	if c != nil {
-		from = c.RemoteAddr().String()
-	}
-	e.drops.Log(e.log, "goccl: verbs transport dropped a connection", "rank", e.o.Rank, "from", from, "err", err)
-}
-
-// setupIncoming authenticates a control connection from a lower rank and
-// files it for Connect, which exchanges the queue pairs over it.
-func (e *Endpoint) setupIncoming(c net.Conn) {
-	defer e.wg.Done()
-	kept := false
-	defer func() {
-		e.mu.Lock()
-		delete(e.setup, c)
-		e.mu.Unlock()
-		if !kept {
-			c.Close()
-		}
-	}()
-	c.SetDeadline(time.Now().Add(setupTimeout))
-	_, typ, payload, err := handshake.Server(c, e.o.Secret, wire.PurposeVerbs, 64)
-	if err != nil {
-		e.logDrop(c, err)
-		return
-	}
-	reject := func(err error) {
-		handshake.Reject(c, err.Error())
-		e.logDrop(c, err)
-	}
-	if typ != wire.FrameConnSetup {
-		reject(fmt.Errorf("expected a connection setup, got a %v frame", typ))
-		return
-	}
-	s, _, err := wire.ParseConnSetup(payload)
-	if err == nil {
-		err = e.checkSetup(s)
-	}
-	if err != nil {
-		reject(err)
-		return
-	}
-	k := connKey{int(s.From), int(s.Channel)}
-	e.mu.Lock()
-	p := e.pendingLocked(k)
-	dup := p.c != nil || e.conns[k] != nil
-	e.mu.Unlock()
-	if dup {
-		reject(fmt.Errorf("connection from rank %d on channel %d already established", s.From, s.Channel))
-		return
-	}
-	if err := handshake.WriteFrame(c, wire.FrameConnSetup, payload); err != nil {
-		e.logDrop(c, err)
-		return
-	}
-	// The connection is made here, not in Connect: the dialer's Connect
-	// must not wait on what this rank's channels happen to connect first.
+// serveIncoming makes the connection a lower rank set up, on its control
+// socket, and files it for Connect. The connection is made here, not in
+// Connect: the dialer's Connect must not wait on what this rank's
+// channels happen to connect first.
+func (e *Endpoint) serveIncoming(c net.Conn, s wire.ConnSetup) bool {
 	vc, err := newConn(e, int(s.From), int(s.Channel), c)
 	if err != nil {
-		reject(err)
-		return
+		e.acc.Reject(c, err)
+		return false
 	}
-	kept = true // vc owns c now
 	if err := vc.establish(false); err != nil {
-		e.logDrop(c, fmt.Errorf("connecting the queue pairs of rank %d (channel %d): %w", s.From, s.Channel, err))
+		e.acc.Drop(c, fmt.Errorf("connecting the queue pairs of rank %d (channel %d): %w", s.From, s.Channel, err))
 		vc.teardown()
-		return
+		return true // teardown closed it
 	}
 	c.SetDeadline(time.Time{})
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed || p.c != nil {
+	k := connsetup.Key{Peer: int(s.From), Ch: int(s.Channel)}
+	if !e.pending.Deliver(k, vc) {
+		e.acc.Drop(c, fmt.Errorf("a second connection from rank %d on channel %d", s.From, s.Channel))
 		vc.teardown()
-		return
+		return true
 	}
-	p.c = vc
 	vc.watch()
-	close(p.ready)
+	return true
 }
 
 func (e *Endpoint) checkSetup(s wire.ConnSetup) error {
+	k := connKey{int(s.From), int(s.Channel)}
+	e.mu.Lock()
+	dup := e.conns[k] != nil
+	e.mu.Unlock()
 	switch {
+	case dup || e.pending.Has(connsetup.Key{Peer: k.peer, Ch: k.ch}):
+		return fmt.Errorf("connection from rank %d on channel %d already established", s.From, s.Channel)
 	case s.Flags != 0:
 		return fmt.Errorf("unknown connection flags %#x", s.Flags)
 	case int(s.To) != e.o.Rank:
@@ -247,15 +179,6 @@ func (e *Endpoint) checkSetup(s wire.ConnSetup) error {
 		return fmt.Errorf("rank %d stripes a connection over %d queue pairs, rank %d over %d (set GOCCL_IB_QPS_PER_CONNECTION alike on every rank)", s.From, s.NSocks, e.o.Rank, e.qpsFor(int(s.Channel)))
 	}
 	return nil
-}
-
-func (e *Endpoint) pendingLocked(k connKey) *pendingConn {
-	p := e.pending[k]
-	if p == nil {
-		p = &pendingConn{ready: make(chan struct{})}
-		e.pending[k] = p
-	}
-	return p
 }
 
 // Connect implements transport.Endpoint.
@@ -288,7 +211,7 @@ func (e *Endpoint) Connect(ctx context.Context, peer, ch int) (transport.Conn, e
 	if e.o.Rank < peer {
 		c, err = e.dial(ctx, peer, ch)
 	} else {
-		c, err = e.awaitIncoming(ctx, k)
+		c, err = e.pending.Await(ctx, connsetup.Key{Peer: peer, Ch: ch}, e.done)
 	}
 	if err != nil {
 		return fail(err)
@@ -319,73 +242,26 @@ func (e *Endpoint) Connect(ctx context.Context, peer, ch int) (transport.Conn, e
 	return c, nil
 }
 
-func (e *Endpoint) awaitIncoming(ctx context.Context, k connKey) (*conn, error) {
-	e.mu.Lock()
-	p := e.pendingLocked(k)
-	e.mu.Unlock()
-	select {
-	case <-p.ready:
-	case <-ctx.Done():
-		return nil, fmt.Errorf("waiting for rank %d to connect (channel %d): %w", k.peer, k.ch, context.Cause(ctx))
-	case <-e.done:
-		return nil, transport.ErrClosed
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	delete(e.pending, k)
-	if e.closed {
-		return nil, transport.ErrClosed // Close closes it
-	}
-	return p.c, nil
-}
-
-// dial opens and authenticates the control connection to peer, retrying
-// until the peer's listener answers, it refuses, or ctx ends, then makes
-// the connection over it.
+// dial sets up the control connection to peer and makes the connection
+// over it.
 func (e *Endpoint) dial(ctx context.Context, peer, ch int) (*conn, error) {
 	addr := e.o.Peers[peer]
-	backoff := 5 * time.Millisecond
 	s := wire.ConnSetup{From: uint32(e.o.Rank), To: uint32(peer), Channel: uint32(ch), NSocks: uint16(e.qpsFor(ch))}
-	for {
-		d := net.Dialer{Timeout: setupTimeout}
-		c, err := d.DialContext(ctx, "tcp", addr)
-		if err == nil {
-			err = handshake.Bounded(ctx, c, setupTimeout, func() error {
-				if err := handshake.Client(c, e.o.Secret, wire.PurposeVerbs, func() (wire.FrameType, []byte) {
-					return wire.FrameConnSetup, s.Append(nil)
-				}); err != nil {
-					return err
-				}
-				return expect(c, wire.FrameConnSetup, nil)
-			})
-			if err == nil {
-				vc, err := newConn(e, peer, ch, c)
-				if err != nil {
-					c.Close()
-					return nil, err
-				}
-				if err := handshake.Bounded(ctx, c, setupTimeout, func() error { return vc.establish(true) }); err != nil {
-					vc.teardown()
-					return nil, fmt.Errorf("connecting the queue pairs: %w", err)
-				}
-				vc.watch()
-				return vc, nil
-			}
-			c.Close()
-			var rej *handshake.RejectedError
-			if errors.Is(err, handshake.ErrAuth) || errors.As(err, &rej) || ctx.Err() != nil {
-				return nil, fmt.Errorf("connecting to rank %d at %s: %w", peer, addr, err)
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("connecting to rank %d at %s: %v: %w", peer, addr, err, context.Cause(ctx))
-		case <-e.done:
-			return nil, transport.ErrClosed
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 500*time.Millisecond)
+	c, err := e.dialer.Dial(ctx, addr, s, nil)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to rank %d at %s: %w", peer, addr, err)
 	}
+	vc, err := newConn(e, peer, ch, c)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	if err := handshake.Bounded(ctx, c, setupTimeout, func() error { return vc.establish(true) }); err != nil {
+		vc.teardown()
+		return nil, fmt.Errorf("connecting the queue pairs with rank %d: %w", peer, err)
+	}
+	vc.watch()
+	return vc, nil
 }
 
 // expect reads one frame of type want (its payload into *payload when
@@ -455,20 +331,14 @@ func (e *Endpoint) Close(cause error) error {
 	e.closed = true
 	e.cause = cause
 	close(e.done)
-	e.o.Listener.Close()
-	for c := range e.setup {
-		c.Close()
-	}
 	conns := make([]*conn, 0, len(e.conns))
 	for _, c := range e.conns {
 		conns = append(conns, c)
 	}
-	for _, p := range e.pending {
-		if p.c != nil { // established, never collected: the peer has it
-			conns = append(conns, p.c)
-		}
-	}
 	e.mu.Unlock()
+	e.acc.Close()
+	// Established, never collected: the peer has them.
+	conns = append(conns, e.pending.Close()...)
 	for _, c := range conns {
 		c.close(cause)
 	}
