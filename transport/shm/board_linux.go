@@ -410,11 +410,12 @@ func (e *Endpoint) makeBoard(ctx context.Context) (*segment, error) {
 	}
 	for peer := 1; peer < n; peer++ {
 		s := wire.ConnSetup{From: uint32(e.o.Rank), To: uint32(peer), NSocks: 1, Flags: wire.ConnBoard}
-		err := e.retry(ctx, peer, func() error { return e.handOver(ctx, peer, s, appendBoardMsg(nil, n), fd, nil) })
+		c, err := e.handOver(ctx, peer, s, appendBoardMsg(nil, n), fd)
 		if err != nil {
 			seg.detach()
 			return nil, err
 		}
+		c.Close()
 	}
 	return seg, nil
 }

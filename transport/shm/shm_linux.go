@@ -12,10 +12,10 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/goccl/goccl/internal/connsetup"
 	"github.com/goccl/goccl/internal/handshake"
 	"github.com/goccl/goccl/internal/wire"
 	"github.com/goccl/goccl/memory"
@@ -50,12 +50,13 @@ type Endpoint struct {
 	o   Options
 	g   geometry
 	log *slog.Logger
-	wg  sync.WaitGroup // accept loop and setup goroutines
+
+	acc     connsetup.Acceptor
+	dialer  connsetup.Dialer
+	pending connsetup.Pending[pendingSeg] // handed over, not yet collected
 
 	mu      sync.Mutex // guards the fields below
 	conns   map[connKey]*conn
-	pending map[connKey]*pendingConn
-	setup   map[net.Conn]struct{} // incoming connections still authenticating
 	closed  bool
 	cause   error
 	done    chan struct{} // closed by Close
@@ -63,18 +64,17 @@ type Endpoint struct {
 
 	board *board // see JoinBoard
 
-	down  atomic.Bool // Close has begun: waiters stop
-	drops handshake.DropLog
+	down atomic.Bool // Close has begun: waiters stop
 }
 
 type connKey struct{ peer, ch int }
 
-// pendingConn is a segment a lower rank handed over before this rank's
-// Connect asked for it.
-type pendingConn struct {
-	seg   *segment
-	ctl   int
-	ready chan struct{} // closed when seg and ctl are set
+// pendingSeg is a segment a lower rank handed over before this rank's
+// Connect asked for it, with its control socket (-1 for the board).
+type pendingSeg struct {
+	k   connKey
+	seg *segment
+	ctl int
 }
 
 var _ transport.Endpoint = (*Endpoint)(nil)
@@ -100,13 +100,14 @@ func New(o Options) (*Endpoint, error) {
 		return nil, fmt.Errorf("shm: need 2..1024 slots of 64 bytes to 1 GiB: %d slots of %d", o.Slots, o.SlotSize)
 	}
 	e := &Endpoint{o: o, g: geometry{slots: o.Slots, slotSize: o.SlotSize}, log: o.Logger,
-		conns: map[connKey]*conn{}, pending: map[connKey]*pendingConn{}, setup: map[net.Conn]struct{}{},
-		done: make(chan struct{}), closing: make(chan struct{})}
+		conns: map[connKey]*conn{}, done: make(chan struct{}), closing: make(chan struct{})}
 	if e.log == nil {
 		e.log = slog.Default()
 	}
-	e.wg.Add(1)
-	go e.accept()
+	e.acc = connsetup.Acceptor{Name: "shm", Rank: o.Rank, Secret: o.Secret, Purpose: wire.PurposeShm, Timeout: setupTimeout,
+		Log: e.log, Check: e.checkSetup, Serve: e.serveIncoming}
+	e.dialer = connsetup.Dialer{Network: "unix", Secret: o.Secret, Purpose: wire.PurposeShm, Timeout: setupTimeout, Done: e.done}
+	e.acc.Start(o.Listener)
 	return e, nil
 }
 
@@ -119,28 +120,6 @@ func (e *Endpoint) Caps() transport.Caps {
 	return c
 }
 
-func (e *Endpoint) accept() {
-	defer e.wg.Done()
-	handshake.AcceptLoop(e.o.Listener, func(err error) { e.logDrop(err) }, e.admit, func(c net.Conn) { go e.setupIncoming(c.(*net.UnixConn)) })
-}
-
-// admit files an accepted connection among those authenticating, unless
-// the endpoint is closing or too many are.
-func (e *Endpoint) admit(c net.Conn) handshake.Admission {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	a := handshake.Admit(e.closed, e.setup, c)
-	if a == handshake.Serve {
-		e.wg.Add(1)
-	}
-	return a
-}
-
-// logDrop logs a refused connection (handshake.DropLog samples them).
-func (e *Endpoint) logDrop(err error) {
-	e.drops.Log(e.log, "goccl: shm transport dropped a connection", "rank", e.o.Rank, "err", err)
-}
-
 // segMsg is what the lower rank sends with the segment's descriptor.
 const segMsgLen = 24
 
@@ -151,84 +130,47 @@ func appendSegMsg(b []byte, g geometry) []byte {
 	return binary.LittleEndian.AppendUint64(b, uint64(g.size()))
 }
 
-// setupIncoming authenticates a connection from a lower rank, takes the
-// segment it hands over, and files it for Connect.
-func (e *Endpoint) setupIncoming(c *net.UnixConn) {
-	defer e.wg.Done()
-	defer func() {
-		e.mu.Lock()
-		delete(e.setup, c)
-		e.mu.Unlock()
-		c.Close()
-	}()
-	c.SetDeadline(time.Now().Add(setupTimeout))
-	_, typ, payload, err := handshake.Server(c, e.o.Secret, wire.PurposeShm, 64)
-	if err != nil {
-		e.logDrop(err)
-		return
-	}
-	reject := func(err error) {
-		handshake.Reject(c, err.Error())
-		e.logDrop(err)
-	}
-	if typ != wire.FrameConnSetup {
-		reject(fmt.Errorf("expected a connection setup, got a %v frame", typ))
-		return
-	}
-	s, _, err := wire.ParseConnSetup(payload)
-	if err == nil {
-		err = e.checkSetup(s)
-	}
-	if err != nil {
-		reject(err)
-		return
-	}
-	if err := handshake.WriteFrame(c, wire.FrameConnSetup, payload); err != nil {
-		e.logDrop(err)
-		return
-	}
+// serveIncoming takes the segment (or the board) a lower rank hands over
+// on c, set up and acknowledged, and files it for Connect (or JoinBoard).
+// c itself is closed; a duplicate of it is kept as the control channel.
+func (e *Endpoint) serveIncoming(nc net.Conn, s wire.ConnSetup) bool {
+	c := nc.(*net.UnixConn)
 	isBoard := s.Flags&wire.ConnBoard != 0
 	var seg *segment
+	var err error
 	if isBoard {
 		seg, err = e.receiveBoard(c)
 	} else {
 		seg, err = e.receiveSegment(c)
 	}
 	if err != nil {
-		reject(err)
-		return
+		e.acc.Reject(c, err)
+		return false
 	}
-	if err := handshake.WriteFrame(c, wire.FrameConnSetup, payload); err != nil {
+	if err := handshake.WriteFrame(c, wire.FrameConnSetup, nil); err != nil {
 		seg.detach()
-		e.logDrop(err)
-		return
+		e.acc.Drop(c, err)
+		return false
 	}
 	ctl, k := -1, connKey{int(s.From), int(s.Channel)}
 	if isBoard {
 		k = boardKey
 	} else if ctl, err = dupConn(c); err != nil {
 		seg.detach()
-		e.logDrop(err)
-		return
+		e.acc.Drop(c, err)
+		return false
 	}
-	e.mu.Lock()
-	p := e.pendingLocked(k)
-	dup := p.seg != nil
-	if !e.closed && !dup {
-		p.seg, p.ctl = seg, ctl
-		close(p.ready)
-		e.mu.Unlock()
-		return
+	if !e.pending.Deliver(key(k), pendingSeg{k, seg, ctl}) {
+		seg.detach()
+		if ctl >= 0 {
+			unix.Close(ctl)
+		}
+		e.acc.Drop(c, fmt.Errorf("a second segment from rank %d for channel %d (board: %v)", s.From, s.Channel, isBoard))
 	}
-	e.mu.Unlock()
-	seg.detach()
-	if ctl >= 0 {
-		unix.Close(ctl)
-	}
-	if dup {
-		e.logDrop(fmt.Errorf("a second segment from rank %d for channel %d (board: %v)", s.From, s.Channel, isBoard))
-	}
+	return false
 }
+
+func key(k connKey) connsetup.Key { return connsetup.Key{Peer: k.peer, Ch: k.ch} }
 
 func (e *Endpoint) checkSetup(s wire.ConnSetup) error {
 	switch {
@@ -281,15 +223,6 @@ func dupConn(c *net.UnixConn) (int, error) {
 		return -1, cerr
 	}
 	return fd, err
-}
-
-func (e *Endpoint) pendingLocked(k connKey) *pendingConn {
-	p := e.pending[k]
-	if p == nil {
-		p = &pendingConn{ctl: -1, ready: make(chan struct{})}
-		e.pending[k] = p
-	}
-	return p
 }
 
 // Connect implements transport.Endpoint.
@@ -349,73 +282,29 @@ func (e *Endpoint) Connect(ctx context.Context, peer, ch int) (transport.Conn, e
 }
 
 func (e *Endpoint) awaitIncoming(ctx context.Context, k connKey) (*segment, int, error) {
-	e.mu.Lock()
-	p := e.pendingLocked(k)
-	e.mu.Unlock()
-	select {
-	case <-p.ready:
-	case <-ctx.Done():
-		return nil, -1, fmt.Errorf("waiting for rank %d's segment (channel %d): %w", k.peer, k.ch, context.Cause(ctx))
-	case <-e.done:
-		return nil, -1, transport.ErrClosed
+	p, err := e.pending.Await(ctx, key(k), e.done)
+	if err != nil {
+		return nil, -1, err
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed {
-		return nil, -1, transport.ErrClosed // Close releases it
-	}
-	delete(e.pending, k)
 	return p.seg, p.ctl, nil
 }
 
-// dial makes the pair's segment and hands it to peer.
+// dial makes the pair's segment and hands it to peer; the connection it
+// went over stays as the control channel.
 func (e *Endpoint) dial(ctx context.Context, peer, ch int) (*segment, int, error) {
-	var seg *segment
-	ctl := -1
-	err := e.retry(ctx, peer, func() (err error) {
-		seg, ctl, err = e.dialOnce(ctx, peer, ch)
-		return err
-	})
-	return seg, ctl, err
-}
-
-// retry runs hand (a hand-over to peer) until it succeeds, is refused, or
-// ctx ends: the peer's listener may not be up yet.
-func (e *Endpoint) retry(ctx context.Context, peer int, hand func() error) error {
-	addr := e.o.Peers[peer]
-	backoff := 5 * time.Millisecond
-	for {
-		err := hand()
-		if err == nil {
-			return nil
-		}
-		var rej *handshake.RejectedError
-		if errors.Is(err, handshake.ErrAuth) || errors.As(err, &rej) || ctx.Err() != nil {
-			return fmt.Errorf("handing rank %d a segment at %s: %w", peer, addr, err)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("handing rank %d a segment at %s: %v: %w", peer, addr, err, context.Cause(ctx))
-		case <-e.done:
-			return transport.ErrClosed
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 500*time.Millisecond)
-	}
-}
-
-func (e *Endpoint) dialOnce(ctx context.Context, peer, ch int) (*segment, int, error) {
 	fd, seg, err := createSegment(e.g)
 	if err != nil {
 		return nil, -1, err
 	}
 	defer unix.Close(fd)
 	s := wire.ConnSetup{From: uint32(e.o.Rank), To: uint32(peer), Channel: uint32(ch), Socket: 0, NSocks: 1}
-	ctl := -1
-	err = e.handOver(ctx, peer, s, appendSegMsg(nil, e.g), fd, func(c *net.UnixConn) (err error) {
-		ctl, err = dupConn(c)
-		return err
-	})
+	c, err := e.handOver(ctx, peer, s, appendSegMsg(nil, e.g), fd)
+	if err != nil {
+		seg.detach()
+		return nil, -1, err
+	}
+	defer c.Close()
+	ctl, err := dupConn(c)
 	if err != nil {
 		seg.detach()
 		return nil, -1, err
@@ -423,52 +312,21 @@ func (e *Endpoint) dialOnce(ctx context.Context, peer, ch int) (*segment, int, e
 	return seg, ctl, nil
 }
 
-// handOver dials peer, authenticates, and hands it fd with msg (a pair's
-// segment, or the board); keep, if set, runs on the connection once the
-// peer has mapped it.
-func (e *Endpoint) handOver(ctx context.Context, peer int, s wire.ConnSetup, msg []byte, fd int, keep func(*net.UnixConn) error) error {
-	d := net.Dialer{Timeout: setupTimeout}
-	nc, err := d.DialContext(ctx, "unix", e.o.Peers[peer])
-	if err != nil {
-		return err
-	}
-	c := nc.(*net.UnixConn)
-	defer c.Close()
-	err = handshake.Bounded(ctx, c, setupTimeout, func() error {
-		if err := handshake.Client(c, e.o.Secret, wire.PurposeShm, func() (wire.FrameType, []byte) {
-			return wire.FrameConnSetup, s.Append(nil)
-		}); err != nil {
+// handOver sets up a connection to peer and hands it fd with msg (a
+// pair's segment, or the board), retrying while the peer's listener is
+// not up yet. It returns the connection once the peer has mapped it.
+func (e *Endpoint) handOver(ctx context.Context, peer int, s wire.ConnSetup, msg []byte, fd int) (*net.UnixConn, error) {
+	addr := e.o.Peers[peer]
+	c, err := e.dialer.Dial(ctx, addr, s, func(c net.Conn) error {
+		if _, _, err := c.(*net.UnixConn).WriteMsgUnix(msg, unix.UnixRights(fd), nil); err != nil {
 			return err
 		}
-		if err := expectAck(c); err != nil {
-			return err
-		}
-		if _, _, err := c.WriteMsgUnix(msg, unix.UnixRights(fd), nil); err != nil {
-			return err
-		}
-		return expectAck(c) // the peer has mapped it
+		return connsetup.ExpectAck(c) // the peer has mapped it
 	})
-	if err == nil && keep != nil {
-		err = keep(c)
-	}
-	return err
-}
-
-// expectAck reads the peer's acknowledgement of a hand-over step, or its
-// refusal.
-func expectAck(c *net.UnixConn) error {
-	typ, payload, err := handshake.ReadFrame(c, wire.MaxString+64)
 	if err != nil {
-		return err
+		return nil, fmt.Errorf("handing rank %d a segment at %s: %w", peer, addr, err)
 	}
-	if typ == wire.FrameReject {
-		r, _, _ := wire.ParseReject(payload)
-		return &handshake.RejectedError{Reason: r.Reason}
-	}
-	if typ != wire.FrameConnSetup {
-		return fmt.Errorf("expected a setup acknowledgement, got a %v frame", typ)
-	}
-	return nil
+	return c.(*net.UnixConn), nil
 }
 
 // Close implements transport.Endpoint. A second Close waits for the first
@@ -487,25 +345,20 @@ func (e *Endpoint) Close(cause error) error {
 	e.cause = cause
 	e.down.Store(true)
 	close(e.done)
-	e.o.Listener.Close()
-	for c := range e.setup {
-		c.Close()
-	}
 	conns := make([]*conn, 0, len(e.conns))
 	for _, c := range e.conns {
 		conns = append(conns, c)
 	}
 	b := e.board
-	for k, p := range e.pending {
-		switch {
-		case p.seg == nil:
-		case k == boardKey: // handed over, never joined
+	e.mu.Unlock()
+	e.acc.Close()
+	for _, p := range e.pending.Close() {
+		if p.k == boardKey { // handed over, never joined
 			b = &board{e: e, seg: p.seg, me: e.o.Rank, n: e.o.NRanks}
-		default: // handed over, never collected: the peer has it
-			conns = append(conns, newConn(e, k.peer, k.ch, p.seg, p.ctl))
+		} else { // handed over, never collected: the peer has it
+			conns = append(conns, newConn(e, p.k.peer, p.k.ch, p.seg, p.ctl))
 		}
 	}
-	e.mu.Unlock()
 	if b != nil {
 		b.leave(cause)
 	}
@@ -521,7 +374,6 @@ func (e *Endpoint) Close(cause error) error {
 		c.wakeAll()
 		c.teardown()
 	}
-	e.wg.Wait()
 	close(e.closing)
 	return nil
 }
