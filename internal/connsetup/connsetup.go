@@ -129,6 +129,13 @@ func (a *Acceptor) serve(c net.Conn) {
 	kept = a.Serve(c, s)
 }
 
+// SettingUp is how many connections are being set up now.
+func (a *Acceptor) SettingUp() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.setup)
+}
+
 // Close stops accepting, closes the connections still being set up (a
 // stranger mid-handshake must not hold Close up) and waits for the
 // setups in progress.

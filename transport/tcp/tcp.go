@@ -48,7 +48,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/goccl/goccl/internal/handshake"
+	"github.com/goccl/goccl/internal/connsetup"
 	"github.com/goccl/goccl/internal/tlsrec"
 	"github.com/goccl/goccl/internal/wire"
 	"github.com/goccl/goccl/memory"
@@ -59,19 +59,20 @@ import (
 type Endpoint struct {
 	o   Options
 	log *slog.Logger
-	wg  sync.WaitGroup // accept loop and setup goroutines
+
+	acc     connsetup.Acceptor
+	dialer  connsetup.Dialer
+	pending connsetup.Pending[[]link] // every socket of a connection a lower rank dialled, not yet collected
 
 	mu       sync.Mutex // guards the fields below
 	conns    map[connKey]*conn
-	pending  map[connKey]*pendingConn
-	outboxes map[int]*outbox       // by channel
-	setup    map[net.Conn]struct{} // incoming sockets still authenticating
+	arriving map[connKey]*arrivingConn // sockets of connections still being dialled
+	outboxes map[int]*outbox           // by channel
 	closed   bool
 	cause    error
 	done     chan struct{} // closed by Close
 
-	drops   handshake.DropLog // connections refused
-	closing chan struct{}     // closed when Close has finished
+	closing chan struct{} // closed when Close has finished
 }
 
 type connKey struct{ peer, ch int }
@@ -83,11 +84,11 @@ type link struct {
 	tls *tlsrec.Session
 }
 
-// pendingConn collects the sockets of a connection the peer dials.
-type pendingConn struct {
+// arrivingConn collects the sockets of a connection the peer dials,
+// until all have come.
+type arrivingConn struct {
 	socks []link
 	n     int
-	ready chan struct{} // closed when all sockets arrived
 }
 
 var _ transport.Endpoint = (*Endpoint)(nil)
@@ -115,13 +116,15 @@ func New(o Options) (*Endpoint, error) {
 	if o.NSocks < 1 || o.NSocks > 64 || o.Slots < 2 || o.SlotSize < 64 {
 		return nil, fmt.Errorf("tcp: need 1..64 sockets, ≥ 2 slots of ≥ 64 bytes: %d sockets, %d slots of %d", o.NSocks, o.Slots, o.SlotSize)
 	}
-	e := &Endpoint{o: o, log: o.Logger, conns: map[connKey]*conn{}, pending: map[connKey]*pendingConn{},
-		outboxes: map[int]*outbox{}, setup: map[net.Conn]struct{}{}, done: make(chan struct{}), closing: make(chan struct{})}
+	e := &Endpoint{o: o, log: o.Logger, conns: map[connKey]*conn{}, arriving: map[connKey]*arrivingConn{},
+		outboxes: map[int]*outbox{}, done: make(chan struct{}), closing: make(chan struct{})}
 	if e.log == nil {
 		e.log = slog.Default()
 	}
-	e.wg.Add(1)
-	go e.accept()
+	e.acc = connsetup.Acceptor{Name: "tcp", Rank: o.Rank, Secret: o.Secret, Purpose: wire.PurposeData, Timeout: setupTimeout,
+		Log: e.log, Check: e.checkSetup, Serve: e.serveIncoming}
+	e.dialer = connsetup.Dialer{Network: "tcp", Secret: o.Secret, Purpose: wire.PurposeData, Timeout: setupTimeout, Done: e.done}
+	e.acc.Start(o.Listener)
 	return e, nil
 }
 
@@ -134,126 +137,59 @@ func (e *Endpoint) Caps() transport.Caps {
 	return c
 }
 
-func (e *Endpoint) accept() {
-	defer e.wg.Done()
-	handshake.AcceptLoop(e.o.Listener, func(err error) { e.logDrop(nil, err) }, e.admit, func(c net.Conn) { go e.setupIncoming(c) })
-}
-
-// admit files an accepted connection among those authenticating, unless
-// the endpoint is closing or too many are.
-func (e *Endpoint) admit(c net.Conn) handshake.Admission {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	a := handshake.Admit(e.closed, e.setup, c)
-	if a == handshake.Serve {
-		e.wg.Add(1)
-	}
-	return a
-}
-
-// logDrop logs a refused connection (handshake.DropLog samples them).
-func (e *Endpoint) logDrop(c net.Conn, err error) {
-	from := ""
-	if c != nil {
-		from = c.RemoteAddr().String()
-	}
-	e.drops.Log(e.log, "goccl: tcp transport dropped a connection", "rank", e.o.Rank, "from", from, "err", err)
-}
-
-// setupIncoming authenticates an incoming socket and files it with its
-// connection. Strangers are logged and dropped.
-func (e *Endpoint) setupIncoming(c net.Conn) {
-	defer e.wg.Done()
-	kept := false
-	defer func() {
-		e.mu.Lock()
-		delete(e.setup, c)
-		e.mu.Unlock()
-		if !kept {
-			c.Close()
-		}
-	}()
-	c.SetDeadline(time.Now().Add(setupTimeout))
-	_, typ, payload, err := handshake.Server(c, e.o.Secret, wire.PurposeData, 64)
-	if err != nil {
-		e.logDrop(c, err)
-		return
-	}
-	if typ != wire.FrameConnSetup {
-		e.logDrop(c, fmt.Errorf("expected a connection setup, got a %v frame", typ))
-		return
-	}
-	s, _, err := wire.ParseConnSetup(payload)
-	if err == nil {
-		err = e.checkSetup(s)
-	}
-	reject := func(err error) {
-		handshake.Reject(c, err.Error())
-		e.logDrop(c, err)
-	}
-	if err != nil {
-		reject(err)
-		return
-	}
-	k := connKey{int(s.From), int(s.Channel)}
-	if e.established(k) {
-		reject(fmt.Errorf("connection from rank %d on channel %d already established", s.From, s.Channel))
-		return
-	}
-	// Acknowledge, so the dialer knows the socket was accepted.
-	if err := handshake.WriteFrame(c, wire.FrameConnSetup, payload); err != nil {
-		e.logDrop(c, fmt.Errorf("acknowledging a socket of rank %d: %w", s.From, err))
-		return
-	}
+// serveIncoming runs TLS on an incoming socket (set up, checked and
+// acknowledged) when the endpoint uses it, and files the socket with its
+// connection; the connection goes to Connect once all its sockets came.
+func (e *Endpoint) serveIncoming(c net.Conn, s wire.ConnSetup) bool {
 	l := link{c: c}
 	if e.o.TLS != nil {
+		var err error
 		if l.tls, err = e.serverTLS(c); err != nil {
-			e.logDrop(c, fmt.Errorf("TLS with rank %d: %w", s.From, err))
-			return
+			e.acc.Drop(c, fmt.Errorf("TLS with rank %d: %w", s.From, err))
+			return false
 		}
 	}
+	k := connKey{int(s.From), int(s.Channel)}
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
-		return
+		return false
 	}
-	p := e.pendingLocked(k)
-	select {
-	case <-p.ready:
-		e.mu.Unlock()
-		e.logDrop(c, fmt.Errorf("connection from rank %d on channel %d already established", s.From, s.Channel))
-		return
-	default:
+	a := e.arriving[k]
+	if a == nil {
+		a = &arrivingConn{socks: make([]link, e.o.NSocks)}
+		e.arriving[k] = a
 	}
-	if old := p.socks[s.Socket].c; old != nil {
+	if old := a.socks[s.Socket].c; old != nil {
 		// The dialer gave up on the first attempt (a slow acknowledgement)
 		// and tried again: the newer socket is the one it uses.
 		old.Close()
-		p.n--
+		a.n--
 	}
-	p.socks[s.Socket] = l
-	p.n++
-	complete := p.n == len(p.socks)
-	kept = true
+	a.socks[s.Socket] = l
+	a.n++
+	complete := a.n == len(a.socks)
+	if complete {
+		delete(e.arriving, k)
+	}
 	e.mu.Unlock()
 	c.SetDeadline(time.Time{})
-	if complete {
-		close(p.ready)
+	if complete && !e.pending.Deliver(key(k), a.socks) {
+		for _, l := range a.socks {
+			l.c.Close()
+		}
+		e.acc.Drop(c, fmt.Errorf("connection from rank %d on channel %d already established", s.From, s.Channel))
 	}
+	return true
 }
+
+func key(k connKey) connsetup.Key { return connsetup.Key{Peer: k.peer, Ch: k.ch} }
 
 // established reports whether the connection k has all its sockets.
 func (e *Endpoint) established(k connKey) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if p := e.pending[k]; p != nil {
-		select {
-		case <-p.ready:
-			return true
-		default:
-		}
-	}
-	return e.conns[k] != nil
+	return e.conns[k] != nil || e.pending.Has(key(k))
 }
 
 // tlsConfirm is the accepting end's first record on a TLS socket.
@@ -302,6 +238,8 @@ func clientTLS(ctx context.Context, c net.Conn, cfg *tls.Config) (*tlsrec.Sessio
 
 func (e *Endpoint) checkSetup(s wire.ConnSetup) error {
 	switch {
+	case e.established(connKey{int(s.From), int(s.Channel)}):
+		return fmt.Errorf("connection from rank %d on channel %d already established", s.From, s.Channel)
 	case int(s.To) != e.o.Rank:
 		return fmt.Errorf("socket meant for rank %d reached rank %d", s.To, e.o.Rank)
 	case int(s.From) >= e.o.NRanks || int(s.From) >= e.o.Rank:
@@ -316,15 +254,6 @@ func (e *Endpoint) checkSetup(s wire.ConnSetup) error {
 		return fmt.Errorf("rank %d uses TLS and rank %d does not (set GOCCL_TLS_CERT, GOCCL_TLS_KEY and GOCCL_TLS_CA on every rank or on none)", with, without)
 	}
 	return nil
-}
-
-func (e *Endpoint) pendingLocked(k connKey) *pendingConn {
-	p := e.pending[k]
-	if p == nil {
-		p = &pendingConn{socks: make([]link, e.o.NSocks), ready: make(chan struct{})}
-		e.pending[k] = p
-	}
-	return p
 }
 
 // Connect implements transport.Endpoint.
@@ -390,20 +319,7 @@ func (e *Endpoint) Connect(ctx context.Context, peer, ch int) (transport.Conn, e
 }
 
 func (e *Endpoint) awaitIncoming(ctx context.Context, k connKey) ([]link, error) {
-	e.mu.Lock()
-	p := e.pendingLocked(k)
-	e.mu.Unlock()
-	select {
-	case <-p.ready:
-	case <-ctx.Done():
-		return nil, fmt.Errorf("waiting for rank %d to connect (channel %d): %w", k.peer, k.ch, context.Cause(ctx))
-	case <-e.done:
-		return nil, transport.ErrClosed
-	}
-	e.mu.Lock()
-	delete(e.pending, k)
-	e.mu.Unlock()
-	return p.socks, nil
+	return e.pending.Await(ctx, key(k), e.done)
 }
 
 // dial opens, authenticates and identifies the connection's sockets.
@@ -427,74 +343,28 @@ func (e *Endpoint) dial(ctx context.Context, peer, ch int) ([]link, error) {
 
 func (e *Endpoint) dialOne(ctx context.Context, peer, ch, i int) (link, error) {
 	addr := e.o.Peers[peer]
-	backoff := 5 * time.Millisecond
-	for {
-		d := net.Dialer{Timeout: setupTimeout}
-		c, err := d.DialContext(ctx, "tcp", addr)
-		if err == nil {
-			var ts *tlsrec.Session
-			if ts, err = e.setupOutgoing(ctx, c, peer, ch, i); err == nil {
-				return link{c, ts}, nil
-			}
-			c.Close()
-			var terr *tlsrec.HandshakeError
-			if errors.Is(err, handshake.ErrAuth) || (errors.As(err, &terr) && tlsrec.Permanent(terr.Err)) || ctx.Err() != nil {
-				return link{}, fmt.Errorf("connecting to rank %d at %s: %w", peer, addr, err)
-			}
-			// A refusal (a wrong socket count, another protocol version)
-			// does not improve by retrying.
-			var ref *refusedError
-			var rej *handshake.RejectedError
-			if errors.As(err, &ref) || errors.As(err, &rej) {
-				return link{}, fmt.Errorf("connecting to rank %d at %s: %w", peer, addr, err)
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return link{}, fmt.Errorf("connecting to rank %d at %s: %v: %w", peer, addr, err, context.Cause(ctx))
-		case <-e.done:
-			return link{}, transport.ErrClosed
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 500*time.Millisecond)
-	}
-}
-
-type refusedError struct{ reason string }
-
-func (r *refusedError) Error() string { return "refused: " + r.reason }
-
-func (e *Endpoint) setupOutgoing(ctx context.Context, c net.Conn, peer, ch, i int) (*tlsrec.Session, error) {
 	s := wire.ConnSetup{From: uint32(e.o.Rank), To: uint32(peer), Channel: uint32(ch), Socket: uint16(i), NSocks: uint16(e.o.NSocks)}
 	if e.o.TLS != nil {
 		s.Flags |= wire.ConnTLS
 	}
 	var ts *tlsrec.Session
-	err := handshake.Bounded(ctx, c, setupTimeout, func() error {
-		if err := handshake.Client(c, e.o.Secret, wire.PurposeData, func() (wire.FrameType, []byte) {
-			return wire.FrameConnSetup, s.Append(nil)
-		}); err != nil {
-			return err
+	c, err := e.dialer.Dial(ctx, addr, s, func(c net.Conn) error {
+		if e.o.TLS == nil {
+			return nil
 		}
-		typ, payload, err := handshake.ReadFrame(c, wire.MaxString+64)
-		if err != nil {
-			return err
-		}
-		if typ == wire.FrameReject {
-			r, _, _ := wire.ParseReject(payload)
-			return &refusedError{reason: r.Reason}
-		}
-		if typ != wire.FrameConnSetup {
-			return fmt.Errorf("expected a setup acknowledgement, got a %v frame", typ)
-		}
-		if e.o.TLS != nil {
-			if ts, err = clientTLS(ctx, c, e.o.TLS); err != nil {
-				return &tlsrec.HandshakeError{Err: err}
+		var err error
+		if ts, err = clientTLS(ctx, c, e.o.TLS); err != nil {
+			err = &tlsrec.HandshakeError{Err: err}
+			if tlsrec.Permanent(err.(*tlsrec.HandshakeError).Err) {
+				return connsetup.Permanent(err)
 			}
 		}
-		return nil
+		return err
 	})
-	return ts, err
+	if err != nil {
+		return link{}, fmt.Errorf("connecting to rank %d at %s: %w", peer, addr, err)
+	}
+	return link{c, ts}, nil
 }
 
 // Close implements transport.Endpoint. A second Close (an abort after a
@@ -512,22 +382,24 @@ func (e *Endpoint) Close(cause error) error {
 	e.closed = true
 	e.cause = cause
 	close(e.done)
-	e.o.Listener.Close()
-	for c := range e.setup {
-		c.Close() // a stranger mid-handshake must not hold Close up
-	}
 	conns := make([]*conn, 0, len(e.conns))
 	for _, c := range e.conns {
 		conns = append(conns, c)
 	}
-	for _, p := range e.pending {
-		for _, s := range p.socks {
+	for _, a := range e.arriving {
+		for _, s := range a.socks {
 			if s.c != nil {
 				s.c.Close()
 			}
 		}
 	}
 	e.mu.Unlock()
+	e.acc.Close() // a stranger mid-handshake must not hold Close up
+	for _, socks := range e.pending.Close() {
+		for _, s := range socks {
+			s.c.Close()
+		}
+	}
 	// Operations flush their connections before they return, so a
 	// graceful close has nothing left to send but a notice that nothing
 	// more comes: the peers' receivers tell it from a lost connection
@@ -544,7 +416,6 @@ func (e *Endpoint) Close(cause error) error {
 		}
 		c.shutdown()
 	}
-	e.wg.Wait() // accept loop and setup goroutines
 	for _, c := range conns {
 		c.release()
 		c.unstage()

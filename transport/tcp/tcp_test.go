@@ -270,11 +270,7 @@ func TestCloseIsNotHeldUpByAStrangerMidHandshake(t *testing.T) {
 	c, err := net.Dial("tcp", eps[1].o.Peers[1])
 	require.NoError(t, err)
 	defer c.Close()
-	require.Eventually(t, func() bool {
-		eps[1].mu.Lock()
-		defer eps[1].mu.Unlock()
-		return len(eps[1].setup) == 1
-	}, 5*time.Second, 5*time.Millisecond, "the stranger is authenticating")
+	require.Eventually(t, func() bool { return eps[1].acc.SettingUp() == 1 }, 5*time.Second, 5*time.Millisecond, "the stranger is authenticating")
 	start := time.Now()
 	eps[1].Close(errors.New("stop"))
 	require.Less(t, time.Since(start), time.Second)
