@@ -244,9 +244,19 @@ func (b *board) wait(ctx context.Context, c *conn, op string, ready func() bool)
 			return nil
 		}
 		if err := c.broken(op); err != nil {
+			if c.failed == nil && !c.down.Load() {
+				c.poll() // what the peer sent before it went has arrived
+				if ready() {
+					return nil
+				}
+			}
 			return err
 		}
 		if c.peerGone.Load() {
+			c.poll() // what it posted before the notice has completed
+			if ready() {
+				return nil
+			}
 			return &transport.PeerError{Peer: c.peer, Op: op, Err: transport.ErrPeerClosed}
 		}
 		if i%64 == 0 {

@@ -220,6 +220,12 @@ func (c *conn) waitFor(ctx context.Context, op string, ready func() bool) error 
 			return nil
 		}
 		if err := c.broken(op); err != nil {
+			if c.failed == nil && !c.down.Load() {
+				c.poll() // what the peer sent before it went has arrived
+				if ready() {
+					return nil
+				}
+			}
 			return err
 		}
 		if c.peerGone.Load() {
