@@ -51,6 +51,7 @@ type board struct {
 	// parity, the latest of either it reached.
 	posted, marked, reached []uint64
 	markSig                 [][2]uint32
+	bufs                    [][]byte // what Read returned, by peer
 }
 
 var _ transport.Board = (*board)(nil)
@@ -61,7 +62,7 @@ var _ transport.Board = (*board)(nil)
 func (e *Endpoint) JoinBoard(ctx context.Context) error {
 	b := &board{e: e, me: e.o.Rank, n: e.o.NRanks, conns: make([]*conn, e.o.NRanks),
 		posted: make([]uint64, e.o.NRanks), marked: make([]uint64, e.o.NRanks), reached: make([]uint64, e.o.NRanks),
-		markSig: make([][2]uint32, e.o.NRanks)}
+		markSig: make([][2]uint32, e.o.NRanks), bufs: make([][]byte, e.o.NRanks)}
 	for r := range b.conns {
 		if r == b.me {
 			continue
@@ -205,25 +206,32 @@ func (b *board) Mark(seq uint64, sig uint32) {
 	}
 }
 
-// Read implements transport.Board.
+// Read implements transport.Board. The data is a copy, this rank's
+// until its next Read of r: an abort may unmap the board's memory while
+// the engine still reduces what it read.
 func (b *board) Read(ctx context.Context, r int, seq uint64) (uint32, []byte, bool, error) {
 	if r < 0 || r >= b.n || b.conns[r] == nil {
 		return 0, nil, false, fmt.Errorf("verbs: no board peer %d", r)
 	}
 	c := b.conns[r]
-	entry := func() []byte { return c.mem.B[int(seq%2)*boardEntryLen : int(seq%2+1)*boardEntryLen] }
-	ready := func() bool {
-		return b.marked[r] > seq || b.posted[r] > seq && binary.LittleEndian.Uint64(entry()) == seq+1
+	c.use.Lock()
+	defer c.use.Unlock()
+	if c.down.Load() {
+		return 0, nil, false, c.e.closedErr()
 	}
-	if err := b.wait(ctx, c, "recv", ready); err != nil {
+	entry := func() []byte { return c.mem.B[int(seq%2)*boardEntryLen : int(seq%2+1)*boardEntryLen] }
+	posted := func() bool { return b.posted[r] > seq && binary.LittleEndian.Uint64(entry()) == seq+1 }
+	if err := b.waitLocked(ctx, c, "recv", func() bool { return b.marked[r] > seq || posted() }); err != nil {
 		return 0, nil, false, err
 	}
-	if e := entry(); b.posted[r] > seq && binary.LittleEndian.Uint64(e) == seq+1 {
+	if posted() {
+		e := entry()
 		size := int(binary.LittleEndian.Uint32(e[12:]))
 		if size > BoardMax {
 			return 0, nil, false, &transport.PeerError{Peer: r, Op: "recv", Err: fmt.Errorf("protocol error: rank %d posted %d bytes on the board", r, size)}
 		}
-		return binary.LittleEndian.Uint32(e[8:]), e[16 : 16+size], true, nil
+		b.bufs[r] = append(b.bufs[r][:0], e[16:16+size]...)
+		return binary.LittleEndian.Uint32(e[8:]), b.bufs[r], true, nil
 	}
 	sig := uint32(0)
 	if b.marked[r] == seq+1 {
@@ -236,6 +244,13 @@ func (b *board) Read(ctx context.Context, r int, seq uint64) (uint32, []byte, bo
 func (b *board) wait(ctx context.Context, c *conn, op string, ready func() bool) error {
 	c.use.Lock()
 	defer c.use.Unlock()
+	if c.down.Load() {
+		return c.e.closedErr()
+	}
+	return b.waitLocked(ctx, c, op, ready)
+}
+
+func (b *board) waitLocked(ctx context.Context, c *conn, op string, ready func() bool) error {
 	start := time.Now()
 	sleep := time.Duration(0)
 	for i := 1; ; i++ {

@@ -555,9 +555,12 @@ func (c *conn) teardown() {
 	c.rref.release()
 	c.lref.release()
 	c.rmr, c.lmr, c.rref, c.lref = nil, nil, nil, nil
-	if c.mem != nil {
+	if c.mem != nil && !c.holding && c.reserved < 0 {
 		c.mem.Free()
-		c.mem = nil
 	}
+	// Else the engine still holds a slot (Wait before Release, Reserve
+	// before Post) when another goroutine aborts: the memory stays mapped,
+	// lost, rather than pulled from under it.
+	c.mem = nil
 	c.ctl.Close()
 }
