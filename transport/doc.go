@@ -43,6 +43,23 @@
 // Close(nil) is graceful, Close(cause) aborts, and an abort reaches the
 // peers as a *PeerError wrapping a *PeerAbortedError that names the rank.
 //
+// The transports between processes (tcp, shm, verbs) set their
+// connections up the same way, through internal/connsetup: the lower
+// rank of a pair dials, both prove they know the job's secret, the
+// dialer's ConnSetup (covered by the proof) says which ranks and channel
+// the connection joins, and the acceptor checks and acknowledges it
+// before each transport does its own part (TLS, handing over a segment,
+// trading queue pairs). The package transporttest holds the contract
+// every transport passes.
+//
+// # Progress
+//
+// Waits live in the transports. A transport whose sends move only while
+// a channel's goroutine moves them (TCP) is a Progresser; the ones that
+// wait on their own media (shared memory, RDMA) take the progress of the
+// communicator's Progressers (ProgressOf) and call it while they wait,
+// so that one channel may mix transports.
+//
 // # Direct paths
 //
 // Two optional interfaces let a transport skip a copy where its medium
