@@ -92,6 +92,9 @@ func TestRefusalsAndWrongSecretsEndTheRetries(t *testing.T) {
 	_, err = d.Dial(context.Background(), addr, wire.ConnSetup{}, func(net.Conn) error { return Permanent(errors.New("bad certificate")) })
 	require.ErrorContains(t, err, "bad certificate")
 	require.Less(t, time.Since(start), time.Second, "none of these is retried")
+	// Serve runs on the acceptor's side, after the acknowledgement.
+	require.Eventually(t, func() bool { return served.Load() == 1 }, 2*time.Second, time.Millisecond, "the last reaches Serve")
+	time.Sleep(20 * time.Millisecond)
 	require.Equal(t, int32(1), served.Load(), "only the last reached Serve")
 }
 
