@@ -555,12 +555,17 @@ func (c *conn) teardown() {
 	c.rref.release()
 	c.lref.release()
 	c.rmr, c.lmr, c.rref, c.lref = nil, nil, nil, nil
-	if c.mem != nil && !c.holding && c.reserved < 0 {
+	if c.mem != nil && (c.holding || c.reserved >= 0) {
+		// The engine still holds a slot (Wait before Release, Reserve
+		// before Post) while another goroutine aborts: the memory stays
+		// mapped until a later Close of the endpoint, when no call uses
+		// it, rather than being pulled from under the call.
+		c.e.mu.Lock()
+		c.e.leftovers = append(c.e.leftovers, c.mem)
+		c.e.mu.Unlock()
+	} else if c.mem != nil {
 		c.mem.Free()
 	}
-	// Else the engine still holds a slot (Wait before Release, Reserve
-	// before Post) when another goroutine aborts: the memory stays mapped,
-	// lost, rather than pulled from under it.
 	c.mem = nil
 	c.ctl.Close()
 }

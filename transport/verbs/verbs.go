@@ -32,15 +32,18 @@ type Endpoint struct {
 	dialer  connsetup.Dialer
 	pending connsetup.Pending[*conn] // established by a lower rank, not yet collected
 
-	mu      sync.Mutex // guards the fields below
-	conns   map[connKey]*conn
-	byQPN   map[uint32]*conn
-	chans   map[int]*chanSet
-	board   *board // see JoinBoard
-	closed  bool
-	cause   error
-	done    chan struct{}
-	closing chan struct{}
+	mu    sync.Mutex // guards the fields below
+	conns map[connKey]*conn
+	byQPN map[uint32]*conn
+	chans map[int]*chanSet
+	board *board // see JoinBoard
+	// leftovers is connections' memory a call still held when Close tore
+	// them down; a later Close frees it.
+	leftovers []*ibv.Mem
+	closed    bool
+	cause     error
+	done      chan struct{}
+	closing   chan struct{}
 }
 
 type connKey struct{ peer, ch int }
@@ -317,7 +320,11 @@ func (e *Endpoint) watchEvents(es ibv.EventSource) {
 	}
 }
 
-// Close implements transport.Endpoint.
+// Close implements transport.Endpoint. A second Close waits for the
+// first to finish, then frees the memory of connections whose slot a call
+// still held when the first tore them down: the caller makes it once no
+// call uses the endpoint (a communicator does, when its operations are
+// done).
 func (e *Endpoint) Close(cause error) error {
 	e.mu.Lock()
 	if e.closed {
@@ -326,6 +333,13 @@ func (e *Endpoint) Close(cause error) error {
 		}
 		e.mu.Unlock()
 		<-e.closing
+		e.mu.Lock()
+		left := e.leftovers
+		e.leftovers = nil
+		e.mu.Unlock()
+		for _, m := range left {
+			m.Free()
+		}
 		return nil
 	}
 	e.closed = true
