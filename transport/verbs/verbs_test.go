@@ -3,6 +3,7 @@ package verbs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"sync"
 	"testing"
@@ -137,4 +138,18 @@ func TestMismatchedCollectivesFail(t *testing.T) {
 		t.Logf("rank %d: %v", r, err)
 	}
 	require.True(t, mismatch, "some rank names the mismatch")
+}
+
+// On InfiniBand ports the connections address their peers by LID,
+// without a GRH: every algorithm's all-reduce still comes out exact.
+func TestAllReduceOverInfiniBandLIDs(t *testing.T) {
+	link := algorithms.LinkModel{Latency: 5e-6, Bandwidth: 5e9, ReduceRate: 6e9, MaxChannels: 2, ChannelBytes: 1 << 20, ChunkBytes: 64 << 10}
+	transporttest.AllReduceEveryAlgorithm(t, link, func(t *testing.T, n int) []transport.Endpoint {
+		pr := ibemu.New(ibemu.Options{Dir: t.TempDir(), Adversarial: true, InfiniBand: true})
+		eps := endpointsOn(t, n, pr, nil)
+		p := eps[0].Port()
+		require.Equal(t, -1, p.GIDIdx, "InfiniBand: no GRH within the subnet")
+		require.Contains(t, p.String(), fmt.Sprintf("InfiniBand LID %d", p.Attr.LID))
+		return transporttest.Endpoints(eps)
+	})
 }

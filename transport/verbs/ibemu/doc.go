@@ -44,7 +44,8 @@
 //   - The QP state machine checks each transition's attribute mask
 //     (required and allowed attributes, IB spec table 91), the port, the
 //     path MTU against the port's, the address vector (RoCE needs a GRH
-//     and a non-empty source GID).
+//     and a non-empty source GID; InfiniBand ports, Options.InfiniBand,
+//     take a unicast LID without one).
 //   - Unsignaled requests keep their send-queue slots until a later
 //     signaled completion of the QP is polled (as mlx5 retires them):
 //     PostSend fails with ENOMEM when the queue is full, so a protocol

@@ -36,6 +36,9 @@ type Options struct {
 	TimeScale float64
 	// MTU is the ports' active MTU; 0 means 4096.
 	MTU ibv.MTU
+	// InfiniBand makes the ports InfiniBand ones, addressed by LID (a GRH
+	// is optional), in place of RoCE ones (a GRH and a GID are required).
+	InfiniBand bool
 }
 
 // DefaultTimeScale brings NCCL's timeout 20, retry_cnt 7 (4.3 s × 8 on
@@ -94,6 +97,9 @@ func (p *Provider) Open(name string) (ibv.Context, error) {
 	var idb [4]byte
 	rand.Read(idb[:])
 	id := binary.BigEndian.Uint32(idb[:]) & 0xffffff
+	if p.o.InfiniBand {
+		id &= 0xbfff // a unicast LID (below 0xc000)
+	}
 	if id == 0 {
 		id = 1
 	}
@@ -162,6 +168,15 @@ const gidTableLen = 8
 
 func (n *nic) gid(index int) (ibv.GID, ibv.GIDType) {
 	var g ibv.GID
+	if n.p.o.InfiniBand {
+		// One entry: the default subnet prefix and the port's GUID.
+		if index != 0 {
+			return ibv.GID{}, ibv.GIDIB
+		}
+		g[0], g[1] = 0xfe, 0x80
+		g[13], g[14], g[15] = byte(n.id>>16), byte(n.id>>8), byte(n.id)
+		return g, ibv.GIDIB
+	}
 	t := ibv.GIDRoCEv2
 	switch index {
 	case 0, 1:
@@ -186,8 +201,12 @@ func (n *nic) QueryPort(port int) (ibv.PortAttr, error) {
 	if port != 1 {
 		return ibv.PortAttr{}, fmt.Errorf("ibemu: ibv_query_port %d: %w (the device has port 1)", port, unix.EINVAL)
 	}
+	ll := ibv.LinkEthernet
+	if n.p.o.InfiniBand {
+		ll = ibv.LinkInfiniBand
+	}
 	return ibv.PortAttr{State: ibv.PortActive, MaxMTU: ibv.MTU4096, ActiveMTU: n.p.o.MTU, LID: uint16(n.id),
-		LinkLayer: ibv.LinkEthernet, GIDTblLen: gidTableLen}, nil // no rate: it is no link
+		LinkLayer: ll, GIDTblLen: gidTableLen}, nil // no rate: it is no link
 }
 
 func (n *nic) QueryGID(port, index int) (ibv.GID, ibv.GIDType, error) {

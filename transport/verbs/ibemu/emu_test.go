@@ -504,3 +504,34 @@ func TestDeregisteredRegionRefusesWrites(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, ibv.RemAccessErr, poll(t, a.cq, 1, time.Second)[0].Status)
 }
+
+// InfiniBand ports are addressed by LID without a GRH; a LID that is not
+// unicast is refused at RTR, and writes reach the peer by its LID.
+func TestInfiniBandByLID(t *testing.T) {
+	p := New(Options{Dir: t.TempDir(), InfiniBand: true})
+	a, b := newEnd(t, p, endOpts{}), newEnd(t, p, endOpts{})
+	pa, err := b.ctx.QueryPort(1)
+	require.NoError(t, err)
+	require.Equal(t, ibv.LinkInfiniBand, pa.LinkLayer)
+	require.NoError(t, a.qp.Modify(&ibv.QPAttr{State: ibv.QPInit, Port: 1, Access: ibv.AccessRemoteWriteAll}, ibv.MaskResetToInit))
+	rtr := ibv.QPAttr{State: ibv.QPRTR, PathMTU: ibv.MTU4096, DestQPN: b.qp.Num(), RQPSN: 7, MinRNRTimer: 12, MaxDestRdAtomic: 1,
+		AH: ibv.AH{DLID: 0xc001, Port: 1}}
+	require.ErrorContains(t, a.qp.Modify(&rtr, ibv.MaskInitToRTR), "not a unicast LID")
+	rtr.AH.DLID = pa.LID
+	require.NoError(t, a.qp.Modify(&rtr, ibv.MaskInitToRTR))
+	rtr.State, rtr.SQPSN, rtr.Timeout, rtr.RetryCnt, rtr.RNRRetry, rtr.MaxRdAtomic = ibv.QPRTS, 7, 20, 7, 7, 1
+	require.NoError(t, a.qp.Modify(&rtr, ibv.MaskRTRToRTS))
+	pb, _ := a.ctx.QueryPort(1)
+	require.NoError(t, b.qp.Modify(&ibv.QPAttr{State: ibv.QPInit, Port: 1, Access: ibv.AccessRemoteWriteAll}, ibv.MaskResetToInit))
+	back := ibv.QPAttr{State: ibv.QPRTR, PathMTU: ibv.MTU4096, DestQPN: a.qp.Num(), RQPSN: 7, MinRNRTimer: 12, MaxDestRdAtomic: 1,
+		AH: ibv.AH{DLID: pb.LID, Port: 1}}
+	require.NoError(t, b.qp.Modify(&back, ibv.MaskInitToRTR))
+	_, err = b.qp.PostRecv([]ibv.RecvWR{{ID: 5}})
+	require.NoError(t, err)
+	copy(a.mem.B, "over the LID")
+	_, err = a.qp.PostSend([]ibv.SendWR{write(a, b, 1, 0, 12, 77, true)})
+	require.NoError(t, err)
+	require.Equal(t, ibv.Status(ibv.Success), poll(t, a.cq, 1, time.Second)[0].Status)
+	require.Equal(t, uint32(77), poll(t, b.cq, 1, time.Second)[0].Imm)
+	require.Equal(t, "over the LID", string(b.mem.B[:12]))
+}

@@ -316,10 +316,13 @@ func (q *qp) Modify(a *ibv.QPAttr, mask ibv.AttrMask) error {
 		return fail("path MTU %d bytes, the port's active MTU is %d", a.PathMTU.Bytes(), port.ActiveMTU.Bytes())
 	}
 	if mask&ibv.AttrAV != 0 {
-		if !a.AH.IsGlobal {
+		switch {
+		case !a.AH.IsGlobal && !q.n.p.o.InfiniBand:
 			return fail("a RoCE port needs a GRH (is_global) in the address vector")
+		case !a.AH.IsGlobal && (a.AH.DLID == 0 || a.AH.DLID >= 0xc000):
+			return fail("destination LID %#x is not a unicast LID", a.AH.DLID)
 		}
-		if g, _, _ := q.n.QueryGID(1, int(a.AH.SGIDIdx)); g.IsZero() {
+		if g, _, _ := q.n.QueryGID(1, int(a.AH.SGIDIdx)); a.AH.IsGlobal && g.IsZero() {
 			return fail("source GID index %d is an empty entry", a.AH.SGIDIdx)
 		}
 		if a.AH.Port != 0 && a.AH.Port != 1 {
@@ -353,11 +356,20 @@ func (q *qp) Modify(a *ibv.QPAttr, mask ibv.AttrMask) error {
 		q.view.put32(segRQPSN, q.attr.RQPSN)
 		q.view.put32(segDestQPN, q.attr.DestQPN)
 		q.view.put32(segMTU, uint32(q.attr.PathMTU.Bytes()))
-		q.view.put32(segDestNIC, nicOfGID(q.attr.AH.DGID))
+		q.view.put32(segDestNIC, q.destNIC())
 	}
 	q.view.put32(segMinRNR, uint32(q.attr.MinRNRTimer))
 	q.view.setState(to)
 	return nil
+}
+
+// destNIC is the NIC the address vector names: by GID with a GRH, by LID
+// without (InfiniBand within a subnet).
+func (q *qp) destNIC() uint32 {
+	if q.attr.AH.IsGlobal {
+		return nicOfGID(q.attr.AH.DGID)
+	}
+	return uint32(q.attr.AH.DLID)
 }
 
 // retryTimeout is how long a request toward a peer that does not answer
@@ -482,7 +494,7 @@ func (q *qp) execute(e *sqEntry, now time.Time) (ibv.Status, time.Duration) {
 	}
 	// Where the packets go.
 	if q.remote == nil {
-		r, err := q.n.resolve(nicOfGID(q.attr.AH.DGID), q.attr.DestQPN)
+		r, err := q.n.resolve(q.destNIC(), q.attr.DestQPN)
 		if err != nil {
 			return unanswered()
 		}
