@@ -58,21 +58,33 @@ const (
 )
 
 func qpSegmentLen(rqCap, ringCap int) int {
-	n := segRQ + rqCap*8 + ringCap*ringEntryLen
+	n := segRQ + pow2(rqCap)*8 + pow2(ringCap)*ringEntryLen
 	return (n + 4095) &^ 4095
+}
+
+// pow2 is the least power of two ≥ n: the queues' arrays, indexed by a
+// mask (their capacities, what fills them, stay as asked).
+func pow2(n int) int {
+	p := 1
+	for p < n {
+		p *= 2
+	}
+	return p
 }
 
 // qpView is a QP's segment as either side sees it, with its geometry
 // read once.
 type qpView struct {
 	mem              []byte
-	rqN, ringN, ring int // capacities, and where the ring starts
+	rqN, ringN, ring int    // capacities, and where the ring starts
+	rqMask, ringMask uint64 // their arrays' lengths - 1
 }
 
 func newView(mem []byte) qpView {
 	v := qpView{mem: mem}
 	v.rqN, v.ringN = int(v.u32(segRQCap)), int(v.u32(segRingCap))
-	v.ring = segRQ + v.rqN*8
+	v.rqMask, v.ringMask = uint64(pow2(v.rqN)-1), uint64(pow2(v.ringN)-1)
+	v.ring = segRQ + pow2(v.rqN)*8
 	return v
 }
 
@@ -89,11 +101,11 @@ func (v qpView) ringTail() *atomic.Uint64 { return atomicU64(v.mem[segRingTail:]
 func (v qpView) rqCap() int               { return v.rqN }
 func (v qpView) ringCap() int             { return v.ringN }
 func (v qpView) rqEntry(i uint64) []byte {
-	o := segRQ + int(i%uint64(v.rqN))*8
+	o := segRQ + int(i&v.rqMask)*8
 	return v.mem[o : o+8]
 }
 func (v qpView) ringEntry(i uint64) []byte {
-	o := v.ring + int(i%uint64(v.ringN))*ringEntryLen
+	o := v.ring + int(i&v.ringMask)*ringEntryLen
 	return v.mem[o : o+ringEntryLen]
 }
 
