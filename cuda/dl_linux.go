@@ -2,11 +2,20 @@
 
 package cuda
 
-import "github.com/ebitengine/purego"
+import (
+	"runtime"
+
+	"github.com/ebitengine/purego"
+)
 
 // dlopen loads a shared library for good (it is never closed: a driver's
 // library stays mapped for the life of the process, as NCCL's does).
 func dlopen(path string) (uintptr, error) {
+	// dlerror's message is the calling thread's: purego reads it in a
+	// second call, which must run on the thread that failed (else the
+	// message is empty, as CI saw under the race detector).
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	return purego.Dlopen(path, purego.RTLD_NOW|purego.RTLD_LOCAL)
 }
 
