@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"runtime"
-	"time"
 
 	"github.com/goccl/goccl/transport"
 	"github.com/goccl/goccl/transport/verbs/ibv"
@@ -221,7 +219,7 @@ func (b *board) Read(ctx context.Context, r int, seq uint64) (uint32, []byte, bo
 	}
 	entry := func() []byte { return c.mem.B[int(seq%2)*boardEntryLen : int(seq%2+1)*boardEntryLen] }
 	posted := func() bool { return b.posted[r] > seq && binary.LittleEndian.Uint64(entry()) == seq+1 }
-	if err := b.waitLocked(ctx, c, "recv", func() bool { return b.marked[r] > seq || posted() }); err != nil {
+	if err := c.waitFor(ctx, "recv", func() bool { return b.marked[r] > seq || posted() }); err != nil {
 		return 0, nil, false, err
 	}
 	if posted() {
@@ -240,50 +238,12 @@ func (b *board) Read(ctx context.Context, r int, seq uint64) (uint32, []byte, bo
 	return sig, nil, false, nil
 }
 
-// wait polls c until ready holds, as conn.waitFor does.
+// wait polls c until ready holds (conn.waitFor).
 func (b *board) wait(ctx context.Context, c *conn, op string, ready func() bool) error {
 	c.use.Lock()
 	defer c.use.Unlock()
 	if c.down.Load() {
 		return c.e.closedErr()
 	}
-	return b.waitLocked(ctx, c, op, ready)
-}
-
-func (b *board) waitLocked(ctx context.Context, c *conn, op string, ready func() bool) error {
-	start := time.Now()
-	sleep := time.Duration(0)
-	for i := 1; ; i++ {
-		c.poll()
-		if ready() {
-			return nil
-		}
-		if err := c.broken(op); err != nil {
-			if c.failed == nil && !c.down.Load() {
-				c.poll() // what the peer sent before it went has arrived
-				if ready() {
-					return nil
-				}
-			}
-			return err
-		}
-		if c.peerGone.Load() {
-			c.poll() // what it posted before the notice has completed
-			if ready() {
-				return nil
-			}
-			return &transport.PeerError{Peer: c.peer, Op: op, Err: transport.ErrPeerClosed}
-		}
-		if i%64 == 0 {
-			if ctx.Err() != nil {
-				return &transport.PeerError{Peer: c.peer, Op: op, Err: context.Cause(ctx)}
-			}
-			if time.Since(start) < c.e.o.SpinFor {
-				runtime.Gosched()
-				continue
-			}
-			sleep = min(max(2*sleep, 10*time.Microsecond), 500*time.Microsecond)
-			time.Sleep(sleep)
-		}
-	}
+	return c.waitFor(ctx, op, ready)
 }

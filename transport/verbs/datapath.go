@@ -418,8 +418,8 @@ func (c *conn) clearChannel() error {
 
 // clearHeld sends what Release held back.
 func (c *conn) clearHeld() error {
-	if c.peerGone.Load() || c.failed != nil {
-		return nil
+	if c.peerGone.Load() || c.failed != nil || c.ch == boardChannel {
+		return nil // a board's entries need no clearance (board.go)
 	}
 	return c.clear(c.recvSeq + uint64(c.l.slots))
 }
