@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"fmt"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -14,11 +15,14 @@ import (
 
 // CUDA constants this file uses (cuda.h).
 const (
-	attrCanMapHostMemory  = 19 // CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY
-	attrUnifiedAddressing = 41 // CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING
-	attrCCMajor           = 75 // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
-	attrCCMinor           = 76 // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR
-	attrStreamMemOps      = 92 // CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS (v1 mem ops; deprecated in 12)
+	attrCanMapHostMemory  = 19  // CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY
+	attrUnifiedAddressing = 41  // CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING
+	attrCCMajor           = 75  // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+	attrCCMinor           = 76  // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR
+	attrStreamMemOps      = 92  // CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS (v1 mem ops; deprecated in 12)
+	attrDMABufSupported   = 124 // CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED (11.7+)
+
+	memRangeHandleDMABufFD = 1 // CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD
 
 	hostAllocPortable  = 1 // CU_MEMHOSTALLOC_PORTABLE
 	hostAllocDeviceMap = 2 // CU_MEMHOSTALLOC_DEVICEMAP
@@ -61,6 +65,7 @@ type devState struct {
 	cu      uintptr // CUdevice
 	info    device.Info
 	v1MemOp bool // cuStreamWaitValue32 is v1 and the device attribute allows it
+	dmabuf  bool // the device exports its memory as dma-bufs
 
 	refs int            // open Devices; guarded by drv.mu
 	ctx  atomic.Uintptr // the primary context while refs > 0; written under drv.mu
@@ -86,8 +91,9 @@ type Device struct {
 }
 
 var (
-	_ device.Device    = (*Device)(nil)
-	_ device.Registrar = (*Device)(nil)
+	_ device.Device         = (*Device)(nil)
+	_ device.Registrar      = (*Device)(nil)
+	_ device.DMABufExporter = (*Device)(nil)
 )
 
 // Open returns the device with the given ordinal (0 ≤ ordinal <
@@ -175,6 +181,11 @@ func (d *Driver) newDevState(ordinal int) (*devState, error) {
 	if !d.waitValueV2 && d.fn.streamWaitValue32 != 0 {
 		v, err := st.attribute(attrStreamMemOps)
 		st.v1MemOp = err == nil && v != 0
+	}
+	if d.fn.memGetHandleForAddressRange != 0 {
+		// A driver older than the attribute fails the query: no support.
+		v, err := st.attribute(attrDMABufSupported)
+		st.dmabuf = err == nil && v != 0
 	}
 	return st, nil
 }
@@ -607,4 +618,40 @@ func (dev *Device) CloseIPC(b memory.Buffer) error {
 	}
 	d := dev.st.drv
 	return dev.st.do(func() error { return d.check("cuIpcCloseMemHandle", callN(d.fn.ipcCloseMemHandle, dp)) })
+}
+
+// DMABuf exports b, whole pages of device memory of this device, as a
+// dma-buf (cuMemGetHandleForAddressRange with DMA_BUF_FD), for an RDMA
+// NIC to register (ibv_reg_dmabuf_mr): GPUDirect RDMA without
+// nvidia-peermem, as NCCL does where the driver supports it. The
+// descriptor holds exactly b, so b starts at offset 0 of it; the caller
+// closes it.
+func (dev *Device) DMABuf(b memory.Buffer) (int, uint64, error) {
+	if err := dev.live("DMABuf"); err != nil {
+		return -1, 0, err
+	}
+	ord, dp := b.Device()
+	if b.Kind() != memory.Device || ord != dev.st.ordinal || b.Len() == 0 {
+		return -1, 0, fmt.Errorf("cuda: DMABuf of %d bytes of %v memory of device %d: want device memory of device %d", b.Len(), b.Kind(), ord, dev.st.ordinal)
+	}
+	page := uintptr(os.Getpagesize())
+	if dp%page != 0 || uintptr(b.Len())%page != 0 {
+		return -1, 0, fmt.Errorf("cuda: DMABuf of %d bytes at %#x: not whole pages of %d bytes", b.Len(), dp, page)
+	}
+	d := dev.st.drv
+	switch {
+	case d.fn.memGetHandleForAddressRange == 0:
+		return -1, 0, fmt.Errorf("cuda: CUDA driver %s has no cuMemGetHandleForAddressRange (11.7 or later has): %w", versionString(d.version), device.ErrNotSupported)
+	case !dev.st.dmabuf:
+		return -1, 0, fmt.Errorf("cuda: %s reports no dma-buf support (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED is 0: the NVIDIA open kernel modules and Linux 5.12 or later have it): %w", dev.st.info.Name, device.ErrNotSupported)
+	}
+	var fd int32
+	err := dev.st.do(func() error {
+		return d.check("cuMemGetHandleForAddressRange", callN(d.fn.memGetHandleForAddressRange,
+			uintptr(unsafe.Pointer(&fd)), dp, uintptr(b.Len()), memRangeHandleDMABufFD, 0))
+	})
+	if err != nil {
+		return -1, 0, err
+	}
+	return int(fd), 0, nil
 }

@@ -54,6 +54,7 @@ type funcs struct {
 	memAlloc, memFree, memGetAddressRange                        uintptr
 	memHostAlloc, memFreeHost, memHostGetDevicePointer           uintptr
 	memHostRegister, memHostUnregister, pointerGetAttribute      uintptr
+	memGetHandleForAddressRange                                  uintptr // optional (11.7+)
 	ipcGetMemHandle, ipcOpenMemHandle, ipcCloseMemHandle         uintptr
 	memcpyHtoDAsync, memcpyDtoHAsync, memcpyDtoDAsync            uintptr
 	streamCreate, streamDestroy, streamQuery, streamSynchronize  uintptr
@@ -97,6 +98,7 @@ func (d *Driver) symbols() []symbol {
 		{"cuMemHostRegister", "cuMemHostRegister_v2", &f.memHostRegister, false},
 		{"cuMemHostUnregister", "cuMemHostUnregister", &f.memHostUnregister, false},
 		{"cuPointerGetAttribute", "cuPointerGetAttribute", &f.pointerGetAttribute, false},
+		{"cuMemGetHandleForAddressRange", "cuMemGetHandleForAddressRange", &f.memGetHandleForAddressRange, true},
 		{"cuIpcGetMemHandle", "cuIpcGetMemHandle", &f.ipcGetMemHandle, false},
 		{"cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2", &f.ipcOpenMemHandle, false},
 		{"cuIpcCloseMemHandle", "cuIpcCloseMemHandle", &f.ipcCloseMemHandle, false},

@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -14,8 +15,10 @@ import (
 	"unsafe"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/goccl/goccl/cuda/ptx"
+	"github.com/goccl/goccl/internal/device"
 	"github.com/goccl/goccl/internal/kernels"
 	"github.com/goccl/goccl/memory"
 )
@@ -553,4 +556,41 @@ func TestErrorText(t *testing.T) {
 	require.Equal(t, "cuda: cuFoo: CUresult 12345", (&Error{Call: "cuFoo", Code: 12345}).Error())
 	require.ErrorIs(t, &Error{Call: "cuInit", Code: 100}, ErrNoDevice)
 	require.NotErrorIs(t, &Error{Call: "cuInit", Code: 1}, ErrNoDevice)
+}
+
+// DMABuf passes the pages to cuMemGetHandleForAddressRange with the
+// context current and the dma-buf handle type, and hands back the
+// driver's descriptor; without the attribute it says so.
+func TestFakeDMABuf(t *testing.T) {
+	for _, variant := range [][]string{nil, {"-DFAKE_NO_PROCADDR"}} {
+		d, _ := fakeDriver(t, variant...)
+		dev, err := d.Open(0)
+		require.NoError(t, err)
+		b, err := dev.Alloc(3 * 4096)
+		require.NoError(t, err)
+		fd, off, err := dev.DMABuf(b.Slice(4096, 3*4096))
+		require.NoError(t, err, "variant %v", variant)
+		require.Zero(t, off)
+		var what [16]byte
+		_, err = unix.Pread(fd, what[:], 0)
+		require.NoError(t, err)
+		require.NoError(t, unix.Close(fd))
+		_, p := b.Device()
+		require.Equal(t, uint64(p)+4096, binary.LittleEndian.Uint64(what[:]))
+		require.Equal(t, uint64(2*4096), binary.LittleEndian.Uint64(what[8:]))
+		_, _, err = dev.DMABuf(b.Slice(100, 4196))
+		require.ErrorContains(t, err, "whole pages")
+		require.NoError(t, dev.Free(b))
+		require.NoError(t, dev.Close())
+	}
+	d, _ := fakeDriver(t, "-DFAKE_NO_DMABUF")
+	dev, err := d.Open(0)
+	require.NoError(t, err)
+	defer dev.Close()
+	b, err := dev.Alloc(4096)
+	require.NoError(t, err)
+	defer dev.Free(b)
+	_, _, err = dev.DMABuf(b)
+	require.ErrorIs(t, err, device.ErrNotSupported)
+	require.ErrorContains(t, err, "DMA_BUF_SUPPORTED")
 }

@@ -6,6 +6,7 @@
 //   FAKE_NO_PROCADDR   no cuGetProcAddress_v2: the loader falls back to dlsym
 //   FAKE_OMIT_MEMALLOC neither cuMemAlloc_v2 nor "cuMemAlloc" through cuGetProcAddress
 //   FAKE_NO_MEMOPS     cuStreamWaitValue32 returns CUDA_ERROR_NOT_SUPPORTED
+//   FAKE_NO_DMABUF     CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED is 0
 //
 // It is an ABI harness, not a GPU model: "device memory" is malloc'd host
 // memory and kernels run at launch, on the host. What it checks strictly:
@@ -14,8 +15,10 @@
 // arrives intact by value, the JIT options, and the kernel parameter block.
 // Streams and events report CUDA_ERROR_NOT_READY twice after new work, so
 // that callers must poll.
+#define _GNU_SOURCE
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/mman.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -113,6 +116,9 @@ CUresult cuDeviceGetAttribute(int *v, int attr, int dev) {
 	case 75: *v = 7; return OK;    // compute capability 7.0
 	case 76: *v = 0; return OK;
 	case 92: *v = 0; return OK;    // v1 stream mem ops off, as on a default driver
+#ifndef FAKE_NO_DMABUF
+	case 124: *v = 1; return OK;   // dma-buf export supported
+#endif
 	}
 	*v = 0;
 	return OK;
@@ -201,8 +207,10 @@ static int untrack(uintptr_t p, int type) {
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
 	NEED_CTX;
 	if (n == 0) return INVALID_VALUE;
-	void *m = malloc(n);
-	if (!m) return 2;
+	void *m = NULL;
+	// Page-aligned, as cuMemAlloc's allocations are (at least 256 bytes;
+	// in practice 2 MiB granules), so that dma-buf export can be tested.
+	if (posix_memalign(&m, 4096, n)) return 2;
 	track(m, n, 2);
 	*p = (CUdeviceptr)(uintptr_t)m;
 	return OK;
@@ -274,6 +282,22 @@ CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr p) {
 // IPC: bytes 0-7 of a handle hold the pointer, bytes 8-63 the pattern
 // (i*37+11) & 0xff, which cuIpcOpenMemHandle_v2 checks in its by-value copy.
 typedef struct { unsigned char reserved[64]; } CUipcMemHandle;
+
+// cuMemGetHandleForAddressRange: a dma-buf of whole pages inside one
+// device allocation; the fake's descriptor is a memfd whose first 16
+// bytes say what was exported (address, length), for the test to check.
+CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr p, size_t n, int type, unsigned long long flags) {
+	NEED_CTX;
+	struct alloc a = find(p);
+	if (type != 1 || flags != 0 || !a.p || a.type != 2 || p % 4096 || n % 4096 || n == 0 || p + n > a.p + a.n)
+		return INVALID_VALUE;
+	int fd = memfd_create("fake-dmabuf", MFD_CLOEXEC);
+	if (fd < 0) return 2;
+	uint64_t what[2] = {p, n};
+	if (write(fd, what, sizeof what) != sizeof what) { close(fd); return 2; }
+	*(int *)handle = fd;
+	return OK;
+}
 
 CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
 	NEED_CTX;
@@ -490,6 +514,7 @@ static const struct entry table[] = {
 	E("cuMemHostGetDevicePointer", cuMemHostGetDevicePointer_v2),
 	E("cuMemHostRegister", cuMemHostRegister_v2), E("cuMemHostUnregister", cuMemHostUnregister),
 	E("cuPointerGetAttribute", cuPointerGetAttribute),
+	E("cuMemGetHandleForAddressRange", cuMemGetHandleForAddressRange),
 	E("cuIpcGetMemHandle", cuIpcGetMemHandle), E("cuIpcOpenMemHandle", cuIpcOpenMemHandle_v2),
 	E("cuIpcCloseMemHandle", cuIpcCloseMemHandle),
 	E("cuMemcpyHtoDAsync", cuMemcpyHtoDAsync_v2), E("cuMemcpyDtoHAsync", cuMemcpyDtoHAsync_v2),

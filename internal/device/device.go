@@ -41,6 +41,7 @@ package device
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/goccl/goccl/internal/kernels"
@@ -79,6 +80,23 @@ type Registrar interface {
 	// still uses it must have finished.
 	Unregister(b memory.Buffer) error
 }
+
+// DMABufExporter is implemented by devices whose memory another device
+// reaches through a dma-buf: an RDMA NIC writing straight into GPU memory
+// (GPUDirect RDMA, registered with ibv_reg_dmabuf_mr).
+type DMABufExporter interface {
+	Device
+	// DMABuf returns a new descriptor of a dma-buf holding b, device
+	// memory of this device from Alloc whose address and length are
+	// multiples of the host page size, and where b starts in it. The
+	// caller closes the descriptor. An error wrapping ErrNotSupported
+	// means the device, its driver or the kernel cannot export.
+	DMABuf(b memory.Buffer) (fd int, off uint64, err error)
+}
+
+// ErrNotSupported: the device cannot do what was asked (dma-buf export
+// before CUDA 11.7, or where the driver reports no support).
+var ErrNotSupported = errors.New("not supported by this device")
 
 // Info describes a device.
 type Info struct {

@@ -57,6 +57,15 @@ type Options struct {
 	// NoPoison leaves fresh and freed memory as the system gives it
 	// (zeroes) instead of filling it with Poison.
 	NoPoison bool
+	// DMABuf backs Alloc's memory with memfds (Linux only), so that
+	// DMABuf exports it as CUDA exports device memory for GPUDirect RDMA
+	// (the emulated RDMA device, transport/verbs/ibemu, maps such a
+	// descriptor). Without it DMABuf fails with device.ErrNotSupported,
+	// as on a GPU without dma-buf support.
+	DMABuf bool
+	// Major and Minor are the compute capability Info reports (0.0 by
+	// default): the RDMA transport's flush read depends on it.
+	Major, Minor int
 }
 
 // allocKind is how an allocation was made.
@@ -105,8 +114,9 @@ type Device struct {
 }
 
 var (
-	_ device.Device    = (*Device)(nil)
-	_ device.Registrar = (*Device)(nil)
+	_ device.Device         = (*Device)(nil)
+	_ device.Registrar      = (*Device)(nil)
+	_ device.DMABufExporter = (*Device)(nil)
 )
 
 // New returns an emulated device that reports ordinal as its index. Two
@@ -131,7 +141,7 @@ func (d *Device) Ordinal() int { return d.ordinal }
 
 // Info describes the device as emulated: it is never a GPU.
 func (d *Device) Info() device.Info {
-	return device.Info{Name: Name, Memory: d.opts.Memory, Emulated: true}
+	return device.Info{Name: Name, Memory: d.opts.Memory, Major: d.opts.Major, Minor: d.opts.Minor, Emulated: true}
 }
 
 // Alloc returns n bytes of emulated device memory (memory.Device), filled
@@ -142,6 +152,9 @@ func (d *Device) Alloc(n int) (memory.Buffer, error) {
 	}
 	if err := d.reserve(n); err != nil {
 		return memory.Buffer{}, err
+	}
+	if d.opts.DMABuf {
+		return d.allocExportable(n)
 	}
 	mem, release, err := mapAnon(n)
 	if err != nil {

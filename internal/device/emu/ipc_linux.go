@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/goccl/goccl/internal/device"
 	"github.com/goccl/goccl/memory"
 )
 
@@ -78,6 +79,56 @@ func newShared(n int) ([]byte, sharedMem, error) {
 		return nil, sharedMem{}, err
 	}
 	return mem, sh, nil
+}
+
+// allocExportable is Alloc with Options.DMABuf: memfd-backed device
+// memory (n has been reserved).
+func (d *Device) allocExportable(n int) (memory.Buffer, error) {
+	mem, sh, err := newShared(n)
+	if err != nil {
+		d.unreserve(n)
+		return memory.Buffer{}, fmt.Errorf("emu: Alloc of %d bytes: %w", n, err)
+	}
+	a := d.register(mem, allocDevice, func() error {
+		err := unix.Munmap(mem)
+		if cerr := unix.Close(sh.fd); err == nil {
+			err = cerr
+		}
+		return err
+	})
+	d.mu.Lock()
+	a.sh = sh
+	d.mu.Unlock()
+	return memory.DeviceBuffer(d.ordinal, a.base, n), nil
+}
+
+// DMABuf exports b as cuMemGetHandleForAddressRange does, for the
+// emulated RDMA device: a new descriptor of the memfd behind b's
+// allocation (made by Alloc with Options.DMABuf), and b's offset in it.
+// b must be whole pages, as CUDA requires.
+func (d *Device) DMABuf(b memory.Buffer) (int, uint64, error) {
+	ord, ptr := b.Device()
+	if b.Kind() != memory.Device || ord != d.ordinal || b.Len() == 0 {
+		return -1, 0, fmt.Errorf("emu: DMABuf of %d bytes of %v memory of device %d: want device memory of device %d", b.Len(), b.Kind(), ord, d.ordinal)
+	}
+	if !d.opts.DMABuf {
+		return -1, 0, fmt.Errorf("emu: DMABuf: this emulated device was made without Options.DMABuf: %w", device.ErrNotSupported)
+	}
+	page := uintptr(unix.Getpagesize())
+	if ptr%page != 0 || uintptr(b.Len())%page != 0 {
+		return -1, 0, fmt.Errorf("emu: DMABuf of %d bytes at %#x: not whole pages of %d bytes", b.Len(), ptr, page)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	a := d.find(ptr)
+	if a == nil || a.freed || a.kind != allocDevice || ptr+uintptr(b.Len()) > a.end() {
+		return -1, 0, fmt.Errorf("emu: DMABuf of %d bytes at %#x: not inside a live allocation from Alloc", b.Len(), ptr)
+	}
+	fd, err := unix.FcntlInt(uintptr(a.sh.fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return -1, 0, fmt.Errorf("emu: DMABuf: %w", err)
+	}
+	return fd, uint64(ptr - a.base), nil
 }
 
 // IPCHandle returns a handle through which another process opens b, a

@@ -10,7 +10,9 @@
 // Every open device is an emulated NIC with a Unix socket in a fabric
 // directory (Options.Dir; all NICs that share the directory share the
 // fabric, across network namespaces too). Memory regions must come from
-// ibv.Alloc (memfd-backed); a NIC publishes its regions in a table in
+// ibv.Alloc (memfd-backed), or be a dma-buf descriptor that can be mapped
+// (RegDeviceMR: the emulated GPU's exported allocations are memfds, so
+// GPUDirect's registration path runs here as on hardware); a NIC publishes its regions in a table in
 // shared memory, and each queue pair's receive queue and inbound
 // completions in a segment of its own. A peer asks the NIC's socket once
 // for the descriptors of a QP's segment, the region table and each
@@ -37,7 +39,8 @@
 //     NAK, retried every min_rnr_timer, rnr_retry times (7: forever),
 //     then RNR_RETRY_EXC_ERR.
 //   - Keys, bounds and access are checked on both sides (LOC_PROT_ERR,
-//     REM_ACCESS_ERR); an error moves the QP to ERR, and every request
+//     REM_ACCESS_ERR; an RDMA READ needs remote read on the peer's region
+//     and local write on its own); an error moves the QP to ERR, and every request
 //     still queued, and every receive posted, completes with
 //     WR_FLUSH_ERR. The responder's QP goes to ERR on a remote access
 //     error too, with an async event.
@@ -59,7 +62,9 @@
 //
 // # What it does not emulate
 //
-// RDMA READ and atomics, shared receive queues, UD, multicast, inline
+// Atomics, registration of GPU memory by address (no peer-memory client:
+// RegDeviceMR without a descriptor fails with ErrNotSupported, as
+// without nvidia-peermem), shared receive queues, UD, multicast, inline
 // data limits, memory windows, and the wire itself: placement is a
 // memory copy, as the shared-memory transport's is.
 package ibemu

@@ -145,6 +145,9 @@ type nic struct {
 	closed   bool
 	// deadSegs are destroyed QPs' segments, unmapped at Close.
 	deadSegs []*segment
+	// deadMRs unmap deregistered dma-buf regions, at Close: a request
+	// of this process may still be copying from one.
+	deadMRs []func()
 	// seenEvents counts, by QPN, the access errors already reported.
 	seenEvents map[uint32]uint32
 
@@ -237,10 +240,13 @@ type mr struct {
 	addr   uint64
 	len    int
 	access ibv.Access
-	fd     int   // the memfd holding it
+	fd     int   // the memfd (or the dma-buf) holding it
 	off    int64 // where the region starts in it
 	mem    []byte
 	dereg  atomic.Bool
+	// release unmaps what RegDeviceMR mapped; nil for RegMR's regions,
+	// whose memory is the caller's.
+	release func()
 }
 
 func (m *mr) LKey() uint32 { return m.key }
@@ -257,15 +263,76 @@ func (n *nic) RegMR(mem []byte, access ibv.Access) (ibv.MR, error) {
 	if len(mem) == 0 {
 		return nil, fmt.Errorf("ibemu: ibv_reg_mr of 0 bytes: %w", unix.EINVAL)
 	}
-	if access&ibv.AccessRemoteWrite != 0 && access&ibv.AccessLocalWrite == 0 {
-		// verbs requires local write with remote write (ibv_reg_mr(3)).
-		return nil, fmt.Errorf("ibemu: ibv_reg_mr: remote write access without local write: %w", unix.EINVAL)
+	if err := checkAccess("ibv_reg_mr", access); err != nil {
+		return nil, err
 	}
 	p := uintptr(unsafe.Pointer(unsafe.SliceData(mem)))
 	fd, off, ok := ibv.Lookup(p, len(mem))
 	if !ok {
 		return nil, fmt.Errorf("ibemu: ibv_reg_mr: the emulated device registers only memory from ibv.Alloc: %w", unix.EFAULT)
 	}
+	return n.addMR(&mr{n: n, addr: uint64(p), len: len(mem), access: access, fd: fd, off: off, mem: mem})
+}
+
+// RegDeviceMR registers a dma-buf, as ibv_reg_dmabuf_mr does: the
+// emulator maps Len bytes at Offset of the descriptor (which must be
+// shareable memory, as the emulated GPU's exported allocations are), and
+// peers and work requests address them as IOVA. It keeps its own
+// descriptor, so the caller may close its one. Registration by address
+// (peer memory) is refused: the emulated device has no peer-memory
+// client.
+func (n *nic) RegDeviceMR(d ibv.DeviceMem, access ibv.Access) (ibv.MR, error) {
+	if d.FD < 0 {
+		return nil, fmt.Errorf("ibemu: ibv_reg_mr of device memory at %#x: the emulated device has no peer-memory client (nvidia-peermem): %w", d.IOVA, ibv.ErrNotSupported)
+	}
+	if d.Len <= 0 {
+		return nil, fmt.Errorf("ibemu: ibv_reg_dmabuf_mr of %d bytes: %w", d.Len, unix.EINVAL)
+	}
+	if err := checkAccess("ibv_reg_dmabuf_mr", access); err != nil {
+		return nil, err
+	}
+	page := uint64(unix.Getpagesize())
+	if d.Offset%page != 0 || d.IOVA%page != d.Offset%page {
+		// The kernel maps a dma-buf by pages; the emulator holds callers
+		// to whole pages, as NCCL aligns them.
+		return nil, fmt.Errorf("ibemu: ibv_reg_dmabuf_mr at offset %d, iova %#x: not page-aligned: %w", d.Offset, d.IOVA, unix.EINVAL)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(d.FD, &st); err != nil {
+		return nil, fmt.Errorf("ibemu: ibv_reg_dmabuf_mr: descriptor %d: %w", d.FD, err)
+	}
+	if d.Offset+uint64(d.Len) > uint64(st.Size) {
+		return nil, fmt.Errorf("ibemu: ibv_reg_dmabuf_mr of %d bytes at offset %d of a %d-byte dma-buf: %w", d.Len, d.Offset, st.Size, unix.EINVAL)
+	}
+	fd, err := unix.FcntlInt(uintptr(d.FD), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("ibemu: ibv_reg_dmabuf_mr: %w", err)
+	}
+	mem, err := mapFD(fd, int64(d.Offset), d.Len)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("ibemu: ibv_reg_dmabuf_mr: mapping descriptor %d: %w", d.FD, err)
+	}
+	m := &mr{n: n, addr: d.IOVA, len: d.Len, access: access, fd: fd, off: int64(d.Offset), mem: mem,
+		release: func() { unix.Munmap(mem); unix.Close(fd) }}
+	r, err := n.addMR(m)
+	if err != nil {
+		m.release()
+	}
+	return r, err
+}
+
+// checkAccess holds a registration to ibv_reg_mr(3)'s rule: remote write
+// (and atomics) need local write.
+func checkAccess(verb string, access ibv.Access) error {
+	if access&ibv.AccessRemoteWrite != 0 && access&ibv.AccessLocalWrite == 0 {
+		return fmt.Errorf("ibemu: %s: remote write access without local write: %w", verb, unix.EINVAL)
+	}
+	return nil
+}
+
+// addMR gives m a key and publishes it in the region table.
+func (n *nic) addMR(m *mr) (ibv.MR, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.closed {
@@ -284,9 +351,9 @@ func (n *nic) RegMR(mem []byte, access ibv.Access) (ibv.MR, error) {
 	if key == 0 {
 		return nil, fmt.Errorf("ibemu: ibv_reg_mr: %d regions: %w", mrSlots, unix.ENOMEM)
 	}
-	m := &mr{n: n, key: key, addr: uint64(p), len: len(mem), access: access, fd: fd, off: off, mem: mem}
+	m.key = key
 	e := n.entry(key)
-	binary.LittleEndian.PutUint32(e[4:], uint32(access))
+	binary.LittleEndian.PutUint32(e[4:], uint32(m.access))
 	binary.LittleEndian.PutUint64(e[8:], m.addr)
 	binary.LittleEndian.PutUint64(e[16:], uint64(m.len))
 	atomicU32(e[0:]).Store(key)
@@ -304,6 +371,11 @@ func (m *mr) Dereg() error {
 	defer m.n.mu.Unlock()
 	atomicU32(m.n.entry(m.key)[0:]).Store(0)
 	delete(m.n.mrs, m.key)
+	if m.release != nil {
+		// Requests of this process that still run against it fail their
+		// key check first (dereg is set); a peer's mapping is its own.
+		m.n.deadMRs = append(m.n.deadMRs, m.release)
+	}
 	return nil
 }
 
@@ -416,6 +488,9 @@ func (n *nic) Close() error {
 	}
 	for _, s := range n.deadSegs {
 		s.unmap()
+	}
+	for _, f := range n.deadMRs {
+		f()
 	}
 	n.table.unmap()
 	return nil

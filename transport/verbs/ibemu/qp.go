@@ -408,7 +408,7 @@ func (q *qp) PostSend(wrs []ibv.SendWR) (int, error) {
 	}
 	for i, w := range wrs {
 		switch w.Op {
-		case ibv.OpWrite, ibv.OpWriteImm:
+		case ibv.OpWrite, ibv.OpWriteImm, ibv.OpRead:
 		default:
 			return i, fmt.Errorf("ibemu: ibv_post_send: opcode %v is not emulated: %w", w.Op, unix.EINVAL)
 		}
@@ -472,14 +472,17 @@ func (q *qp) drainLocked() {
 			return
 		}
 		q.sq = q.sq[1:]
+		op := ibv.WCWrite
+		if e.wr.Op == ibv.OpRead {
+			op = ibv.WCRead
+		}
 		if st != ibv.Success {
-			op := ibv.WCWrite
 			q.cq.push(ibv.WC{ID: e.wr.ID, Status: st, Opcode: op, QPNum: q.num}, q, e.seq)
 			q.view.setState(ibv.QPErr)
 			continue
 		}
 		if e.wr.Flags&ibv.SendSignaled != 0 {
-			q.cq.push(ibv.WC{ID: e.wr.ID, Status: ibv.Success, Opcode: ibv.WCWrite, ByteLen: e.wr.SGE.Len, QPNum: q.num}, q, e.seq)
+			q.cq.push(ibv.WC{ID: e.wr.ID, Status: ibv.Success, Opcode: op, ByteLen: e.wr.SGE.Len, QPNum: q.num}, q, e.seq)
 		}
 	}
 }
@@ -533,28 +536,41 @@ func (q *qp) execute(e *sqEntry, now time.Time) (ibv.Status, time.Duration) {
 		// Packets larger than the responder's path MTU are dropped.
 		return unanswered()
 	}
-	// The local side of the request.
-	var src []byte
+	// The local side of the request: a write's source, a read's
+	// destination.
+	read := w.Op == ibv.OpRead
+	var local []byte
 	if w.SGE.Len > 0 {
 		m := q.lastMR
-		if m == nil || m.key != w.SGE.LKey || m.dereg.Load() || !m.covers(w.SGE.Addr, w.SGE.Len) {
+		if m == nil || m.key != w.SGE.LKey || m.dereg.Load() || !m.covers(w.SGE.Addr, w.SGE.Len) || read && m.access&ibv.AccessLocalWrite == 0 {
 			var ok bool
-			if m, ok = q.n.localMR(w.SGE, false); !ok {
+			if m, ok = q.n.localMR(w.SGE, read); !ok {
 				return ibv.LocProtErr, 0
 			}
 			q.lastMR = m
 		}
-		src = m.bytes(w.SGE.Addr, w.SGE.Len)
+		local = m.bytes(w.SGE.Addr, w.SGE.Len)
 	}
 	// The remote side.
-	var dst []byte
+	var remote []byte
 	if w.SGE.Len > 0 {
+		need := ibv.AccessRemoteWrite
+		if read {
+			need = ibv.AccessRemoteRead
+		}
 		var ok bool
-		if dst, ok = r.region(w.RKey, w.Remote, w.SGE.Len); !ok {
+		if remote, ok = r.region(w.RKey, w.Remote, w.SGE.Len, need); !ok {
 			r.fail()
 			return ibv.RemAccessErr, 0
 		}
 	}
+	if read {
+		// A read's response comes back in packets too: placed in any
+		// order, complete only at its completion.
+		q.n.place(local, remote)
+		return ibv.Success, 0
+	}
+	dst, src := remote, local
 	var recvID uint64
 	if w.Op == ibv.OpWriteImm {
 		id, ok := r.takeRecv()

@@ -157,18 +157,19 @@ type remoteQP struct {
 }
 
 // region is remoteNIC.region, remembering the last region used.
-func (r *remoteQP) region(key uint32, addr uint64, n uint32) ([]byte, bool) {
+func (r *remoteQP) region(key uint32, addr uint64, n uint32, need ibv.Access) ([]byte, bool) {
 	if key == r.lastKey && key != 0 {
 		i := int(key&mrSlotMask) * mrEntryLen
 		e := r.nic.table[i : i+mrEntryLen]
 		base := binary.LittleEndian.Uint64(e[8:])
 		size := binary.LittleEndian.Uint64(e[16:])
-		if atomicU32(e[0:]).Load() == key && addr >= base && addr+uint64(n) <= base+size && base == r.last.addr {
+		access := ibv.Access(binary.LittleEndian.Uint32(e[4:]))
+		if atomicU32(e[0:]).Load() == key && access&need == need && addr >= base && addr+uint64(n) <= base+size && base == r.last.addr {
 			o := addr - base
 			return r.last.mem[o : o+uint64(n) : o+uint64(n)], true
 		}
 	}
-	b, m, ok := r.nic.region(key, addr, n)
+	b, m, ok := r.nic.region(key, addr, n, need)
 	if ok {
 		r.last, r.lastKey = m, key
 	}
@@ -301,7 +302,7 @@ func (r *remoteNIC) ask(kind byte, arg uint32) (fd int, size uint64, off int64, 
 
 // region checks a remote write of n bytes at addr under key against the
 // peer's table, as its NIC would, and returns the bytes it lands in.
-func (r *remoteNIC) region(key uint32, addr uint64, n uint32) ([]byte, mapping, bool) {
+func (r *remoteNIC) region(key uint32, addr uint64, n uint32, need ibv.Access) ([]byte, mapping, bool) {
 	i := int(key&mrSlotMask) * mrEntryLen
 	e := r.table[i : i+mrEntryLen]
 	if atomicU32(e[0:]).Load() != key {
@@ -310,7 +311,7 @@ func (r *remoteNIC) region(key uint32, addr uint64, n uint32) ([]byte, mapping, 
 	access := ibv.Access(binary.LittleEndian.Uint32(e[4:]))
 	base := binary.LittleEndian.Uint64(e[8:])
 	size := binary.LittleEndian.Uint64(e[16:])
-	if access&ibv.AccessRemoteWrite == 0 || addr < base || addr+uint64(n) > base+size {
+	if access&need != need || addr < base || addr+uint64(n) > base+size {
 		return nil, mapping{}, false
 	}
 	r.mu.Lock()

@@ -369,6 +369,48 @@ func (c *libContext) RegMR(mem []byte, access Access) (MR, error) {
 	}, nil
 }
 
+func (c *libContext) RegDeviceMR(m DeviceMem, access Access) (MR, error) {
+	if m.Len <= 0 {
+		return nil, errors.New("ibv_reg_dmabuf_mr: an empty region")
+	}
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.p == nil {
+		return nil, c.closedErr("ibv_reg_dmabuf_mr")
+	}
+	var e C.int
+	var p *C.struct_ibv_mr
+	var what string
+	if m.FD >= 0 {
+		what = fmt.Sprintf("ibv_reg_dmabuf_mr of %d bytes at offset %d of dma-buf %d (iova %#x) on %s", m.Len, m.Offset, m.FD, m.IOVA, c.info.Name)
+		p = C.goccl_reg_dmabuf_mr(c.pd, C.uint64_t(m.Offset), C.size_t(m.Len), C.uint64_t(m.IOVA), C.int(m.FD), C.uint32_t(access), &e)
+	} else {
+		what = fmt.Sprintf("ibv_reg_mr of %d bytes of device memory at %#x on %s", m.Len, m.IOVA, c.info.Name)
+		p = C.goccl_reg_mr(c.pd, C.uint64_t(m.IOVA), C.size_t(m.Len), C.uint32_t(access), &e)
+	}
+	if p == nil {
+		return nil, deviceMRErr(what, m.FD >= 0, syscall.Errno(e))
+	}
+	c.mrs.Add(1)
+	return &libMR{ctx: c, p: p, lkey: uint32(p.lkey), rkey: uint32(p.rkey), addr: m.IOVA, n: m.Len}, nil
+}
+
+// deviceMRErr says what a failed registration of GPU memory usually
+// means. dma-buf: EOPNOTSUPP or EPROTONOSUPPORT when the library, kernel
+// (before 5.12) or driver lacks it (NCCL's ncclIbDmaBufSupport reads
+// them so); by address: EFAULT or EINVAL when no peer-memory client
+// knows the address (nvidia-peermem not loaded).
+func deviceMRErr(what string, dmabuf bool, errno syscall.Errno) error {
+	unsupported := errno == syscall.EOPNOTSUPP || errno == syscall.EPROTONOSUPPORT
+	if !dmabuf {
+		unsupported = unsupported || errno == syscall.EFAULT || errno == syscall.EINVAL
+	}
+	if unsupported {
+		return fmt.Errorf("%s: %w: %w", what, ErrNotSupported, errno)
+	}
+	return fmt.Errorf("%s: %w", what, errno)
+}
+
 func (c *libContext) CreateCQ(cqe int) (CQ, error) {
 	if cqe < 1 || cqe > 1<<30 {
 		return nil, fmt.Errorf("ibv_create_cq: %d entries (want 1 or more)", cqe)

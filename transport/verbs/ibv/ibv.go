@@ -70,6 +70,14 @@ type Context interface {
 	// RegMR registers mem (not Go heap memory: see Alloc) for the access
 	// given.
 	RegMR(mem []byte, access Access) (MR, error)
+	// RegDeviceMR registers memory the CPU does not address, a GPU's, for
+	// GPUDirect RDMA: through its dma-buf descriptor when m.FD ≥ 0
+	// (ibv_reg_dmabuf_mr; the descriptor may be closed afterwards), by
+	// its address otherwise (ibv_reg_mr on m.IOVA, which works only where
+	// a peer-memory client such as nvidia-peermem is loaded). An error
+	// wrapping ErrNotSupported means the library, kernel or device cannot
+	// do it that way.
+	RegDeviceMR(m DeviceMem, access Access) (MR, error)
 	// CreateCQ makes a completion queue of at least cqe entries.
 	CreateCQ(cqe int) (CQ, error)
 	// CreateQP makes a reliable-connected queue pair in state Reset whose
@@ -79,6 +87,22 @@ type Context interface {
 	// destroyed first.
 	Close() error
 }
+
+// DeviceMem names GPU memory for RegDeviceMR: Len bytes at Offset of the
+// dma-buf FD (cuMemGetHandleForAddressRange's), which peers and work
+// requests address as IOVA, the memory's device address. FD < 0 names it
+// by IOVA alone (peer memory).
+type DeviceMem struct {
+	FD     int
+	Offset uint64
+	Len    int
+	IOVA   uint64
+}
+
+// ErrNotSupported: the device, its kernel driver or the library lacks a
+// verb (dma-buf registration before rdma-core 34 or Linux 5.12, peer
+// memory without nvidia-peermem).
+var ErrNotSupported = errors.New("not supported here")
 
 // MR is a registered memory region.
 type MR interface {

@@ -52,6 +52,8 @@ struct goccl_fns {
 			    struct ibv_gid_entry *entry, uint32_t flags, size_t entry_size);
 	struct ibv_mr *(*reg_mr_iova2)(struct ibv_pd *pd, void *addr, size_t len, uint64_t iova,
 				       unsigned int access);
+	struct ibv_mr *(*reg_dmabuf_mr)(struct ibv_pd *pd, uint64_t offset, size_t length,
+					uint64_t iova, int fd, int access);
 };
 
 /* Written once by a committing goccl_ibv_resolve (cgo.go calls it under a
@@ -90,6 +92,7 @@ static const struct {
 	{F(ack_async_event), "ibv_ack_async_event", V11, 0},
 	{F(query_gid_ex), "_ibv_query_gid_ex", "IBVERBS_1.11", 1},
 	{F(reg_mr_iova2), "ibv_reg_mr_iova2", "IBVERBS_1.8", 1},
+	{F(reg_dmabuf_mr), "ibv_reg_dmabuf_mr", "IBVERBS_1.12", 1},
 };
 
 /* Most of these functions exist twice in libibverbs.so.1: IBVERBS_1.0
@@ -331,6 +334,21 @@ struct ibv_mr *goccl_reg_mr(struct ibv_pd *pd, uint64_t addr, size_t len, uint32
 	} else {
 		mr = fn.reg_mr(pd, p, len, (int)access);
 	}
+	*err = mr ? 0 : perr();
+	return mr;
+}
+
+struct ibv_mr *goccl_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t len,
+				   uint64_t iova, int fd, uint32_t access, int *err)
+{
+	struct ibv_mr *mr;
+
+	if (!fn.reg_dmabuf_mr) {
+		*err = EOPNOTSUPP; /* a library older than rdma-core 34 */
+		return NULL;
+	}
+	errno = 0;
+	mr = fn.reg_dmabuf_mr(pd, offset, len, iova, fd, (int)(access & ~IBV_ACCESS_OPTIONAL_RANGE));
 	*err = mr ? 0 : perr();
 	return mr;
 }

@@ -117,6 +117,9 @@ struct ibv_pd *goccl_alloc_pd(struct ibv_context *ctx, int *err);
 int goccl_dealloc_pd(struct ibv_pd *pd);
 struct ibv_mr *goccl_reg_mr(struct ibv_pd *pd, uint64_t addr, size_t len, uint32_t access,
 			    int *err);
+/* ibv_reg_dmabuf_mr; *err is EOPNOTSUPP where the library lacks it. */
+struct ibv_mr *goccl_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t len,
+				   uint64_t iova, int fd, uint32_t access, int *err);
 int goccl_dereg_mr(struct ibv_mr *mr);
 struct ibv_cq *goccl_create_cq(struct ibv_context *ctx, int cqe, int *err);
 int goccl_destroy_cq(struct ibv_cq *cq);
