@@ -106,7 +106,7 @@ func (c *conn) boardWC(imm uint32) {
 	s := seqOf(imm&immMask, b.reached[r]) // seq+1
 	if imm&immCTS != 0 {
 		b.marked[r] = s
-		e := c.mem.B[c.l.r0+int((s-1)%2)*hdrLen:]
+		e := c.mem.B[int((s-1)%2)*hdrLen:]
 		b.markSig[r][(s-1)%2] = binary.LittleEndian.Uint32(e[8:])
 	} else {
 		b.posted[r] = s
@@ -131,12 +131,12 @@ func (b *board) write(c *conn, seq uint64, sig uint32, data []byte, mark bool) e
 		}
 	}
 	src := c.mem.B[c.l.l0+i*boardEntryLen : c.l.l0+(i+1)*boardEntryLen]
-	remote := c.remote.Addr + uint64(i*boardEntryLen)
+	remote := c.remote.Addr + uint64(c.l.pay+i*boardEntryLen) // the board's layout is the same on both ends
 	imm := uint32(seq) & immMask
 	n := 16 + len(data)
 	if mark {
 		src = c.mem.B[c.l.l1+i*hdrLen : c.l.l1+(i+1)*hdrLen]
-		remote = c.remote.Addr + uint64(c.l.r0+i*hdrLen)
+		remote = c.remote.Addr + uint64(i*hdrLen)
 		imm |= immCTS
 		n = 16
 	}
@@ -217,7 +217,7 @@ func (b *board) Read(ctx context.Context, r int, seq uint64) (uint32, []byte, bo
 	if c.down.Load() {
 		return 0, nil, false, c.e.closedErr()
 	}
-	entry := func() []byte { return c.mem.B[int(seq%2)*boardEntryLen : int(seq%2+1)*boardEntryLen] }
+	entry := func() []byte { o := c.l.pay + int(seq%2)*boardEntryLen; return c.mem.B[o : o+boardEntryLen] }
 	posted := func() bool { return b.posted[r] > seq && binary.LittleEndian.Uint64(entry()) == seq+1 }
 	if err := c.waitFor(ctx, "recv", func() bool { return b.marked[r] > seq || posted() }); err != nil {
 		return 0, nil, false, err

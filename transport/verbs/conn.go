@@ -10,27 +10,37 @@ import (
 
 	"github.com/goccl/goccl/internal/handshake"
 	"github.com/goccl/goccl/internal/wire"
+	"github.com/goccl/goccl/memory"
 	"github.com/goccl/goccl/transport"
 	"github.com/goccl/goccl/transport/verbs/ibv"
 )
 
-// A connection's memory, one allocation in two regions. The remote one
-// is what the peer writes into:
+// A connection's memory, one host allocation in two regions. The remote
+// one is what the peer writes into, at the address it was told
+// (wire.VerbsInfo.Addr):
 //
-//	0        slots      Slots × SlotSize: payloads land here
-//	R0       headers    Slots × 64: each message's header (and a payload
+//	0        headers    Slots × 64: each message's header (and a payload
 //	                    of up to 32 bytes, inline)
-//	R1       FIFO       Slots × 16: clear-to-send entries the peer posts
+//	FIFO     FIFO       Slots × 16: clear-to-send entries the peer posts
+//	Pay      slots      Slots × SlotSize: payloads land here (page-aligned)
 //
 // The local one (local write access only) is what this side sends from:
 //
 //	L0       staging    Slots × SlotSize: payloads the engine fills
 //	L1       headers    Slots × 64
 //	L2       CTS        Slots × 16
+//	LF       flush      64 bytes: where a flush read lands (gdr.go)
+//
+// The connections of device operations over GPUDirect RDMA keep their
+// payload slots and staging in device memory instead (gdr.go): their
+// layout has no Pay and no staging. Each side tells the other where its
+// payloads land in every clear-to-send entry, so the two ends need not
+// place them alike.
 const (
 	hdrLen    = 64
 	inlineMax = 32 // payloads up to this size travel in the header
 	ctsLen    = 16
+	flushLen  = 64
 	pageSize  = 4096
 
 	// The immediate: bit 31 says a CTS, the rest is the message number
@@ -39,31 +49,53 @@ const (
 	immMask = immCTS - 1
 )
 
-type layout struct{ slots, slotSize, r0, r1, remote, l0, l1, l2, total int }
+type layout struct {
+	slots, slotSize       int
+	fifo, pay, remote     int
+	l0, l1, l2, lf, total int
+	hostPayload           bool
+}
 
-func newLayout(slots, slotSize int) layout {
-	l := layout{slots: slots, slotSize: slotSize}
-	l.r0 = slots * slotSize
-	l.r1 = l.r0 + slots*hdrLen
-	l.remote = l.r1 + slots*ctsLen
-	l.l0 = (l.remote + pageSize - 1) &^ (pageSize - 1)
-	l.l1 = l.l0 + slots*slotSize
+func pageUp(n int) int { return (n + pageSize - 1) &^ (pageSize - 1) }
+
+func newLayout(slots, slotSize int, hostPayload bool) layout {
+	l := layout{slots: slots, slotSize: slotSize, hostPayload: hostPayload}
+	l.fifo = slots * hdrLen
+	l.remote = l.fifo + slots*ctsLen
+	l.pay = l.remote
+	if hostPayload {
+		l.pay = pageUp(l.remote)
+		l.remote = l.pay + slots*slotSize
+	}
+	l.l0 = pageUp(l.remote)
+	l.l1 = l.l0
+	if hostPayload {
+		l.l1 += slots * slotSize
+	}
 	l.l2 = l.l1 + slots*hdrLen
-	l.total = l.l2 + slots*ctsLen
+	l.lf = l.l2 + slots*ctsLen
+	l.total = l.lf + flushLen
 	return l
 }
 
 // The header of a message (64 bytes at its slot's header entry):
 //
 //	0  op, 8  signature, 12 message, 16 slice, 20 size, 24 sequence
-//	   (the message number mod 2^32), 32 inline payload
-func putHeader(b []byte, t transport.Tag, size int, seq uint64) {
+//	   (the message number mod 2^32), 28 flags, 32 inline payload
+//
+// Flag hdrInlined says the payload is in the header; the receiver goes
+// by it, not by the size, since a sender whose slots are in device
+// memory inlines nothing.
+const hdrInlined = 1
+
+func putHeader(b []byte, t transport.Tag, size int, seq uint64, flags uint32) {
 	binary.LittleEndian.PutUint64(b[0:], t.Op)
 	binary.LittleEndian.PutUint32(b[8:], t.Sig)
 	binary.LittleEndian.PutUint32(b[12:], t.Msg)
 	binary.LittleEndian.PutUint32(b[16:], t.Slice)
 	binary.LittleEndian.PutUint32(b[20:], uint32(size))
 	binary.LittleEndian.PutUint32(b[24:], uint32(seq))
+	binary.LittleEndian.PutUint32(b[28:], flags)
 }
 
 // wrRef names a posted work request: its QP and its number there.
@@ -87,6 +119,15 @@ type conn struct {
 	lmr    ibv.MR // the local region
 	rref   *mrRef // their holds in the endpoint's cache
 	lref   *mrRef
+	// Where payloads are: the slots peers write into and the staging
+	// this side sends from, each Slots × SlotSize, as the engine sees
+	// them (host, mapped or device memory) and as the NIC names them
+	// (address and key). mapped is the host allocation as the GPU maps
+	// it, for device operations staged through host memory (else empty).
+	slots  slotMem
+	mapped memory.Buffer
+	inline int      // payloads up to this size go in the header
+	flush  *flusher // the flush read's queue pair (gdr.go), if needed
 	cq     ibv.CQ
 	qps    []ibv.QP
 	qpIdx  map[uint32]int
@@ -146,7 +187,9 @@ func newConn(e *Endpoint, peer, ch int, ctl net.Conn) (*conn, error) {
 	if ch == boardChannel {
 		slots, slotSize = 2, boardEntryLen // an entry per collective parity
 	}
-	c := &conn{e: e, peer: peer, ch: ch, ctl: ctl, l: newLayout(slots, slotSize), qpIdx: map[uint32]int{}, reserved: -1}
+	dev := ch >= transport.DeviceChannels
+	gdr := dev && e.gdr.direct()
+	c := &conn{e: e, peer: peer, ch: ch, ctl: ctl, l: newLayout(slots, slotSize, !gdr), qpIdx: map[uint32]int{}, reserved: -1, inline: inlineMax}
 	n := e.qpsFor(ch)
 	c.posted, c.done, c.signaled = make([]uint64, n), make([]uint64, n), make([]uint64, n)
 	c.unsignaled, c.owed = make([]int, n), make([]int, n)
@@ -173,6 +216,18 @@ func newConn(e *Endpoint, peer, ch int, ctl net.Conn) (*conn, error) {
 		return nil, fmt.Errorf("verbs: registering %d bytes of staging: %w", c.l.total-c.l.l0, err)
 	}
 	c.lmr = c.lref.MR
+	if !gdr {
+		c.slots = slotMem{
+			recv: memory.HostBuffer(c.mem.B[c.l.pay:c.l.remote]), recvAddr: ibv.Addr(c.mem.B[c.l.pay:]), recvKey: c.rmr.RKey(),
+			send: memory.HostBuffer(c.mem.B[c.l.l0:c.l.l1]), sendAddr: ibv.Addr(c.mem.B[c.l.l0:]), sendKey: c.lmr.LKey(),
+		}
+	}
+	if dev {
+		if err := c.deviceMemory(gdr); err != nil {
+			c.teardown()
+			return nil, err
+		}
+	}
 	if c.cq, err = ctx.CreateCQ(n*(c.sqDepth+c.rqDepth) + 16); err != nil {
 		c.teardown()
 		return nil, fmt.Errorf("verbs: ibv_create_cq: %w", err)

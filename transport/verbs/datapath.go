@@ -288,15 +288,24 @@ func (c *conn) Reserve(ctx context.Context, n int) (memory.Buffer, error) {
 		return memory.Buffer{}, err
 	}
 	c.reserved = n
-	if n <= inlineMax {
-		return memory.HostBuffer(c.hdrSrc(i)[hdrInline : hdrInline+n]), nil
+	if n <= c.inline {
+		return c.hostView(c.l.l1+i*hdrLen+hdrInline, n), nil
 	}
-	o := c.l.l0 + i*c.l.slotSize
-	return memory.HostBuffer(c.mem.B[o : o+n : o+n]), nil
+	o := i * c.l.slotSize
+	return c.slots.send.Slice(o, o+n), nil
 }
 
 func (c *conn) hdrSrc(i int) []byte { o := c.l.l1 + i*hdrLen; return c.mem.B[o : o+hdrLen] }
-func (c *conn) hdrIn(i int) []byte  { o := c.l.r0 + i*hdrLen; return c.mem.B[o : o+hdrLen] }
+func (c *conn) hdrIn(i int) []byte  { o := i * hdrLen; return c.mem.B[o : o+hdrLen] }
+
+// hostView is n bytes at offset o of the connection's host memory, as
+// the engine sees it: mapped for the GPU on a staged device connection.
+func (c *conn) hostView(o, n int) memory.Buffer {
+	if c.mapped.Len() > 0 {
+		return c.mapped.Slice(o, o+n)
+	}
+	return memory.HostBuffer(c.mem.B[o : o+n : o+n])
+}
 
 const hdrInline = 32
 
@@ -312,23 +321,24 @@ func (c *conn) Post(n int, tag transport.Tag) error {
 	c.reserved = -1
 	s := c.sendSeq
 	i := int(s % uint64(c.l.slots))
-	e := c.mem.B[c.l.r1+i*ctsLen:]
+	e := c.mem.B[c.l.fifo+i*ctsLen:]
 	dst, rkey, room := binary.LittleEndian.Uint64(e), binary.LittleEndian.Uint32(e[8:]), binary.LittleEndian.Uint32(e[12:])
 	if n > int(room) {
 		return &transport.PeerError{Peer: c.peer, Op: "send", Err: fmt.Errorf("protocol error: rank %d cleared %d bytes for message %d, %d are to go", c.peer, room, s, n)}
 	}
 	h := c.hdrSrc(i)
-	putHeader(h, tag, n, s)
 	c.wrs = c.wrs[:0]
 	hl := uint32(hdrInline)
-	if n > inlineMax {
-		c.wrs = append(c.wrs, ibv.SendWR{Op: ibv.OpWrite, SGE: ibv.SGE{Addr: ibv.Addr(c.mem.B[c.l.l0+i*c.l.slotSize:]), Len: uint32(n), LKey: c.lmr.LKey()},
+	if n > c.inline {
+		putHeader(h, tag, n, s, 0)
+		c.wrs = append(c.wrs, ibv.SendWR{Op: ibv.OpWrite, SGE: ibv.SGE{Addr: c.slots.sendAddr + uint64(i*c.l.slotSize), Len: uint32(n), LKey: c.slots.sendKey},
 			Remote: dst, RKey: rkey})
 	} else {
+		putHeader(h, tag, n, s, hdrInlined)
 		hl += uint32(n)
 	}
 	c.wrs = append(c.wrs, ibv.SendWR{Op: ibv.OpWriteImm, Imm: uint32(s) & immMask, SGE: ibv.SGE{Addr: ibv.Addr(h), Len: hl, LKey: c.lmr.LKey()},
-		Remote: c.remote.Addr + uint64(c.l.r0+i*hdrLen), RKey: c.remote.RKey})
+		Remote: c.remote.Addr + uint64(i*hdrLen), RKey: c.remote.RKey})
 	ref, err := c.post(int(s%uint64(len(c.qps))), c.wrs, false)
 	if err != nil {
 		return &transport.PeerError{Peer: c.peer, Op: "send", Err: err}
@@ -356,16 +366,25 @@ func (c *conn) Wait(ctx context.Context) (memory.Buffer, transport.Tag, error) {
 	tag := transport.Tag{Op: binary.LittleEndian.Uint64(h), Sig: binary.LittleEndian.Uint32(h[8:]),
 		Msg: binary.LittleEndian.Uint32(h[12:]), Slice: binary.LittleEndian.Uint32(h[16:])}
 	size := int(binary.LittleEndian.Uint32(h[20:]))
-	if seq := binary.LittleEndian.Uint32(h[24:]); seq != uint32(s) || size > c.l.slotSize {
+	inlined := binary.LittleEndian.Uint32(h[28:])&hdrInlined != 0
+	if seq := binary.LittleEndian.Uint32(h[24:]); seq != uint32(s) || size > c.l.slotSize || inlined && size > inlineMax {
 		c.fail(fmt.Errorf("protocol error: rank %d's header for message %d says message %d of %d bytes (slots hold %d)", c.peer, s, seq, size, c.l.slotSize))
 		return memory.Buffer{}, transport.Tag{}, &transport.PeerError{Peer: c.peer, Op: "recv", Err: c.failed}
 	}
-	c.holding = true
-	if size <= inlineMax {
-		return memory.HostBuffer(h[hdrInline : hdrInline+size : hdrInline+size]), tag, nil
+	if inlined {
+		c.holding = true
+		return c.hostView(i*hdrLen+hdrInline, size), tag, nil
 	}
+	if c.flush != nil && size > 0 {
+		// The NIC wrote into device memory: a read through it makes the
+		// writes visible to the GPU before its kernels use them (gdr.go).
+		if err := c.flushSlot(ctx, i); err != nil {
+			return memory.Buffer{}, transport.Tag{}, err
+		}
+	}
+	c.holding = true
 	o := i * c.l.slotSize
-	return memory.HostBuffer(c.mem.B[o : o+size : o+size]), tag, nil
+	return c.slots.recv.Slice(o, o+size), tag, nil
 }
 
 func (c *conn) Release() error {
@@ -448,8 +467,8 @@ func (c *conn) clear(upTo uint64) error {
 			}
 		}
 		e := c.mem.B[c.l.l2+i*ctsLen:]
-		binary.LittleEndian.PutUint64(e, c.rmr.Addr()+uint64(i*c.l.slotSize))
-		binary.LittleEndian.PutUint32(e[8:], c.rmr.RKey())
+		binary.LittleEndian.PutUint64(e, c.slots.recvAddr+uint64(i*c.l.slotSize))
+		binary.LittleEndian.PutUint32(e[8:], c.slots.recvKey)
 		binary.LittleEndian.PutUint32(e[12:], uint32(c.l.slotSize))
 	}
 	// The entries from..upTo-1, contiguous but for a wrap: up to two
@@ -460,7 +479,7 @@ func (c *conn) clear(upTo uint64) error {
 		k := min(upTo-t, n-uint64(i))
 		c.wrs = append(c.wrs, ibv.SendWR{Op: ibv.OpWrite,
 			SGE:    ibv.SGE{Addr: ibv.Addr(c.mem.B[c.l.l2+i*ctsLen:]), Len: uint32(k) * ctsLen, LKey: c.lmr.LKey()},
-			Remote: c.remote.Addr + uint64(c.l.r1+i*ctsLen), RKey: c.remote.RKey})
+			Remote: c.remote.Addr + uint64(c.l.fifo+i*ctsLen), RKey: c.remote.RKey})
 		t += k
 	}
 	last := &c.wrs[len(c.wrs)-1]
@@ -552,16 +571,26 @@ func (c *conn) teardown() {
 		c.cq.Destroy()
 		c.cq = nil
 	}
+	// The engine may still hold a slot (Wait before Release, Reserve
+	// before Post) while another goroutine aborts: the memory then stays
+	// until a later Close of the endpoint, when no call uses it, rather
+	// than being pulled from under the call.
+	held := c.holding || c.reserved >= 0
+	dev := c.releaseDevice(held)
 	c.rref.release()
 	c.lref.release()
 	c.rmr, c.lmr, c.rref, c.lref = nil, nil, nil, nil
-	if c.mem != nil && (c.holding || c.reserved >= 0) {
-		// The engine still holds a slot (Wait before Release, Reserve
-		// before Post) while another goroutine aborts: the memory stays
-		// mapped until a later Close of the endpoint, when no call uses
-		// it, rather than being pulled from under the call.
+	if held {
+		m := c.mem
 		c.e.mu.Lock()
-		c.e.leftovers = append(c.e.leftovers, c.mem)
+		c.e.leftovers = append(c.e.leftovers, func() {
+			if dev != nil {
+				dev()
+			}
+			if m != nil {
+				m.Free()
+			}
+		})
 		c.e.mu.Unlock()
 	} else if c.mem != nil {
 		c.mem.Free()

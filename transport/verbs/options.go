@@ -5,6 +5,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/goccl/goccl/internal/device"
 	"github.com/goccl/goccl/transport/verbs/ibv"
 )
 
@@ -57,4 +58,16 @@ type Options struct {
 	// queued on that channel (see transport/shm's Options.Progress).
 	Progress func(ch int) (pending bool, err error)
 	Logger   *slog.Logger
+	// Device, if set, is this rank's GPU: connections of device
+	// operations (channels from transport.DeviceChannels on) carry them,
+	// with slots in its memory where GDR allows and the hardware can
+	// (GPUDirect RDMA), else staged in host memory registered with it (a
+	// device.Registrar). gdr.go says how it is chosen.
+	Device device.Device
+	// GDR allows GPUDirect RDMA between Device and this port: the caller
+	// decides from the topology (NCCL_NET_GDR_LEVEL's rule).
+	GDR bool
+	// NoFlush skips the flush read that GPUDirect RDMA needs below compute
+	// capability 9.0 (NCCL_GDR_FLUSH_DISABLE).
+	NoFlush bool
 }

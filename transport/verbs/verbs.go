@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/goccl/goccl/internal/connsetup"
@@ -27,6 +28,12 @@ type Endpoint struct {
 	port *Port
 	mrs  *mrCache
 	wg   sync.WaitGroup // the event watcher
+	// How device operations move (gdr.go), why, whether received device
+	// slots are flushed, and how many flush reads were made.
+	gdr     gdrMode
+	gdrWhy  string
+	flush   bool
+	flushes atomic.Uint64
 
 	acc     connsetup.Acceptor
 	dialer  connsetup.Dialer
@@ -37,9 +44,9 @@ type Endpoint struct {
 	byQPN map[uint32]*conn
 	chans map[int]*chanSet
 	board *board // see JoinBoard
-	// leftovers is connections' memory a call still held when Close tore
-	// them down; a later Close frees it.
-	leftovers []*ibv.Mem
+	// leftovers free connections' memory a call still held when Close
+	// tore them down; a later Close calls them.
+	leftovers []func()
 	closed    bool
 	cause     error
 	done      chan struct{}
@@ -109,6 +116,7 @@ func New(o Options) (*Endpoint, error) {
 	if e.log == nil {
 		e.log = slog.Default()
 	}
+	e.chooseDevicePath()
 	e.acc = connsetup.Acceptor{Name: "verbs", Rank: o.Rank, Secret: o.Secret, Purpose: wire.PurposeVerbs, Timeout: setupTimeout,
 		Log: e.log, Check: e.checkSetup, Serve: e.serveIncoming}
 	e.dialer = connsetup.Dialer{Network: "tcp", Secret: o.Secret, Purpose: wire.PurposeVerbs, Timeout: setupTimeout, Done: e.done}
@@ -133,7 +141,27 @@ func (e *Endpoint) Port() *Port { return e.port }
 
 // Caps implements transport.Endpoint.
 func (e *Endpoint) Caps() transport.Caps {
-	return transport.Caps{Slots: e.o.Slots, SlotSize: e.o.SlotSize, Memory: memory.Host}
+	c := transport.Caps{Slots: e.o.Slots, SlotSize: e.o.SlotSize, Memory: memory.Host}
+	switch {
+	case e.gdr.direct():
+		c.DeviceSlots = memory.Device
+	case e.gdr == gdrStaged:
+		c.DeviceSlots = memory.Mapped
+	}
+	return c
+}
+
+// DevicePath says how device operations move over this endpoint, and why
+// (for the INFO summary): GPUDirect RDMA and how memory is registered, or
+// staging through host memory and why not GPUDirect.
+func (e *Endpoint) DevicePath() string {
+	switch {
+	case e.gdr.direct() && e.flush:
+		return e.gdr.String() + ", with a flush read per slot (compute capability below 9.0)"
+	case e.gdr.direct():
+		return e.gdr.String()
+	}
+	return e.gdr.String() + ": " + e.gdrWhy
 }
 
 // serveIncoming makes the connection a lower rank set up, on its control
@@ -195,8 +223,8 @@ func (e *Endpoint) Connect(ctx context.Context, peer, ch int) (transport.Conn, e
 	if e.o.Peers[peer] == "" {
 		return fail(fmt.Errorf("rank %d is not reachable over RDMA", peer))
 	}
-	if ch >= transport.DeviceChannels {
-		return fail(errors.New("verbs: device operations over RDMA (GPUDirect) are not built yet"))
+	if ch >= transport.DeviceChannels && e.gdr == gdrNone {
+		return fail(fmt.Errorf("verbs: a device channel on an endpoint that carries no device operations (%s)", e.gdrWhy))
 	}
 	k := connKey{peer, ch}
 	e.mu.Lock()
@@ -337,8 +365,8 @@ func (e *Endpoint) Close(cause error) error {
 		left := e.leftovers
 		e.leftovers = nil
 		e.mu.Unlock()
-		for _, m := range left {
-			m.Free()
+		for _, f := range left {
+			f()
 		}
 		return nil
 	}
