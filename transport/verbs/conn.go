@@ -114,11 +114,11 @@ type conn struct {
 	ctl  net.Conn
 	l    layout
 
-	mem    *ibv.Mem
-	rmr    ibv.MR // the remote region
-	lmr    ibv.MR // the local region
-	rref   *mrRef // their holds in the endpoint's cache
-	lref   *mrRef
+	mem  *ibv.Mem
+	rmr  ibv.MR // the remote region
+	lmr  ibv.MR // the local region
+	rref *mrRef // their holds in the endpoint's cache
+	lref *mrRef
 	// Where payloads are: the slots peers write into and the staging
 	// this side sends from, each Slots × SlotSize, as the engine sees
 	// them (host, mapped or device memory) and as the NIC names them
