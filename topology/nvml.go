@@ -7,8 +7,9 @@ import (
 )
 
 // NVML is the part of NVIDIA's management library discovery uses, small
-// enough to fake. SystemNVML is the driver's (through go-nvml, when built
-// with cgo); tests use go-nvml's mock servers through FromGoNVML.
+// enough to fake. Package topology/gonvml adapts go-nvml to it (the
+// driver's library, which needs cgo, and go-nvml's mock servers), so
+// that this package carries no cgo and the core may use it.
 type NVML interface {
 	Init() error
 	Shutdown() error

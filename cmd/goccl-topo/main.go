@@ -19,6 +19,7 @@ import (
 	"strings"
 
 	"github.com/goccl/goccl/topology"
+	"github.com/goccl/goccl/topology/gonvml"
 )
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
@@ -57,7 +58,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		fmt.Fprintf(stdout, "Topology: %s\n", *file)
 	} else {
-		d, err := topology.Discover(*sysRoot, topology.SystemNVML())
+		d, err := topology.Discover(*sysRoot, gonvml.System())
 		if err != nil {
 			return fail(stderr, err)
 		}

@@ -1,6 +1,6 @@
 //go:build linux && cgo
 
-package topology
+package topology_test
 
 import (
 	"bytes"
@@ -12,6 +12,9 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 	"github.com/stretchr/testify/require"
+
+	"github.com/goccl/goccl/topology"
+	"github.com/goccl/goccl/topology/gonvml"
 )
 
 // wire gives go-nvml's mock server what its DGX mocks leave unset: bus
@@ -65,7 +68,7 @@ func TestDiscoverWithNVMLMocks(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			wire(t, c.srv, c.links)
-			d, err := Discover("testdata/sysfs-2gpu", FromGoNVML(c.srv))
+			d, err := topology.Discover("testdata/sysfs-2gpu", gonvml.From(c.srv))
 			require.NoError(t, err)
 			require.Equal(t, "8 GPUs", d.NVML)
 			// The mock's GPU 7 (0000:81:00.0) is the fake tree's second GPU
@@ -78,10 +81,10 @@ func TestDiscoverWithNVMLMocks(t *testing.T) {
 			require.True(t, placed, "GPU 0000:81:00.0 under NUMA node 1")
 			var x bytes.Buffer
 			require.NoError(t, d.System.WriteXML(&x))
-			back, err := ReadXML(&x)
+			back, err := topology.ReadXML(&x)
 			require.NoError(t, err)
-			require.Equal(t, clearLines(d.System), clearLines(back))
-			tp := build(t, back)
+			require.Equal(t, topology.ClearLines(d.System), topology.ClearLines(back))
+			tp := topology.BuildT(t, back)
 			require.Len(t, tp.GPUs, 8)
 			require.Len(t, tp.NVS, 1)
 			for _, a := range tp.GPUs {
@@ -94,7 +97,7 @@ func TestDiscoverWithNVMLMocks(t *testing.T) {
 			}
 			r, err := tp.SearchRing(tp.GPUs)
 			require.NoError(t, err)
-			require.InDelta(t, float64(c.links)*NVLinkBW(c.sm), r.Total(), NVLinkBW(c.sm)*1.01, "ring %v", r)
+			require.InDelta(t, float64(c.links)*topology.NVLinkBW(c.sm), r.Total(), topology.NVLinkBW(c.sm)*1.01, "ring %v", r)
 		})
 	}
 }
@@ -107,8 +110,8 @@ func TestNVMLGuardsCallsAfterAFailedInit(t *testing.T) {
 	calls := 0
 	srv.InitFunc = func() nvml.Return { return nvml.ERROR_LIBRARY_NOT_FOUND }
 	srv.DeviceGetCountFunc = func() (int, nvml.Return) { calls++; return 8, nvml.SUCCESS }
-	lib := FromGoNVML(srv)
-	d, err := Discover("testdata/sysfs-2gpu", lib)
+	lib := gonvml.From(srv)
+	d, err := topology.Discover("testdata/sysfs-2gpu", lib)
 	require.NoError(t, err)
 	require.Contains(t, d.NVML, "absent")
 	require.Zero(t, calls)
@@ -118,7 +121,7 @@ func TestNVMLGuardsCallsAfterAFailedInit(t *testing.T) {
 	// The fake tree's own GPUs are not reported without NVML.
 	require.Empty(t, d.System.GPUs())
 	// The driver's NVML on this machine: absent, without a crash.
-	d, err = Discover("/", SystemNVML())
+	d, err = topology.Discover("/", gonvml.System())
 	require.NoError(t, err)
 	t.Log("this machine: NVML", d.NVML)
 }

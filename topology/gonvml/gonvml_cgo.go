@@ -1,6 +1,6 @@
 //go:build linux && cgo
 
-package topology
+package gonvml
 
 import (
 	"errors"
@@ -8,14 +8,16 @@ import (
 	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/goccl/goccl/topology"
 )
 
-// SystemNVML is the driver's NVML (libnvidia-ml.so.1, loaded at Init).
-func SystemNVML() NVML { return FromGoNVML(nvml.New()) }
+// System is the driver's NVML (libnvidia-ml.so.1, loaded at Init).
+func System() topology.NVML { return From(nvml.New()) }
 
-// FromGoNVML adapts a go-nvml interface: the library, or one of go-nvml's
+// From adapts a go-nvml interface: the library, or one of go-nvml's
 // mock servers (pkg/nvml/mock/dgxa100, dgxh100, ...).
-func FromGoNVML(lib nvml.Interface) NVML { return &goNVML{lib: lib} }
+func From(lib nvml.Interface) topology.NVML { return &goNVML{lib: lib} }
 
 // goNVML guards every call: go-nvml aborts the process on calls into a
 // library that failed to initialise, so nothing but Init is called until
@@ -65,7 +67,7 @@ func (g *goNVML) DeviceCount() (int, error) {
 	return n, ret(r)
 }
 
-func (g *goNVML) Device(i int) (NVMLDevice, error) {
+func (g *goNVML) Device(i int) (topology.NVMLDevice, error) {
 	if !g.up {
 		return nil, errNotInit
 	}
@@ -115,11 +117,11 @@ func (d *goDevice) ComputeCapability() (int, int, error) {
 	return maj, mnr, ret(r)
 }
 
-func (d *goDevice) NVLinks() ([]NVLinkInfo, error) {
+func (d *goDevice) NVLinks() ([]topology.NVLinkInfo, error) {
 	if !d.g.up {
 		return nil, errNotInit
 	}
-	var out []NVLinkInfo
+	var out []topology.NVLinkInfo
 	for l := 0; l < nvml.NVLINK_MAX_LINKS; l++ {
 		st, r := d.d.GetNvLinkState(l)
 		if r == nvml.ERROR_NOT_SUPPORTED || r == nvml.ERROR_INVALID_ARGUMENT {
@@ -135,15 +137,15 @@ func (d *goDevice) NVLinks() ([]NVLinkInfo, error) {
 		if err := ret(r); err != nil {
 			return nil, fmt.Errorf("link %d remote: %w", l, err)
 		}
-		info := NVLinkInfo{Link: l, Remote: busID(p), Kind: RemoteUnknown}
+		info := topology.NVLinkInfo{Link: l, Remote: busID(p), Kind: topology.RemoteUnknown}
 		if t, r := d.d.GetNvLinkRemoteDeviceType(l); r == nvml.SUCCESS {
 			switch t {
 			case nvml.NVLINK_DEVICE_TYPE_GPU:
-				info.Kind = RemoteGPU
+				info.Kind = topology.RemoteGPU
 			case nvml.NVLINK_DEVICE_TYPE_SWITCH:
-				info.Kind = RemoteSwitch
+				info.Kind = topology.RemoteSwitch
 			case nvml.NVLINK_DEVICE_TYPE_IBMNPU:
-				info.Kind = RemoteCPU
+				info.Kind = topology.RemoteCPU
 			}
 		}
 		out = append(out, info)
@@ -151,7 +153,7 @@ func (d *goDevice) NVLinks() ([]NVLinkInfo, error) {
 	return out, nil
 }
 
-func (d *goDevice) P2PNVLink(other NVMLDevice) (bool, error) {
+func (d *goDevice) P2PNVLink(other topology.NVMLDevice) (bool, error) {
 	o, ok := other.(*goDevice)
 	if !ok {
 		return false, fmt.Errorf("not a go-nvml device")
