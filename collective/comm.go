@@ -33,8 +33,10 @@ type Comm struct {
 	transport  string          // "mem" in a local group
 	routes     []string        // by rank, between processes: "self", "shm", "tcp" or "verbs"
 	ibPort     string          // the RDMA port, when some peer is reached over verbs
-	dev        *devState       // nil without a device (WithDevice)
-	devNames   []string        // by rank, where known (RankInfo.Device)
+	// ibDevicePath says how device operations cross RDMA, and why.
+	ibDevicePath string
+	dev          *devState // nil without a device (WithDevice)
+	devNames     []string  // by rank, where known (RankInfo.Device)
 	// closed, in a local group, is called once this rank has closed: the
 	// group gives its network's device memory back after the last one.
 	onClose func()

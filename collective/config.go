@@ -11,6 +11,7 @@ import (
 
 	"github.com/goccl/goccl/algorithms"
 	"github.com/goccl/goccl/internal/tlsrec"
+	"github.com/goccl/goccl/topology"
 )
 
 // Defaults.
@@ -134,6 +135,16 @@ type IBConfig struct {
 	// place of RDMA hardware: for tests on machines without it. It moves
 	// bytes between processes through shared memory and is never RDMA.
 	Emulate bool
+	// GDRLevel is the longest PCI path between a rank's GPU and its NIC
+	// over which the NIC reads and writes GPU memory directly (GPUDirect
+	// RDMA), as NCCL_NET_GDR_LEVEL: LOC, PIX, PXB, PHB or SYS (or 0..5).
+	// Empty means PXB, NCCL's default. Further apart, device operations
+	// are staged through host memory.
+	GDRLevel string
+	// GDRFlushDisable skips the flush read that GPUDirect RDMA does
+	// below compute capability 9.0 (NCCL_GDR_FLUSH_DISABLE): only for
+	// systems whose PCIe ordering makes it unnecessary.
+	GDRFlushDisable bool
 }
 
 // Option changes a Config.
@@ -292,6 +303,8 @@ const (
 	EnvIBTimeout  = "GOCCL_IB_TIMEOUT"            // 1..31
 	EnvIBRetryCnt = "GOCCL_IB_RETRY_CNT"          // 1..7
 	EnvIBEmulate  = "GOCCL_IB_EMULATE"            // 1: the emulated test device, not RDMA
+	EnvGDRLevel   = "GOCCL_NET_GDR_LEVEL"         // LOC, PIX, PXB, PHB, SYS (NCCL_NET_GDR_LEVEL)
+	EnvGDRFlush   = "GOCCL_GDR_FLUSH_DISABLE"     // 1: no flush read below compute capability 9.0
 )
 
 // resolve builds the Config: defaults, then the environment, then
@@ -463,6 +476,21 @@ func fromEnv(lookup func(string) (string, bool)) (Config, error) {
 			return c, bad(EnvIBEmulate, v, "1 or 0")
 		}
 	}
+	if v, ok := lookup(EnvGDRLevel); ok && strings.TrimSpace(v) != "" {
+		if _, err := topology.ParseGDRLevel(v); err != nil {
+			return c, bad(EnvGDRLevel, v, "LOC, PIX, PXB, PHB or SYS (or 0..5)")
+		}
+		c.IB.GDRLevel = strings.TrimSpace(v)
+	}
+	if v, ok := lookup(EnvGDRFlush); ok && strings.TrimSpace(v) != "" {
+		switch strings.TrimSpace(v) {
+		case "1", "true", "yes":
+			c.IB.GDRFlushDisable = true
+		case "0", "false", "no":
+		default:
+			return c, bad(EnvGDRFlush, v, "1 or 0")
+		}
+	}
 	if v, ok := lookup(EnvSpin); ok && v != "" {
 		d, err := time.ParseDuration(strings.TrimSpace(v))
 		if strings.TrimSpace(v) == "0" {
@@ -559,6 +587,8 @@ func (c Config) validate() error {
 		return bad("IB Timeout %d (0..31), RetryCnt %d (0..7)", c.IB.Timeout, c.IB.RetryCnt)
 	case c.IB.GIDIndex != nil && (*c.IB.GIDIndex < 0 || *c.IB.GIDIndex > 255):
 		return bad("IB GIDIndex %d out of range 0..255", *c.IB.GIDIndex)
+	case c.IB.GDRLevel != "" && !validGDRLevel(c.IB.GDRLevel):
+		return bad("IB GDRLevel %q: want LOC, PIX, PXB, PHB or SYS (or 0..5)", c.IB.GDRLevel)
 	case (c.TLSCert == "") != (c.TLSKey == "") || (c.TLSCert == "") != (c.TLSCA == ""):
 		return bad("TLS needs a certificate, its key and the CA, all three (%s=%q %s=%q %s=%q)",
 			EnvTLSCert, c.TLSCert, EnvTLSKey, c.TLSKey, EnvTLSCA, c.TLSCA)
@@ -601,4 +631,9 @@ func (c Config) withDefaults() Config {
 	// Slots, SlotSize and NSocks stay 0 here: each transport has its own
 	// defaults, and the communicator reports the values in effect.
 	return c
+}
+
+func validGDRLevel(s string) bool {
+	_, err := topology.ParseGDRLevel(s)
+	return err == nil
 }

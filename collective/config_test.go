@@ -52,11 +52,13 @@ func TestOptionsOverrideEnvironment(t *testing.T) {
 
 func TestInvalidEnvironmentIsAnError(t *testing.T) {
 	for k, v := range map[string]string{
-		"GOCCL_ALGO":          "fastest",
-		"GOCCL_NCHANNELS":     "0",
-		"GOCCL_MAX_NCHANNELS": "99",
-		"GOCCL_CHUNK_SIZE":    "12",
-		"GOCCL_TIMEOUT":       "-3s",
+		"GOCCL_ALGO":              "fastest",
+		"GOCCL_NCHANNELS":         "0",
+		"GOCCL_MAX_NCHANNELS":     "99",
+		"GOCCL_CHUNK_SIZE":        "12",
+		"GOCCL_TIMEOUT":           "-3s",
+		"GOCCL_NET_GDR_LEVEL":     "nearby",
+		"GOCCL_GDR_FLUSH_DISABLE": "maybe",
 	} {
 		_, err := collective.NewLocalGroup(2, env(map[string]string{k: v}))
 		require.ErrorIs(t, err, collective.ErrInvalidArgument, "%s=%s", k, v)

@@ -91,12 +91,28 @@ func (c *Comm) devicePath() string {
 	switch k := c.ep.Caps().DeviceSlots; {
 	case c.size == 1:
 		return "self"
+	case k == memory.Device && c.ibDevicePath != "":
+		return "device-to-device over RDMA: " + c.ibDevicePath
 	case k == memory.Device:
 		return "device-to-device (slots in the receiver's device memory)"
+	case k == memory.Mapped && c.ibDevicePath != "" && c.onlyVerbs():
+		return "over RDMA: " + c.ibDevicePath
+	case k == memory.Mapped && c.ibDevicePath != "":
+		return "through registered host memory (shared-memory segments, TCP staging); over RDMA: " + c.ibDevicePath
 	case k == memory.Mapped:
 		return "through registered host memory (shared-memory segments, TCP staging)"
 	}
 	return "none: this transport carries no device operations yet"
+}
+
+// onlyVerbs reports whether every peer is reached over RDMA.
+func (c *Comm) onlyVerbs() bool {
+	for r, t := range c.routes {
+		if r != c.rank && t != TransportVerbs {
+			return false
+		}
+	}
+	return true
 }
 
 // devState is what a communicator with a device keeps for its device

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"runtime"
 	"testing"
 	"unsafe"
 
@@ -386,6 +387,39 @@ func TestMultiProcessDevice(t *testing.T) {
 			})
 		}
 	}
+	if runtime.GOOS == "linux" {
+		// Over the emulated RDMA device: GPUDirect (the emulated GPU
+		// exports dma-bufs, the emulated NIC maps them; compute capability
+		// 0.0 takes the flush read), staged through registered host memory
+		// when GOCCL_NET_GDR_LEVEL puts the pair out of reach, and hosts of
+		// two ranks that mix shared memory with RDMA.
+		for _, c := range []struct {
+			name  string
+			n     int
+			env   []string
+			hosts bool
+			want  string
+		}{
+			{"gdr", 3, nil, false, "device-to-device over RDMA: GPUDirect RDMA (dma-buf), with a flush read per slot"},
+			{"staged", 2, []string{"GOCCL_NET_GDR_LEVEL=LOC"}, false, "device_path=\"over RDMA: staged through registered host memory: GPUDirect RDMA not allowed"},
+			{"hosts", 4, []string{"GOCCL_TRANSPORT=auto"}, true, "through registered host memory (shared-memory segments, TCP staging); over RDMA: GPUDirect RDMA (dma-buf)"},
+		} {
+			t.Run("transport=verbs/"+c.name, func(t *testing.T) {
+				envs := gocclEnvs(t, c.n, append(append(transportEnv(t, "verbs"), "GOCCL_DEBUG=INFO"), c.env...)...)
+				for r := range envs {
+					if c.hosts {
+						envs[r] = append(envs[r], fmt.Sprintf("GOCCL_HOSTID=devhost%d", r/2))
+					}
+				}
+				res := spawn(t, "device", envs, nil)
+				requireAllOK(t, res)
+				require.Contains(t, res[0].output, "device collectives ok")
+				for _, r := range res {
+					require.Contains(t, r.output, c.want, "rank %d", r.rank)
+				}
+			})
+		}
+	}
 	if len(trs) > 1 {
 		t.Run("mixed/nranks=4", func(t *testing.T) {
 			// Ranks 0 and 1 on one host identity, 2 and 3 on another: shared
@@ -407,7 +441,9 @@ func childDevice(ctx context.Context) int {
 		fmt.Fprintf(os.Stderr, "FAIL: "+format+"\n", args...)
 		return 1
 	}
-	d := emu.New(0, emu.Options{Seed: uint64(os.Getpid()), MaxDelay: 20e3})
+	// Exportable memory (Linux), so that GPUDirect over the emulated RDMA
+	// device can register it.
+	d := emu.New(0, emu.Options{Seed: uint64(os.Getpid()), MaxDelay: 20e3, DMABuf: runtime.GOOS == "linux"})
 	c, err := collective.InitFromEnv(ctx, collective.WithDevice(d))
 	if err != nil {
 		return fail("init: %v", err)

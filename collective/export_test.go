@@ -7,3 +7,6 @@ import "github.com/goccl/goccl/transport/mem"
 func NewLocalGroupNet(n int, opts ...Option) ([]*Comm, *mem.Network, error) {
 	return newLocalGroup(n, opts)
 }
+
+// GDRAllowedIn is gdrAllowed on a fake sysfs tree.
+var GDRAllowedIn = gdrAllowedIn

@@ -228,6 +228,7 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	// The RDMA port, opened before this rank is announced so that the
 	// others learn whether it has one.
 	var vport *verbs.Port
+	var ibDevicePath string // how device operations cross RDMA, and why
 	var vln net.Listener
 	if mode == TransportAuto || mode == TransportVerbs {
 		p, err := openVerbsPort(cfg.IB)
@@ -398,6 +399,11 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		// TCP's sends move only while the channel's goroutine moves them,
 		// also while it waits on an RDMA connection.
 		vo.Progress = transport.ProgressOf(rep.all...)
+		gdrWhy := ""
+		if dev != nil {
+			vo.Device, vo.NoFlush = dev, cfg.IB.GDRFlushDisable
+			vo.GDR, gdrWhy = gdrAllowed(cfg.IB, dev, vport)
+		}
 		ep, err := verbs.New(vo)
 		if err != nil {
 			vln.Close()
@@ -409,6 +415,9 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 			return fail(err)
 		}
 		rep.all = append(rep.all, ep)
+		if dev != nil {
+			ibDevicePath = ep.DevicePath() + "; " + gdrWhy
+		}
 		if nVerbs == nranks-1 {
 			// Every rank is an RDMA peer: small all-reduces go on a board
 			// of RDMA writes (transport/verbs's JoinBoard).
@@ -466,9 +475,14 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	}
 	rep.caps = rep.all[0].Caps()
 	for _, ep := range rep.all[1:] {
-		// Device operations need every transport to carry them.
-		if k := ep.Caps().DeviceSlots; k != rep.caps.DeviceSlots {
+		// Device operations need every transport to carry them; slots of
+		// different kinds that a GPU reaches (shared memory's mapped ones,
+		// RDMA's in device memory) are only as much as mapped memory.
+		switch k := ep.Caps().DeviceSlots; {
+		case !k.DeviceVisible():
 			rep.caps.DeviceSlots = memory.Host
+		case k != rep.caps.DeviceSlots && rep.caps.DeviceSlots.DeviceVisible():
+			rep.caps.DeviceSlots = memory.Mapped
 		}
 	}
 	var ep transport.Endpoint = rep
@@ -486,6 +500,7 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	c.routes = route
 	if nVerbs > 0 {
 		c.ibPort = vport.String()
+		c.ibDevicePath = ibDevicePath
 	}
 	c.id, c.lookup = id, lookup
 	if watch != nil {

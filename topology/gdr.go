@@ -51,3 +51,37 @@ func (t *Topo) GDR(gpu, nic *Node, net *Net, level PathType) (bool, PathType) {
 	}
 	return p <= level, p
 }
+
+// GDRToNIC reads the PCI tree below root (sysfs: "/" on a live system)
+// and reports whether RDMA device ibDev ("mlx5_0") would read and write
+// the memory of the GPU at busID directly at level (as GDR does), with
+// the path between them. The GPU or the device missing from the tree is
+// an error that says which.
+func GDRToNIC(root, busID, ibDev string, level PathType) (bool, PathType, error) {
+	sys, err := DiscoverSysfs(root, []string{busID})
+	if err != nil {
+		return false, DIS, err
+	}
+	t, err := Build(sys)
+	if err != nil {
+		return false, DIS, err
+	}
+	var gpu *Node
+	for _, g := range t.GPUs {
+		if normBusID(g.Name) == normBusID(busID) {
+			gpu = g
+		}
+	}
+	if gpu == nil {
+		return false, DIS, fmt.Errorf("GPU %s is not in the PCI tree below %s", busID, root)
+	}
+	for _, nic := range t.NICs {
+		for _, n := range nic.NICs {
+			if n.Net != nil && n.Net.Name == ibDev {
+				ok, p := t.GDR(gpu, nic, n.Net, level)
+				return ok, p, nil
+			}
+		}
+	}
+	return false, DIS, fmt.Errorf("RDMA device %s is not in the PCI tree below %s", ibDev, root)
+}

@@ -60,3 +60,28 @@ func TestSysfsThisMachine(t *testing.T) {
 	_, err = Build(s)
 	require.NoError(t, err)
 }
+
+// GDRToNIC follows the PCI tree: the GPU behind the NIC's PCIe switch
+// uses GPUDirect at the default level, the one across the CPUs does not,
+// and levels move the line.
+func TestGDRToNIC(t *testing.T) {
+	ok, p, err := GDRToNIC("testdata/sysfs-2gpu", "0000:03:00.0", "mlx5_0", DefaultGDRLevel)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, PXB, p)
+	ok, p, err = GDRToNIC("testdata/sysfs-2gpu", "0000:03:00.0", "mlx5_0", PIX)
+	require.NoError(t, err)
+	require.False(t, ok, "PXB is past PIX")
+	require.Equal(t, PXB, p)
+	ok, p, err = GDRToNIC("testdata/sysfs-2gpu", "00000000:81:00.0", "mlx5_0", DefaultGDRLevel)
+	require.NoError(t, err)
+	require.False(t, ok)
+	require.Equal(t, SYS, p)
+	ok, _, err = GDRToNIC("testdata/sysfs-2gpu", "0000:81:00.0", "mlx5_0", SYS)
+	require.NoError(t, err)
+	require.True(t, ok)
+	_, _, err = GDRToNIC("testdata/sysfs-2gpu", "0000:03:00.0", "mlx5_9", SYS)
+	require.ErrorContains(t, err, "mlx5_9 is not in the PCI tree")
+	_, _, err = GDRToNIC("testdata/sysfs-2gpu", "0000:55:00.0", "mlx5_0", SYS)
+	require.Error(t, err)
+}

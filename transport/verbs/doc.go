@@ -36,9 +36,10 @@
 //   - the sender posts one chain per message, in one call: an RDMA write
 //     of the payload where the entry says (none for 32 bytes or less) and
 //     a write with immediate of the 64-byte header (the engine's tag, the
-//     size, the sequence; a small payload inline) into the receiver's
-//     header entry. The immediate has 32 bits: the tag travels in the
-//     header, the immediate carries the sequence;
+//     size, the sequence, whether the payload is inline; a small payload
+//     inline) into the receiver's header entry. The immediate has 32
+//     bits: the tag travels in the header, the immediate carries the
+//     sequence;
 //   - the receiver acts on completions only, never on the data (the IB
 //     specification orders placement only at completion), and on Release
 //     frees the slot. Clearances are cumulative and held back while the
@@ -92,10 +93,24 @@
 // GOCCL_IB_RETRY_CNT the NIC's retries; docs/rdma.md says what each does
 // and what to check when a job fails.
 //
+// # Device operations
+//
+// With Options.Device, the connections of device operations (channels
+// from transport.DeviceChannels on) give the engine slots the GPU
+// reaches. Where Options.GDR allows it (the caller's topology rule,
+// NCCL_NET_GDR_LEVEL's) and a probe at New can register GPU memory with
+// the NIC (a dma-buf, else by address under nvidia-peermem), the payload
+// slots and staging are device memory and the NIC moves them GPU to GPU
+// (GPUDirect RDMA); below compute capability 9.0 a 1-byte RDMA read
+// through a queue pair connected to itself flushes each slot that
+// arrived before the engine reads it. Otherwise the host allocation is
+// registered with the GPU and kernels reduce into it. Headers and the
+// FIFO stay in host memory either way, and device connections inline
+// nothing. gdr.go has the details; DevicePath says what was chosen.
+//
 // # Not yet
 //
-// Device memory (GPUDirect RDMA through dma-buf or nvidia-peermem, the
-// flush read below compute capability 9.0, staging otherwise), receives
-// straight into registered user buffers, several NICs per rank, and one
-// setup path shared with the TCP and shared-memory transports.
+// Receives straight into registered user buffers, several NICs per rank,
+// and slot shapes per connection (every connection of a communicator has
+// the same Slots and SlotSize).
 package verbs
