@@ -3,6 +3,7 @@
 package ibv
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -418,4 +419,42 @@ func TestLoadErrors(t *testing.T) {
 	err = checkLoad("libc.so.6")
 	require.ErrorIs(t, err, ErrNoDevice)
 	require.ErrorContains(t, err, "libc.so.6 has no ibv_get_device_list@IBVERBS_1.1")
+}
+
+// The flush read (gdr.go) crosses as an RDMA read: its remote address and
+// key in the rdma union, its SGE the local destination, no immediate.
+func TestPostSendRead(t *testing.T) {
+	d := newFakeDevice(fakeQPN)
+	defer d.free()
+	wrs := []SendWR{{ID: 7, Op: OpRead, Flags: SendSignaled, SGE: SGE{Addr: 0x7f0000005000, Len: 1, LKey: 0x66},
+		Remote: 0x7f2000000000, RKey: 0x77}}
+	_, err := d.qp.PostSend(wrs)
+	require.NoError(t, err)
+	require.Empty(t, d.violation())
+	want := []fakeWR{{ID: 7, Op: OpRead, Flags: SendSignaled, NumSGE: 1, SGE: wrs[0].SGE, Remote: 0x7f2000000000, RKey: 0x77,
+		Call: 1, Pos: 0, Posted: true}}
+	require.Equal(t, want, d.sends())
+}
+
+// A failed registration of GPU memory says whether the way tried is
+// unsupported here (so the transport tries the next, or stages), or
+// failed for another reason.
+func TestDeviceMRErrors(t *testing.T) {
+	for _, c := range []struct {
+		dmabuf      bool
+		errno       syscall.Errno
+		unsupported bool
+	}{
+		{true, syscall.EOPNOTSUPP, true},
+		{true, syscall.EPROTONOSUPPORT, true},
+		{true, syscall.EFAULT, false},
+		{true, syscall.ENOMEM, false},
+		{false, syscall.EFAULT, true}, // no peer-memory client knows the address
+		{false, syscall.EINVAL, true},
+		{false, syscall.ENOMEM, false},
+	} {
+		err := deviceMRErr("ibv_reg_dmabuf_mr", c.dmabuf, c.errno)
+		require.ErrorIs(t, err, c.errno)
+		require.Equal(t, c.unsupported, errors.Is(err, ErrNotSupported), "dma-buf %v, %v", c.dmabuf, c.errno)
+	}
 }
