@@ -3,6 +3,7 @@ package ibemu
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/goccl/goccl/transport/verbs/ibv"
 )
@@ -19,6 +20,11 @@ type cq struct {
 	qps     []*qp
 	overrun bool
 	gone    bool
+
+	// For idle, read without mu: len(local), overrun or gone, and qps.
+	nlocal  atomic.Int32
+	flagged atomic.Bool
+	snap    atomic.Pointer[[]*qp]
 }
 
 type localWC struct {
@@ -32,7 +38,14 @@ var _ ibv.CQ = (*cq)(nil)
 func (c *cq) attach(q *qp) {
 	c.mu.Lock()
 	c.qps = append(c.qps, q)
+	c.publish()
 	c.mu.Unlock()
+}
+
+// publish copies qps for idle; mu is held.
+func (c *cq) publish() {
+	qs := append([]*qp(nil), c.qps...)
+	c.snap.Store(&qs)
 }
 
 func (c *cq) detach(q *qp) {
@@ -41,6 +54,7 @@ func (c *cq) detach(q *qp) {
 	for i, x := range c.qps {
 		if x == q {
 			c.qps = append(c.qps[:i], c.qps[i+1:]...)
+			c.publish()
 			return
 		}
 	}
@@ -50,10 +64,14 @@ func (c *cq) detach(q *qp) {
 func (c *cq) push(w ibv.WC, q *qp, seq uint64) {
 	c.mu.Lock()
 	c.local = append(c.local, localWC{w, q, seq})
+	c.nlocal.Store(int32(len(c.local)))
 	c.mu.Unlock()
 }
 
 func (c *cq) Poll(wc []ibv.WC) (int, error) {
+	if c.idle() {
+		return 0, nil
+	}
 	// QPs that failed with requests queued flush them now (their timers
 	// may be far off).
 	c.mu.Lock()
@@ -75,6 +93,7 @@ func (c *cq) Poll(wc []ibv.WC) (int, error) {
 		c.mu.Lock()
 	}
 	defer c.mu.Unlock()
+	defer func() { c.nlocal.Store(int32(len(c.local))) }()
 	if c.gone {
 		return 0, fmt.Errorf("ibemu: ibv_poll_cq on a destroyed CQ")
 	}
@@ -105,6 +124,7 @@ func (c *cq) Poll(wc []ibv.WC) (int, error) {
 	}
 	if pending > c.size {
 		c.overrun = true
+		c.flagged.Store(true)
 		for _, q := range c.qps {
 			q.view.setState(ibv.QPErr)
 		}
@@ -148,5 +168,27 @@ func (c *cq) Destroy() error {
 		return fmt.Errorf("ibemu: ibv_destroy_cq with %d QPs still using it", len(c.qps))
 	}
 	c.gone = true
+	c.flagged.Store(true)
 	return nil
+}
+
+// idle reports, without the lock, that a poll would find nothing: no
+// local completion, no inbound one, no failed QP with requests queued,
+// no overrun. Polls of an idle queue are the common case, and each must
+// not take the lock or read more than the one line a peer writes next.
+func (c *cq) idle() bool {
+	if c.nlocal.Load() != 0 || c.flagged.Load() {
+		return false
+	}
+	p := c.snap.Load()
+	if p == nil {
+		return !c.flagged.Load() && c.nlocal.Load() == 0
+	}
+	for _, q := range *p {
+		v := q.view
+		if v.ringValid(v.ringHead().Load()) || v.state() == ibv.QPErr || atomicU32(v.mem[segOverrun:]).Load() != 0 {
+			return false
+		}
+	}
+	return true
 }
