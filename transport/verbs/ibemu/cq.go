@@ -132,9 +132,8 @@ func (c *cq) Poll(wc []ibv.WC) (int, error) {
 		return 0, fmt.Errorf("ibemu: CQ overrun: %d completions waiting in a CQ of %d", pending, c.size)
 	}
 	n := 0
-	for n < len(wc) && len(c.local) > 0 {
-		l := c.local[0]
-		c.local = c.local[1:]
+	for n < len(wc) && n < len(c.local) {
+		l := c.local[n]
 		wc[n] = l.wc
 		n++
 		if l.q != nil && l.seq > 0 && l.q.retired.Load() < l.seq {
@@ -143,6 +142,8 @@ func (c *cq) Poll(wc []ibv.WC) (int, error) {
 			l.q.retired.Store(l.seq)
 		}
 	}
+	// Keep the rest at the front of the array, so that pushes reuse it.
+	c.local = c.local[:copy(c.local, c.local[n:])]
 	for _, q := range c.qps {
 		v := q.view
 		for n < len(wc) {
