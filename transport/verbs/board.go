@@ -17,7 +17,8 @@ import (
 // per peer and direction (transport/doc.go foresaw it).
 //
 // Each pair has a connection of its own on boardChannel, with one QP and
-// two 256-byte entries per direction, for even and odd collectives. To
+// two 256-byte entries per direction, for even and odd collectives (and
+// boardSources entries to send from, so that few requests are signaled). To
 // post collective seq, a rank writes {seq+1, signature, size, data} into
 // entry seq%2 of every peer with a write with immediate seq; to mark that
 // it runs seq elsewhere, it writes {seq+1, signature} into the peer's
@@ -38,6 +39,10 @@ const (
 	boardEntryLen = 256
 	// BoardMax is the largest contribution the board carries.
 	BoardMax = boardEntryLen - 16
+	// boardSources is how many entries a board connection sends from (its
+	// Slots: requests are signaled once every Slots); the peer's memory
+	// has two per direction all the same.
+	boardSources = 8
 )
 
 type board struct {
@@ -115,30 +120,36 @@ func (c *conn) boardWC(imm uint32) {
 }
 
 // write posts a board write of data (prefixed by seq+1 and sig) to c's
-// peer: into its entry seq%2, or with mark into its mark entry.
+// peer: into its entry seq%2, or with mark into its mark entry. The
+// source is one of boardSources entries here (data and marks each have
+// their own), so that a request is signaled only once every
+// boardSources: a source is reused only once the request that read it
+// has completed.
 func (b *board) write(c *conn, seq uint64, sig uint32, data []byte, mark bool) error {
-	i := int(seq % 2)
-	if !c.isDone(c.staged[i]) {
-		// The source entry of seq-2 is still being read.
-		if err := c.fence(c.staged[i]); err != nil {
+	i, j := int(seq%2), int(seq%boardSources)
+	used := &c.staged[j]
+	src := c.mem.B[c.l.l0+j*boardEntryLen : c.l.l0+(j+1)*boardEntryLen]
+	remote := c.remote.Addr + uint64(c.l.pay+i*boardEntryLen) // the board's layout is the same on both ends
+	imm := uint32(seq) & immMask
+	n := 16 + len(data)
+	if mark {
+		used = &c.ctsUsed[j]
+		src = c.mem.B[c.l.l1+j*hdrLen : c.l.l1+(j+1)*hdrLen]
+		remote = c.remote.Addr + uint64(i*hdrLen)
+		imm |= immCTS
+		n = 16
+	}
+	if !c.isDone(*used) {
+		// The source entry of seq-boardSources is still being read.
+		if err := c.fence(*used); err != nil {
 			return err
 		}
-		for !c.isDone(c.staged[i]) {
+		for !c.isDone(*used) {
 			if err := c.broken("send"); err != nil {
 				return err
 			}
 			c.poll()
 		}
-	}
-	src := c.mem.B[c.l.l0+i*boardEntryLen : c.l.l0+(i+1)*boardEntryLen]
-	remote := c.remote.Addr + uint64(c.l.pay+i*boardEntryLen) // the board's layout is the same on both ends
-	imm := uint32(seq) & immMask
-	n := 16 + len(data)
-	if mark {
-		src = c.mem.B[c.l.l1+i*hdrLen : c.l.l1+(i+1)*hdrLen]
-		remote = c.remote.Addr + uint64(i*hdrLen)
-		imm |= immCTS
-		n = 16
 	}
 	binary.LittleEndian.PutUint64(src, seq+1)
 	binary.LittleEndian.PutUint32(src[8:], sig)
@@ -150,7 +161,7 @@ func (b *board) write(c *conn, seq uint64, sig uint32, data []byte, mark bool) e
 	if err != nil {
 		return err
 	}
-	c.staged[i] = ref
+	*used = ref
 	return nil
 }
 

@@ -185,7 +185,7 @@ func newConn(e *Endpoint, peer, ch int, ctl net.Conn) (*conn, error) {
 	o := e.o
 	slots, slotSize := o.Slots, o.SlotSize
 	if ch == boardChannel {
-		slots, slotSize = 2, boardEntryLen // an entry per collective parity
+		slots, slotSize = boardSources, boardEntryLen // the peer writes entries 0 and 1 only (board.go)
 	}
 	dev := ch >= transport.DeviceChannels
 	gdr := dev && e.gdr.direct()
