@@ -42,8 +42,9 @@ import (
 // last read it is known to be done, a zero-length signaled write fences
 // the QP.
 
-// clearAfter is how long a wait lasts before the clearances Release held
-// back go out: longer than a quick exchange takes.
+// clearAfter is how long a wait lasts (counted from its 64th poll)
+// before the clearances Release held back go out: longer than a quick
+// exchange takes.
 const clearAfter = 10 * time.Microsecond
 
 // sigEvery is how many requests a QP posts per signaled one.
@@ -211,7 +212,9 @@ func (c *conn) waitFor(ctx context.Context, op string, ready func() bool) error 
 	if ready() {
 		return nil
 	}
-	start := time.Now()
+	// The clock is read only once the wait has lasted 64 polls: most
+	// waits end sooner, and a read of it costs as much as a poll.
+	var start time.Time
 	sleep := time.Duration(0)
 	cleared := false
 	for i := 1; ; i++ {
@@ -245,6 +248,10 @@ func (c *conn) waitFor(ctx context.Context, op string, ready func() bool) error 
 		if i%64 == 0 {
 			if ctx.Err() != nil {
 				return &transport.PeerError{Peer: c.peer, Op: op, Err: context.Cause(ctx)}
+			}
+			if start.IsZero() {
+				start = time.Now()
+				continue
 			}
 			if !cleared && time.Since(start) > clearAfter {
 				// Not a quick exchange: clear every peer of the channel
