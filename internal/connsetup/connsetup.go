@@ -36,6 +36,10 @@ type Acceptor struct {
 	Purpose wire.Purpose
 	Timeout time.Duration // for a connection to authenticate and be set up
 	Log     *slog.Logger
+	// Vet, if set, looks at a connection before anything is read from it
+	// (the peer's credentials on a Unix socket); an error closes it, and
+	// is logged as a drop.
+	Vet func(net.Conn) error
 	// Check decides whether a connection setup is acceptable here; its
 	// error is sent to the dialer as the refusal.
 	Check func(wire.ConnSetup) error
@@ -104,6 +108,12 @@ func (a *Acceptor) serve(c net.Conn) {
 			c.Close()
 		}
 	}()
+	if a.Vet != nil {
+		if err := a.Vet(c); err != nil {
+			a.Drop(c, err)
+			return
+		}
+	}
 	c.SetDeadline(time.Now().Add(a.Timeout))
 	_, typ, payload, err := handshake.Server(c, a.Secret, a.Purpose, 64)
 	if err != nil {
