@@ -104,6 +104,11 @@ type Config struct {
 	// serverAuth and clientAuth extended key usages (or none). Shared
 	// memory stays within the host and does not use TLS.
 	TLSCert, TLSKey, TLSCA string
+	// Insecure lets InitFromEnv start a job that has no GOCCL_SECRET:
+	// its connections are then checked for protocol version and job, but
+	// not authenticated (GOCCL_INSECURE=1; logged at WARN). For trusted
+	// clusters only: without it, InitFromEnv refuses (ErrNoSecret).
+	Insecure bool
 	// tls is what those files make, loaded once by resolve; nil without TLS.
 	tls *tls.Config
 	// devices are the GPUs of WithDevice; nil: host memory only.
@@ -294,6 +299,7 @@ const (
 	EnvTLSCert     = "GOCCL_TLS_CERT"     // PEM: this rank's certificate
 	EnvTLSKey      = "GOCCL_TLS_KEY"      // PEM: its private key
 	EnvTLSCA       = "GOCCL_TLS_CA"       // PEM: the CA that signed every rank's certificate
+	EnvInsecure    = "GOCCL_INSECURE"     // 1: InitFromEnv runs without GOCCL_SECRET, unauthenticated
 
 	EnvIBHCA      = "GOCCL_IB_HCA"                // NCCL_IB_HCA's syntax: mlx5_0:1,mlx5_1 / ^mlx5_1 / =mlx5_0
 	EnvIBGIDIndex = "GOCCL_IB_GID_INDEX"          // a GID table index
@@ -465,6 +471,15 @@ func fromEnv(lookup func(string) (string, bool)) (Config, error) {
 			} else {
 				*e.dst = n
 			}
+		}
+	}
+	if v, ok := lookup(EnvInsecure); ok && strings.TrimSpace(v) != "" {
+		switch strings.TrimSpace(v) {
+		case "1", "true", "yes":
+			c.Insecure = true
+		case "0", "false", "no":
+		default:
+			return c, bad(EnvInsecure, v, "1 or 0")
 		}
 	}
 	if v, ok := lookup(EnvIBEmulate); ok && strings.TrimSpace(v) != "" {

@@ -26,6 +26,10 @@ var (
 	ErrMismatch = errors.New("goccl: ranks disagree about the operation")
 	// ErrNilComm: a nil *Comm was passed.
 	ErrNilComm = errors.New("goccl: nil communicator")
+	// ErrNoSecret: InitFromEnv found launcher variables but no
+	// GOCCL_SECRET (and no GOCCL_INSECURE=1): it does not start a job
+	// that anyone who reaches the root could join.
+	ErrNoSecret = errors.New("goccl: GOCCL_SECRET is not set")
 )
 
 // OpError is the failure of one operation on one rank, after it was

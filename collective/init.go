@@ -518,12 +518,14 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 // PMI_SIZE); Slurm's (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID). Without
 // GOCCL_ID, rank 0 hosts the root at GOCCL_ROOT (or MASTER_ADDR:MASTER_PORT).
 //
-// Without GOCCL_SECRET (and without GOCCL_ID), the key is derived from the
-// root address and the world size: connections are still checked for
-// protocol version and job, but not authenticated, and anyone who can
-// reach the root's port can join. Set GOCCL_SECRET to the same 32 hex
-// digits on every rank (openssl rand -hex 16) to authenticate; goccl-run
-// does. See docs/launchers.md.
+// Without GOCCL_SECRET (and without GOCCL_ID), InitFromEnv refuses to
+// start, with ErrNoSecret: anyone who can reach the root's port could
+// join such a job. Set GOCCL_SECRET to the same 32 hex digits on every
+// rank before the launcher starts them (openssl rand -hex 16); goccl-run
+// makes its own. GOCCL_INSECURE=1 (Config.Insecure) runs without one on a
+// trusted cluster: the key is then derived from the root address and the
+// world size, so connections are checked for protocol version and job
+// but not authenticated. See docs/launchers.md and docs/security.md.
 func InitFromEnv(ctx context.Context, opts ...Option) (*Comm, error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: InitFromEnv: nil context", ErrInvalidArgument)
@@ -546,8 +548,14 @@ func InitFromEnv(ctx context.Context, opts ...Option) (*Comm, error) {
 		if env.Secret != "" {
 			hex.Decode(id.secret[:], []byte(env.Secret)) // launch.FromEnv checked it
 		} else {
+			if !cfg.Insecure {
+				return nil, fmt.Errorf("%w (this rank was started by %s): anyone who can reach %s could join the job and read its data. "+
+					"Give every rank the same secret before the launcher starts them: export GOCCL_SECRET=$(openssl rand -hex 16) "+
+					"(mpirun: -x GOCCL_SECRET; Kubernetes: from a Secret; see docs/launchers.md), "+
+					"or set GOCCL_INSECURE=1 to run unauthenticated on a trusted cluster", ErrNoSecret, launcherName(env.Source), env.Root)
+			}
 			unauthenticatedWarning.Do(func() {
-				slog.Warn("goccl: GOCCL_SECRET is not set: connections are not authenticated (see docs/launchers.md)")
+				slog.Warn("goccl: GOCCL_INSECURE=1 and no GOCCL_SECRET: connections are not authenticated; anyone who can reach the root can join (see docs/security.md)", "root", env.Root)
 			})
 			sum := sha256.Sum256([]byte(fmt.Sprintf("goccl unauthenticated job %s %d", env.Root, env.Size)))
 			copy(id.secret[:], sum[:])
@@ -573,6 +581,23 @@ func InitFromEnv(ctx context.Context, opts ...Option) (*Comm, error) {
 }
 
 var unauthenticatedWarning sync.Once
+
+// launcherName names the launcher whose variables gave the rank.
+func launcherName(source string) string {
+	switch source {
+	case "goccl":
+		return "goccl's variables (GOCCL_RANK, GOCCL_WORLD_SIZE)"
+	case "torchrun":
+		return "torchrun or Kubeflow (RANK, WORLD_SIZE)"
+	case "openmpi":
+		return "Open MPI's mpirun"
+	case "mpich":
+		return "MPICH, Hydra or Intel MPI"
+	case "slurm":
+		return "Slurm's srun"
+	}
+	return source
+}
 
 type hostLoad struct{ ranks, cpus int }
 

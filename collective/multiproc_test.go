@@ -209,10 +209,10 @@ func TestMultiProcessDefaultTransport(t *testing.T) {
 	}
 }
 
-func TestMultiProcessLaunchers(t *testing.T) {
-	const n = 2
-	port := strconv.Itoa(freePort(t))
-	sets := map[string]func(r int) []string{
+// launcherSets are the variables each launcher gives rank r of a job of
+// two whose root is on port, without a secret.
+func launcherSets(port string) map[string]func(r int) []string {
+	return map[string]func(r int) []string{
 		"torchrun": func(r int) []string {
 			return []string{"RANK=" + strconv.Itoa(r), "WORLD_SIZE=2", "LOCAL_RANK=" + strconv.Itoa(r), "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port}
 		},
@@ -223,22 +223,58 @@ func TestMultiProcessLaunchers(t *testing.T) {
 			return []string{"PMI_RANK=" + strconv.Itoa(r), "PMI_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port}
 		},
 		"slurm": func(r int) []string {
-			return []string{"SLURM_PROCID=" + strconv.Itoa(r), "SLURM_NTASKS=2", "SLURM_LOCALID=" + strconv.Itoa(r), "GOCCL_ROOT=127.0.0.1:" + port, "GOCCL_SECRET=0123456789abcdef0123456789abcdef"}
+			return []string{"SLURM_PROCID=" + strconv.Itoa(r), "SLURM_NTASKS=2", "SLURM_LOCALID=" + strconv.Itoa(r), "GOCCL_ROOT=127.0.0.1:" + port}
 		},
 		"goccl": func(r int) []string {
-			return []string{"GOCCL_RANK=" + strconv.Itoa(r), "GOCCL_WORLD_SIZE=2", "GOCCL_ROOT=127.0.0.1:" + port, "GOCCL_SECRET=0123456789abcdef0123456789abcdef"}
+			return []string{"GOCCL_RANK=" + strconv.Itoa(r), "GOCCL_WORLD_SIZE=2", "GOCCL_ROOT=127.0.0.1:" + port}
 		},
 	}
-	for name, set := range sets {
+}
+
+func TestMultiProcessLaunchers(t *testing.T) {
+	const n = 2
+	for name, set := range launcherSets(strconv.Itoa(freePort(t))) {
 		t.Run(name, func(t *testing.T) {
 			envs := make([][]string, n)
 			for r := range envs {
-				envs[r] = append(set(r), "GOCCL_INIT_TIMEOUT=60s")
+				envs[r] = append(set(r), "GOCCL_INIT_TIMEOUT=60s", "GOCCL_SECRET=0123456789abcdef0123456789abcdef")
 			}
 			res := spawn(t, "smoke", envs, nil)
 			requireAllOK(t, res)
 			for _, r := range res {
 				require.Contains(t, r.output, "ok", "rank %d", r.rank)
+			}
+		})
+	}
+}
+
+// Without GOCCL_SECRET every launcher's ranks refuse to start, saying how
+// to set one, and no root listens meanwhile; GOCCL_INSECURE=1 runs them
+// unauthenticated, with a warning that says so.
+func TestMultiProcessLaunchersNeedASecret(t *testing.T) {
+	const n = 2
+	for name, set := range launcherSets(strconv.Itoa(freePort(t))) {
+		t.Run(name, func(t *testing.T) {
+			envs := make([][]string, n)
+			for r := range envs {
+				envs[r] = append(set(r), "GOCCL_INIT_TIMEOUT=10s")
+			}
+			start := time.Now()
+			res := spawn(t, "smoke", envs, nil)
+			require.Less(t, time.Since(start), 8*time.Second, "refused at once, not after a timeout")
+			for _, r := range res {
+				require.NotEqual(t, 0, r.code, "rank %d started without a secret", r.rank)
+				require.Contains(t, r.output, "GOCCL_SECRET is not set", "rank %d", r.rank)
+				require.Contains(t, r.output, "export GOCCL_SECRET=$(openssl rand -hex 16)", "rank %d", r.rank)
+				require.Contains(t, r.output, "GOCCL_INSECURE=1", "rank %d", r.rank)
+			}
+			for r := range envs {
+				envs[r] = append(envs[r], "GOCCL_INSECURE=1")
+			}
+			res = spawn(t, "smoke", envs, nil)
+			requireAllOK(t, res)
+			for _, r := range res {
+				require.Contains(t, r.output, "connections are not authenticated", "rank %d", r.rank)
 			}
 		})
 	}
