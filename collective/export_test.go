@@ -10,3 +10,6 @@ func NewLocalGroupNet(n int, opts ...Option) ([]*Comm, *mem.Network, error) {
 
 // GDRAllowedIn is gdrAllowed on a fake sysfs tree.
 var GDRAllowedIn = gdrAllowedIn
+
+// RootListenAddr is rootListenAddr on the given interfaces.
+var RootListenAddr = rootListenAddr

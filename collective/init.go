@@ -219,6 +219,11 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	if err != nil {
 		return fail(err)
 	}
+	if cfg.SocketIfname == "" && loopbackRoot(id.addr) {
+		// The root is reachable from this host only, so every rank is
+		// here: listen on loopback, not on an interface others can reach.
+		addrs = loopbackAddrs(id.addr)
+	}
 	// Both listeners exist before this rank is announced, so that a peer
 	// that dials at once finds them.
 	ln, err := net.Listen("tcp", net.JoinHostPort(addrs[0].Host(), "0"))
@@ -561,8 +566,8 @@ func InitFromEnv(ctx context.Context, opts ...Option) (*Comm, error) {
 			copy(id.secret[:], sum[:])
 		}
 		if env.Rank == 0 {
-			_, port, _ := net.SplitHostPort(env.Root)
-			r, err := bootstrap.StartRoot(net.JoinHostPort("", port), bootstrap.RootOptions{
+			ifs, _ := netif.System() // none: every interface, as before
+			r, err := bootstrap.StartRoot(rootListenAddr(env.Root, ifs), bootstrap.RootOptions{
 				Secret: id.secret[:], Version: Version, Timeout: cfg.InitTimeout, Watch: true, TLS: cfg.tls})
 			if err != nil {
 				return nil, fmt.Errorf("goccl: rank 0 hosts the root at %s: %w", env.Root, err)

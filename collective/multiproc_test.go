@@ -523,6 +523,18 @@ func childMain(scenario string) int {
 	}
 	defer c.Close()
 	switch scenario {
+	case "listeners":
+		lns, err := ownTCPListeners()
+		if err != nil {
+			return fail("%v", err)
+		}
+		for _, l := range lns {
+			fmt.Println("listening on", l)
+		}
+		v := []int64{1}
+		if err := collective.AllReduce(ctx, c, v, v, collective.Sum); err != nil {
+			return fail("%v", err)
+		}
 	case "smoke":
 		v := []int64{int64(c.Rank() + 1)}
 		if err := collective.AllReduce(ctx, c, v, v, collective.Sum); err != nil {
