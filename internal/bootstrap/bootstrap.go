@@ -702,6 +702,7 @@ func join(ctx context.Context, addr string, secret []byte, info wire.PeerInfo, o
 func dialRoot(ctx context.Context, addr string, secret []byte, tlsCfg *tls.Config, first func() (wire.FrameType, []byte)) (net.Conn, error) {
 	backoff := 10 * time.Millisecond
 	var last error
+	warned := false
 	for attempt := 0; ; attempt++ {
 		d := net.Dialer{Timeout: 5 * time.Second}
 		raw, err := d.DialContext(ctx, "tcp", addr)
@@ -731,8 +732,14 @@ func dialRoot(ctx context.Context, addr string, secret []byte, tlsCfg *tls.Confi
 				return nil, fmt.Errorf("TLS with the root at %s: %w", addr, terr.Err)
 			case errors.Is(err, handshake.ErrAuth):
 				return nil, fmt.Errorf("the root at %s does not know this job's secret (a different GOCCL_SECRET, or another job's root on that port): %w", addr, err)
-			case errors.As(err, &rej):
+			case errors.As(err, &rej) && !rej.Unproven:
 				return nil, fmt.Errorf("the root at %s: %w", addr, err)
+			case errors.As(err, &rej) && !warned:
+				// Not believed (a stranger on the port can send it), so
+				// the retries go on; said at once all the same, since it
+				// is usually a real rank's settings that differ.
+				warned = true
+				slog.Warn("goccl: the root refused this rank before proving it knows the job's secret; retrying until the init deadline", "root", addr, "err", err)
 			}
 		}
 		if errors.As(err, &terr) {
@@ -768,5 +775,5 @@ func rejectInsteadOfTLS(err error, raw net.Conn) *handshake.RejectedError {
 	if err != nil {
 		return nil
 	}
-	return &handshake.RejectedError{Reason: r.Reason}
+	return &handshake.RejectedError{Reason: r.Reason, Unproven: true}
 }

@@ -214,13 +214,13 @@ func (d *Dialer) Dial(ctx context.Context, addr string, s wire.ConnSetup, then f
 			c.Close()
 			var rej *handshake.RejectedError
 			var perm *permanentError
-			if errors.Is(err, handshake.ErrAuth) || errors.As(err, &rej) || errors.As(err, &perm) || ctx.Err() != nil {
+			if errors.Is(err, handshake.ErrAuth) || errors.As(err, &rej) && !rej.Unproven || errors.As(err, &perm) || ctx.Err() != nil {
 				return nil, err
 			}
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("%v: %w", err, context.Cause(ctx))
+			return nil, fmt.Errorf("%w: %w", err, context.Cause(ctx))
 		case <-d.Done:
 			return nil, transport.ErrClosed
 		case <-time.After(backoff):

@@ -145,3 +145,37 @@ func TestPending(t *testing.T) {
 	require.Equal(t, []int{9}, p.Close(), "delivered, never collected")
 	require.False(t, p.Deliver(Key{Peer: 4}, 1), "closed")
 }
+
+// A stranger that answers every dial with a refusal, before any proof,
+// neither ends the retries nor gets its text printed raw (issue 19): the
+// dial goes on until its context ends, and the error quotes the text.
+func TestUnprovenRefusalsAreRetriedAndQuoted(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	var answered atomic.Int32
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			answered.Add(1)
+			handshake.Reject(c, "go away\x1b[2J\x1b[31m")
+			c.Close()
+		}
+	}()
+	d := Dialer{Network: "tcp", Secret: secret, Purpose: wire.PurposeData, Timeout: time.Second}
+	ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err = d.Dial(ctx, ln.Addr().String(), wire.ConnSetup{From: 1, To: 2}, nil)
+	require.Error(t, err)
+	require.GreaterOrEqual(t, time.Since(start), 650*time.Millisecond, "retried until the context ended")
+	require.Greater(t, answered.Load(), int32(1), "more than one attempt")
+	require.Contains(t, err.Error(), `"go away\x1b[2J\x1b[31m"`, "the text, quoted")
+	require.NotContains(t, err.Error(), "\x1b", "no raw escape sequence")
+	var rej *handshake.RejectedError
+	require.ErrorAs(t, err, &rej)
+	require.True(t, rej.Unproven)
+}

@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"time"
 
 	"github.com/goccl/goccl/internal/wire"
@@ -56,7 +57,8 @@ func Client(rw io.ReadWriter, secret []byte, purpose wire.Purpose, first func() 
 		if err != nil {
 			return fmt.Errorf("malformed reject: %w", err)
 		}
-		return &RejectedError{Reason: r.Reason}
+		// Anyone listening on the port can send this: it proves nothing.
+		return &RejectedError{Reason: r.Reason, Unproven: true}
 	case wire.FrameChallenge:
 	default:
 		return fmt.Errorf("expected a challenge, got a %v frame", typ)
@@ -76,10 +78,34 @@ func Client(rw io.ReadWriter, secret []byte, purpose wire.Purpose, first func() 
 }
 
 // RejectedError is the reason a server gave for refusing the connection
-// (another protocol version, another purpose). Retrying will not help.
-type RejectedError struct{ Reason string }
+// (another protocol version, another purpose, a setup it does not take).
+// A refusal that came before the server proved it knows the secret is
+// Unproven: a stranger who answers on the port can send one, so a dialer
+// treats it as a failed attempt and retries, and only a proven refusal
+// ends its retries. The reason is the peer's text, quoted when printed.
+type RejectedError struct {
+	Reason   string
+	Unproven bool
+}
 
-func (e *RejectedError) Error() string { return "refused by the peer: " + e.Reason }
+func (e *RejectedError) Error() string {
+	if e.Unproven {
+		return "refused before proving it knows this job's secret (another version of goccl, or not a rank of this job): " + Quote(e.Reason)
+	}
+	return "refused by the peer: " + Quote(e.Reason)
+}
+
+// maxQuoted bounds how much of a peer's text an error carries.
+const maxQuoted = 256
+
+// Quote makes a peer's text safe to print: quoted, with control
+// characters and escape sequences escaped, and cut at maxQuoted bytes.
+func Quote(s string) string {
+	if len(s) > maxQuoted {
+		s = s[:maxQuoted] + "..."
+	}
+	return strconv.Quote(s)
+}
 
 // Server runs the server side over rw and returns the client's Hello and
 // its authenticated first frame (of at most maxFirst payload bytes). A

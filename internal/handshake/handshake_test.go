@@ -3,6 +3,7 @@ package handshake
 import (
 	"errors"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -157,4 +158,27 @@ func TestTruncatedHelloTimesOut(t *testing.T) {
 	err := <-done
 	var ne net.Error
 	require.True(t, errors.As(err, &ne) && ne.Timeout(), "got %v", err)
+}
+
+// A refusal before the server's proof says so and quotes the peer's text;
+// one after it is the peer's word (issue 19).
+func TestRefusalsAreQuotedAndUnprovenOnesSaySo(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	go func() {
+		buf := make([]byte, 64)
+		b.Read(buf) // the hello
+		Reject(b, "\x1b]0;owned\x07 stop")
+	}()
+	err := Client(a, []byte("0123456789abcdef0123456789abcdef"), wire.PurposeData, func() (wire.FrameType, []byte) { return wire.FrameConnSetup, nil })
+	var rej *RejectedError
+	require.ErrorAs(t, err, &rej)
+	require.True(t, rej.Unproven)
+	require.Contains(t, err.Error(), "before proving it knows this job's secret")
+	require.Contains(t, err.Error(), `"\x1b]0;owned\a stop"`)
+	require.NotContains(t, err.Error(), "\x1b")
+	long := (&RejectedError{Reason: strings.Repeat("x", 1000)}).Error()
+	require.Less(t, len(long), 300, "a long reason is cut")
+	require.True(t, strings.HasPrefix(long, "refused by the peer: "))
 }
