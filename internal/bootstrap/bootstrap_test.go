@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -373,5 +374,45 @@ func TestWatchShrink(t *testing.T) {
 			require.Equal(t, fmt.Sprintf("127.0.0.1:%d", 7000+old), tab.Peers[k].DataAddr)
 		}
 		ws[rank].Bye()
+	}
+}
+
+// Strangers who get as far as the first frame (a response with any proof
+// and a header that claims a megabyte) and then stop cost the root what
+// they sent, not what their headers claim (issue 19: about 1 MiB each).
+func TestStrangersFirstFramesCostWhatTheySend(t *testing.T) {
+	r, err := StartRoot("127.0.0.1:0", RootOptions{Secret: secret, Version: "v1", Logger: quiet()})
+	require.NoError(t, err)
+	defer r.Close()
+	runtime.GC()
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	const n = 60
+	var conns []net.Conn
+	for range n {
+		c, err := net.Dial("tcp", r.Addr().String())
+		require.NoError(t, err)
+		conns = append(conns, c)
+		h := wire.Hello{Version: wire.ProtocolVersion, Purpose: wire.PurposeBootstrap}
+		_, err = c.Write(h.Append(nil))
+		require.NoError(t, err)
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		typ, _, err := handshake.ReadFrame(c, 1024)
+		require.NoError(t, err)
+		require.Equal(t, wire.FrameChallenge, typ)
+		var zero wire.Response
+		resp := wire.AppendFrame(nil, wire.FrameResponse, zero.Append(nil))
+		first := wire.AppendFrame(nil, wire.FramePeerInfo, make([]byte, wire.MaxTopology))[:wire.FrameHeaderLen]
+		_, err = c.Write(append(append(resp, first...), make([]byte, 100)...))
+		require.NoError(t, err)
+	}
+	time.Sleep(200 * time.Millisecond) // the root reads what came
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	grew := int64(after.HeapInuse) - int64(before.HeapInuse)
+	t.Logf("%d strangers mid first frame: heap grew %d KiB", n, grew>>10)
+	require.Less(t, grew, int64(16<<20), "well under the %d MiB their headers claim", n)
+	for _, c := range conns {
+		c.Close()
 	}
 }

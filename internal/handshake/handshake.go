@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strconv"
 	"time"
 
@@ -201,12 +202,31 @@ func ReadFrame(r io.Reader, max int) (wire.FrameType, []byte, error) {
 	if n > max {
 		return 0, nil, fmt.Errorf("a %v frame of %d bytes exceeds the %d expected here", typ, n, max)
 	}
-	payload := make([]byte, n)
-	if _, err := io.ReadFull(r, payload); err != nil {
-		return 0, nil, err
+	if n <= readChunk {
+		payload := make([]byte, n)
+		if _, err := io.ReadFull(r, payload); err != nil {
+			return 0, nil, err
+		}
+		return typ, payload, nil
+	}
+	// A large frame grows as its bytes arrive, not as its header says:
+	// a stranger's header alone (a first frame is read before its proof
+	// can be checked) costs the reader nothing.
+	payload := make([]byte, 0, readChunk)
+	for len(payload) < n {
+		k := min(n-len(payload), readChunk)
+		payload = slices.Grow(payload, k)
+		m, err := io.ReadFull(r, payload[len(payload):len(payload)+k])
+		payload = payload[:len(payload)+m]
+		if err != nil {
+			return 0, nil, err
+		}
 	}
 	return typ, payload, nil
 }
+
+// readChunk is how much of a frame ReadFrame allocates ahead of its bytes.
+const readChunk = 64 << 10
 
 // WriteFrame writes one frame.
 func WriteFrame(w io.Writer, t wire.FrameType, payload []byte) error {

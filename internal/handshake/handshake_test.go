@@ -1,7 +1,10 @@
 package handshake
 
 import (
+	"bytes"
 	"errors"
+	"io"
+	"runtime"
 	"net"
 	"strings"
 	"testing"
@@ -181,4 +184,25 @@ func TestRefusalsAreQuotedAndUnprovenOnesSaySo(t *testing.T) {
 	long := (&RejectedError{Reason: strings.Repeat("x", 1000)}).Error()
 	require.Less(t, len(long), 300, "a long reason is cut")
 	require.True(t, strings.HasPrefix(long, "refused by the peer: "))
+}
+
+// A frame's header cannot make the reader allocate what its bytes do not
+// bring (issue 19: the root allocated about 1 MiB per stranger's
+// connection before checking its proof).
+func TestReadFrameAllocatesAsBytesArrive(t *testing.T) {
+	hdr := wire.AppendFrame(nil, wire.FramePeerInfo, make([]byte, 1<<20))[:wire.FrameHeaderLen]
+	r := io.MultiReader(bytes.NewReader(hdr), bytes.NewReader(make([]byte, 1000)))
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	_, _, err := ReadFrame(r, 2<<20)
+	runtime.ReadMemStats(&after)
+	require.ErrorIs(t, err, io.ErrUnexpectedEOF, "the frame ends early")
+	require.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(256<<10), "allocated for 1000 bytes, not the 1 MiB the header claims")
+	// A whole frame still arrives whole.
+	want := bytes.Repeat([]byte("goccl"), 100_000)
+	typ, got, err := ReadFrame(bytes.NewReader(wire.AppendFrame(nil, wire.FramePeerInfo, want)), 1<<20)
+	require.NoError(t, err)
+	require.Equal(t, wire.FramePeerInfo, typ)
+	require.Equal(t, want, got)
 }
