@@ -32,7 +32,6 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/goccl/goccl/internal/handshake"
@@ -51,8 +50,9 @@ const (
 	// reportMargin is how much before the first waiting rank's deadline the
 	// root reports missing ranks.
 	reportMargin = 500 * time.Millisecond
-	// MaxHandshakes caps the connections a listener lets authenticate at
-	// once; more are closed on arrival.
+	// MaxHandshakes caps the connections the root lets authenticate at
+	// once; a newcomer beyond it closes the oldest of them (or of its own
+	// source), as handshake.Pending does for the data listeners.
 	MaxHandshakes = handshake.MaxPending
 )
 
@@ -82,9 +82,10 @@ type Root struct {
 	done chan struct{}
 	wg   sync.WaitGroup // accept loop and connection goroutines
 
-	handshakes atomic.Int32 // connections still authenticating
+	drops handshake.DropLog // sampled: a stranger hammering the port cannot flood the log
 
 	mu       sync.Mutex // guards the fields below
+	pending  handshake.Pending // connections still authenticating
 	nranks   int
 	regs     []*registration
 	count    int
@@ -182,18 +183,18 @@ func (r *Root) accept() {
 			continue
 		}
 		backoff = time.Millisecond
-		if r.handshakes.Add(1) > MaxHandshakes {
-			// Too many connections that have not authenticated: drop this
-			// one at once, so that strangers cannot exhaust descriptors.
-			r.handshakes.Add(-1)
-			c.Close()
-			continue
-		}
 		r.mu.Lock()
 		if r.finished {
 			r.mu.Unlock()
 			c.Close()
 			return
+		}
+		// Too many connections that have not authenticated: the oldest
+		// (of this one's source, when it holds its share) makes room, so
+		// that strangers can neither exhaust descriptors nor keep the
+		// ranks out.
+		if old := r.pending.Admit(c); old != nil {
+			old.Close()
 		}
 		r.conns[c] = struct{}{}
 		r.wg.Add(1)
@@ -203,9 +204,10 @@ func (r *Root) accept() {
 }
 
 func (r *Root) drop(c net.Conn, why error) {
-	r.log.Warn("goccl: bootstrap root dropped a connection", "from", c.RemoteAddr().String(), "err", why)
+	r.drops.Log(r.log, "goccl: bootstrap root dropped a connection", "from", c.RemoteAddr().String(), "err", why)
 	c.Close()
 	r.mu.Lock()
+	r.pending.Remove(c)
 	delete(r.conns, c)
 	r.refused++
 	r.lastDrop = fmt.Sprintf("from %s: %v", c.RemoteAddr(), why)
@@ -215,7 +217,15 @@ func (r *Root) drop(c net.Conn, why error) {
 // handle authenticates one connection and registers its rank.
 func (r *Root) handle(raw net.Conn) {
 	defer r.wg.Done()
-	raw.SetDeadline(time.Now().Add(HandshakeTimeout))
+	// A rank sends its hello (or its TLS ClientHello) at once: a silent
+	// stranger gets HelloTimeout (the TLS handshake and the hello twice
+	// that), the rest of the handshake HandshakeTimeout.
+	start := time.Now()
+	hello := handshake.HelloTimeout
+	if r.opts.TLS != nil {
+		hello *= 2
+	}
+	raw.SetDeadline(start.Add(min(hello, HandshakeTimeout)))
 	c := raw
 	if r.opts.TLS != nil {
 		tc := tls.Server(raw, r.opts.TLS)
@@ -226,14 +236,16 @@ func (r *Root) handle(raw net.Conn) {
 				// the TLS settings. Say so in the clear.
 				handshake.Reject(rh.Conn, "this job's root requires TLS: set GOCCL_TLS_CERT, GOCCL_TLS_KEY and GOCCL_TLS_CA on every rank")
 			}
-			r.handshakes.Add(-1)
 			r.drop(raw, fmt.Errorf("TLS: %w", err))
 			return
 		}
 		c = tc
 	}
-	_, typ, payload, err := handshake.Server(c, r.opts.Secret, wire.PurposeBootstrap, wire.MaxTopology+4*wire.MaxString+64)
-	r.handshakes.Add(-1)
+	_, typ, payload, err := handshake.Server(c, r.opts.Secret, wire.PurposeBootstrap, wire.MaxTopology+4*wire.MaxString+64,
+		func() { raw.SetDeadline(start.Add(HandshakeTimeout)) })
+	r.mu.Lock()
+	r.pending.Remove(raw)
+	r.mu.Unlock()
 	if err != nil {
 		r.drop(raw, err)
 		return

@@ -416,3 +416,48 @@ func TestStrangersFirstFramesCostWhatTheySend(t *testing.T) {
 		c.Close()
 	}
 }
+
+// 144 silent connections from a stranger, held open, do not keep the
+// ranks out (issue 19: the root refused every newcomer once 128 were
+// pending, for the 10 s they could sit silent, and init failed).
+func TestSilentFloodDoesNotKeepRanksOut(t *testing.T) {
+	r, err := StartRoot("127.0.0.1:0", RootOptions{Secret: secret, Version: "v1", Logger: quiet()})
+	require.NoError(t, err)
+	defer r.Close()
+	var flood []net.Conn
+	defer func() {
+		for _, c := range flood {
+			c.Close()
+		}
+	}()
+	for range 144 {
+		c, err := net.Dial("tcp", r.Addr().String())
+		require.NoError(t, err)
+		flood = append(flood, c)
+	}
+	const n = 3
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for rank := range n {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
+			defer cancel()
+			_, errs[rank] = Join(ctx, r.Addr().String(), secret, info(rank, n))
+		})
+	}
+	wg.Wait()
+	for rank, err := range errs {
+		require.NoError(t, err, "rank %d", rank)
+	}
+	t.Logf("3 ranks joined past 144 silent connections in %v", time.Since(start))
+	// The silent ones were let go within about the hello timeout.
+	closed := 0
+	for _, c := range flood {
+		c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		if _, err := c.Read(make([]byte, 1)); err != nil {
+			closed++
+		}
+	}
+	require.Equal(t, len(flood), closed, "every silent connection was closed")
+}

@@ -52,7 +52,8 @@ type Acceptor struct {
 	ln      net.Listener
 	wg      sync.WaitGroup
 	mu      sync.Mutex
-	setup   map[net.Conn]struct{}
+	setup   handshake.Pending // authenticating
+	serving map[net.Conn]struct{}
 	closed  bool
 	drops   handshake.DropLog
 	started bool
@@ -60,7 +61,7 @@ type Acceptor struct {
 
 // Start accepts on ln until Close. The acceptor owns ln.
 func (a *Acceptor) Start(ln net.Listener) {
-	a.ln, a.setup, a.started = ln, map[net.Conn]struct{}{}, true
+	a.ln, a.serving, a.started = ln, map[net.Conn]struct{}{}, true
 	if a.Log == nil {
 		a.Log = slog.Default()
 	}
@@ -74,8 +75,9 @@ func (a *Acceptor) Start(ln net.Listener) {
 func (a *Acceptor) admit(c net.Conn) handshake.Admission {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	adm := handshake.Admit(a.closed, a.setup, c)
+	adm := handshake.Admit(a.closed, &a.setup, c)
 	if adm == handshake.Serve {
+		a.serving[c] = struct{}{}
 		a.wg.Add(1)
 	}
 	return adm
@@ -102,7 +104,8 @@ func (a *Acceptor) serve(c net.Conn) {
 	kept := false
 	defer func() {
 		a.mu.Lock()
-		delete(a.setup, c)
+		a.setup.Remove(c)
+		delete(a.serving, c)
 		a.mu.Unlock()
 		if !kept {
 			c.Close()
@@ -114,8 +117,16 @@ func (a *Acceptor) serve(c net.Conn) {
 			return
 		}
 	}
-	c.SetDeadline(time.Now().Add(a.Timeout))
-	_, typ, payload, err := handshake.Server(c, a.Secret, a.Purpose, 64)
+	start := time.Now()
+	c.SetDeadline(start.Add(min(handshake.HelloTimeout, a.Timeout)))
+	_, typ, payload, err := handshake.Server(c, a.Secret, a.Purpose, 64, func() { c.SetDeadline(start.Add(a.Timeout)) })
+	if err == nil {
+		// Authenticated: no longer one of the pending that strangers can
+		// crowd out.
+		a.mu.Lock()
+		a.setup.Remove(c)
+		a.mu.Unlock()
+	}
 	if err != nil {
 		a.Drop(c, err)
 		return
@@ -143,7 +154,7 @@ func (a *Acceptor) serve(c net.Conn) {
 func (a *Acceptor) SettingUp() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return len(a.setup)
+	return len(a.serving)
 }
 
 // Close stops accepting, closes the connections still being set up (a
@@ -156,7 +167,7 @@ func (a *Acceptor) Close() {
 	a.mu.Lock()
 	a.closed = true
 	a.ln.Close()
-	for c := range a.setup {
+	for c := range a.serving {
 		c.Close()
 	}
 	a.mu.Unlock()

@@ -179,3 +179,31 @@ func TestUnprovenRefusalsAreRetriedAndQuoted(t *testing.T) {
 	require.ErrorAs(t, err, &rej)
 	require.True(t, rej.Unproven)
 }
+
+// 144 silent connections from a stranger, held open at a rank's data
+// port, do not keep a peer out (issue 19: the first all-reduce timed out).
+func TestSilentFloodDoesNotKeepPeersOut(t *testing.T) {
+	served := make(chan struct{}, 1)
+	_, addr := acceptor(t, func(wire.ConnSetup) error { return nil }, func(c net.Conn, s wire.ConnSetup) bool {
+		served <- struct{}{}
+		return false
+	})
+	var flood []net.Conn
+	defer func() {
+		for _, c := range flood {
+			c.Close()
+		}
+	}()
+	for range 144 {
+		c, err := net.Dial("tcp", addr)
+		require.NoError(t, err)
+		flood = append(flood, c)
+	}
+	d := Dialer{Network: "tcp", Secret: secret, Purpose: wire.PurposeData, Timeout: 2 * time.Second}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := d.Dial(ctx, addr, wire.ConnSetup{From: 1, To: 2, NSocks: 1}, nil)
+	require.NoError(t, err)
+	c.Close()
+	<-served
+}

@@ -14,14 +14,113 @@ type Admission int
 
 const (
 	Serve Admission = iota // hand it to serve
-	Drop                   // close it and go on (too many still authenticating)
+	Drop                   // close it and go on
 	Stop                   // close it and stop accepting (the owner is closing)
 )
 
-// MaxPending caps the connections a listener lets authenticate at once;
-// more are dropped on arrival, so that strangers cannot exhaust file
-// descriptors.
-const MaxPending = 128
+// Limits on the connections a listener lets authenticate at once, so
+// that strangers can neither exhaust file descriptors nor keep a job's
+// ranks out (issue 19: 128 silent connections from a stranger, held for
+// the setup timeout, used to refuse every newcomer and stop the job).
+const (
+	// MaxPending caps the connections still authenticating; when it is
+	// reached the oldest of them is closed to make room, not the newcomer.
+	MaxPending = 128
+	// MaxPendingPerSource caps those of one source address (TCP): its own
+	// oldest makes room for a newcomer from it, so one host's strangers
+	// hold at most this many of the slots.
+	MaxPendingPerSource = 32
+	// HelloTimeout is how long a new connection has to send its hello:
+	// a rank sends it at once, a silent stranger is closed soon.
+	HelloTimeout = time.Second
+)
+
+// Pending is the table of a listener's connections still authenticating,
+// in arrival order. Its owner guards it with its own lock.
+type Pending struct {
+	conns    map[net.Conn]pendingConn
+	bySource map[string]int
+	seq      uint64
+}
+
+type pendingConn struct {
+	seq    uint64
+	source string // "" where the address says nothing (Unix sockets)
+}
+
+// sourceOf is the part of c's remote address that names its sender: the
+// IP of a TCP peer.
+func sourceOf(c net.Conn) string {
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		return a.IP.String()
+	}
+	return ""
+}
+
+// Admit files c and returns the connection to close to make room for it
+// (nil if none): the oldest of c's source once that source has
+// MaxPendingPerSource pending, else the oldest of all once MaxPending are.
+func (p *Pending) Admit(c net.Conn) (evict net.Conn) {
+	if p.conns == nil {
+		p.conns, p.bySource = map[net.Conn]pendingConn{}, map[string]int{}
+	}
+	src := sourceOf(c)
+	switch {
+	case src != "" && p.bySource[src] >= MaxPendingPerSource:
+		evict = p.oldest(func(pc pendingConn) bool { return pc.source == src })
+	case len(p.conns) >= MaxPending:
+		evict = p.oldest(func(pendingConn) bool { return true })
+	}
+	if evict != nil {
+		p.Remove(evict)
+	}
+	p.seq++
+	p.conns[c] = pendingConn{seq: p.seq, source: src}
+	if src != "" {
+		p.bySource[src]++
+	}
+	return evict
+}
+
+func (p *Pending) oldest(match func(pendingConn) bool) net.Conn {
+	var o net.Conn
+	var seq uint64
+	for c, pc := range p.conns {
+		if match(pc) && (o == nil || pc.seq < seq) {
+			o, seq = c, pc.seq
+		}
+	}
+	return o
+}
+
+// Remove takes c out of the table (done authenticating, or gone).
+func (p *Pending) Remove(c net.Conn) {
+	pc, ok := p.conns[c]
+	if !ok {
+		return
+	}
+	delete(p.conns, c)
+	if pc.source != "" {
+		if p.bySource[pc.source]--; p.bySource[pc.source] <= 0 {
+			delete(p.bySource, pc.source)
+		}
+	}
+}
+
+// Has reports whether c is in the table.
+func (p *Pending) Has(c net.Conn) bool { _, ok := p.conns[c]; return ok }
+
+// Len is the number of connections in the table.
+func (p *Pending) Len() int { return len(p.conns) }
+
+// All returns the connections in the table.
+func (p *Pending) All() []net.Conn {
+	out := make([]net.Conn, 0, len(p.conns))
+	for c := range p.conns {
+		out = append(out, c)
+	}
+	return out
+}
 
 // AcceptLoop accepts connections on ln until ln is closed. Other accept
 // errors (out of file descriptors and the like) go to onError, and the
@@ -56,17 +155,17 @@ func AcceptLoop(ln net.Listener, onError func(error), admit func(net.Conn) Admis
 }
 
 // Admit is the admission of an endpoint that keeps the connections still
-// authenticating in pending: Stop once it is closing, Drop while
-// MaxPending are pending, else Serve, with c filed in pending. The caller
-// holds the lock that guards closed and pending.
-func Admit(closed bool, pending map[net.Conn]struct{}, c net.Conn) Admission {
-	switch {
-	case closed:
+// authenticating in pending: Stop once it is closing, else Serve, with c
+// filed in pending and, when that made room, the connection it evicted
+// closed (its setup then fails and ends). The caller holds the lock that
+// guards closed and pending.
+func Admit(closed bool, pending *Pending, c net.Conn) Admission {
+	if closed {
 		return Stop
-	case len(pending) >= MaxPending:
-		return Drop
 	}
-	pending[c] = struct{}{}
+	if old := pending.Admit(c); old != nil {
+		old.Close()
+	}
 	return Serve
 }
 

@@ -2,6 +2,7 @@ package handshake
 
 import (
 	"bytes"
+	"fmt"
 	"log/slog"
 	"net"
 	"strings"
@@ -50,23 +51,78 @@ func TestAcceptLoopAdmission(t *testing.T) {
 	require.Len(t, served, 0)
 }
 
+// addrConn is a connection from a given TCP address that records its
+// closing.
+type addrConn struct {
+	net.Conn
+	addr   net.Addr
+	closed bool
+}
+
+func (c *addrConn) RemoteAddr() net.Addr { return c.addr }
+func (c *addrConn) Close() error         { c.closed = true; return nil }
+
+func from(ip string, port int) *addrConn {
+	return &addrConn{addr: &net.TCPAddr{IP: net.ParseIP(ip), Port: port}}
+}
+
+// A full table makes room for a newcomer by closing the oldest pending
+// connection, of the newcomer's own source once that source holds its
+// share, of all otherwise: a stranger's silent connections can no longer
+// keep a job's ranks out (issue 19).
 func TestAdmit(t *testing.T) {
-	pending := map[net.Conn]struct{}{}
-	a, b := net.Pipe()
-	defer a.Close()
-	defer b.Close()
-	require.Equal(t, Stop, Admit(true, pending, a))
-	require.Empty(t, pending, "nothing filed while closing")
-	require.Equal(t, Serve, Admit(false, pending, a))
-	require.Contains(t, pending, a)
-	for len(pending) < MaxPending {
-		c, d := net.Pipe()
-		defer c.Close()
-		defer d.Close()
-		pending[c] = struct{}{}
+	var p Pending
+	first := from("10.0.0.1", 1)
+	require.Equal(t, Stop, Admit(true, &p, first))
+	require.Zero(t, p.Len(), "nothing filed while closing")
+	require.Equal(t, Serve, Admit(false, &p, first))
+	// Fill the table: four sources of MaxPending/4 each.
+	var all []*addrConn
+	all = append(all, first)
+	for i := 1; i < MaxPending; i++ {
+		c := from(fmt.Sprintf("10.0.0.%d", 1+i%4), i)
+		require.Equal(t, Serve, Admit(false, &p, c))
+		all = append(all, c)
 	}
-	require.Equal(t, Drop, Admit(false, pending, b))
-	require.NotContains(t, pending, b)
+	require.Equal(t, MaxPending, p.Len())
+	for _, c := range all {
+		require.False(t, c.closed)
+	}
+	// A newcomer from a fifth source: the oldest of all goes.
+	n := from("10.0.0.99", 1)
+	require.Equal(t, Serve, Admit(false, &p, n))
+	require.True(t, first.closed, "the oldest made room")
+	require.False(t, p.Has(first))
+	require.True(t, p.Has(n))
+	require.Equal(t, MaxPending, p.Len())
+
+	// One source at its share: its own oldest makes room, nobody else's.
+	var q Pending
+	var mine []*addrConn
+	other := from("10.1.1.1", 1)
+	Admit(false, &q, other)
+	for i := range MaxPendingPerSource {
+		c := from("10.6.6.6", i)
+		Admit(false, &q, c)
+		mine = append(mine, c)
+	}
+	again := from("10.6.6.6", 999)
+	require.Equal(t, Serve, Admit(false, &q, again))
+	require.True(t, mine[0].closed, "the source's oldest")
+	require.False(t, other.closed, "not another source's")
+	require.Equal(t, MaxPendingPerSource+1, q.Len())
+	q.Remove(again)
+	require.False(t, q.Has(again))
+
+	// Unix sockets say nothing of their sender: only the overall cap.
+	var u Pending
+	for range MaxPendingPerSource + 5 {
+		a, b := net.Pipe()
+		defer a.Close()
+		defer b.Close()
+		require.Nil(t, u.Admit(a))
+	}
+	require.Equal(t, MaxPendingPerSource+5, u.Len())
 }
 
 func TestDropLogSamples(t *testing.T) {

@@ -111,8 +111,10 @@ func Quote(s string) string {
 // Server runs the server side over rw and returns the client's Hello and
 // its authenticated first frame (of at most maxFirst payload bytes). A
 // client that asks for another purpose or speaks another protocol version
-// is told why before the error is returned.
-func Server(rw io.ReadWriter, secret []byte, want wire.Purpose, maxFirst int) (wire.Hello, wire.FrameType, []byte, error) {
+// is told why before the error is returned. helloDone, if given, is called
+// once the hello has arrived: a caller that gave the hello a short
+// deadline (HelloTimeout) extends it there.
+func Server(rw io.ReadWriter, secret []byte, want wire.Purpose, maxFirst int, helloDone ...func()) (wire.Hello, wire.FrameType, []byte, error) {
 	var buf [64]byte
 	b := buf[:0]
 	var h wire.Hello
@@ -135,6 +137,9 @@ func Server(rw io.ReadWriter, secret []byte, want wire.Purpose, maxFirst int) (w
 			return h, 0, nil, fmt.Errorf("reading the hello: %w", err)
 		}
 		b = buf[:len(b)+n]
+	}
+	for _, f := range helloDone {
+		f()
 	}
 	reject := func(format string, args ...any) (wire.Hello, wire.FrameType, []byte, error) {
 		msg := fmt.Sprintf(format, args...)
