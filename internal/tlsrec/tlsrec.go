@@ -27,6 +27,12 @@
 // Key lifetime: a sender updates its keys (KeyUpdate, RFC 8446 §4.6.3)
 // every 2^24 records, under the 2^24.5 full-size records RFC 8446 §5.5
 // allows one AES-GCM key; it answers a peer's update request the same way.
+//
+// Closure (RFC 8446 §6.1): a writer ends its stream with SealCloseNotify,
+// which Read at the other end returns as io.EOF. A stream that ends
+// without one (the socket's end of file, between records or inside one)
+// reads as ErrTruncated: an attacker who cuts the connection must not
+// pass for a peer that finished.
 package tlsrec
 
 import (
@@ -63,12 +69,19 @@ const (
 	headerLen = 5
 	// MaxPlaintext is the most application data one record carries.
 	MaxPlaintext = 1 << 14
+	// maxInner bounds a record's TLSInnerPlaintext: content, content type
+	// and padding together (§5.4: padding does not raise the limit).
+	maxInner = MaxPlaintext + 1
 	// maxCiphertext bounds a record's body: plaintext, content type,
-	// padding and tag together (§5.2).
+	// padding and tag together (§5.2). With the 16-byte tag of every TLS
+	// 1.3 suite, maxInner is the tighter bound.
 	maxCiphertext = MaxPlaintext + 256
 	// Overhead is what sealing adds per record: header, inner content type
 	// and the AEAD tag (16 bytes for every TLS 1.3 suite).
 	Overhead = headerLen + 1 + 16
+
+	alertLevelWarning = 1
+	alertCloseNotify  = 0
 
 	msgKeyUpdate         = 24
 	msgNewSessionTicket  = 4
@@ -78,6 +91,12 @@ const (
 // ErrAuth reports a record that failed authentication: the stream was
 // altered, or the peer seals with other keys.
 var ErrAuth = errors.New("tls: record failed authentication (altered in transit, or sealed with other keys)")
+
+// ErrTruncated reports a stream that ended without the peer's
+// close_notify (RFC 8446 §6.1): the peer died or hung up without closing
+// its TLS stream, or someone on the path cut it short. It wraps
+// io.ErrUnexpectedEOF.
+var ErrTruncated = fmt.Errorf("tls: the stream ended without close_notify, so it may have been cut short: %w", io.ErrUnexpectedEOF)
 
 // LoadConfig reads this rank's certificate and key and the CA that signed
 // every rank's, and returns the configuration both ends of a connection
@@ -417,6 +436,27 @@ func (s *Session) Seal(dst, a, b []byte) []byte {
 	return dst
 }
 
+// SealCloseNotify appends to dst a close_notify alert (RFC 8446 §6.1),
+// which tells the peer that this end sends nothing more and that its
+// stream was not cut short, and returns the extended slice. It is the
+// last record the session seals: the writer calls it, as Seal, and sends
+// it before closing; Seal must not be called after it.
+func (s *Session) SealCloseNotify(dst []byte) []byte {
+	// The key's record limit holds for alerts too. A peer's update
+	// request need not be answered: §4.6.3 asks for the KeyUpdate before
+	// the next application data, and none follows.
+	if s.out.seq >= s.recordsPerKey {
+		dst = s.sealKeyUpdate(dst)
+	}
+	dst = slices.Grow(dst, 2+Overhead)
+	start := len(dst)
+	dst = append(dst, typeAppData, 3, 3, 0, 0)
+	// §6: TLS 1.3 implies an alert's severity by its description; the
+	// level byte says warning, as for close_notify in earlier versions.
+	dst = append(dst, alertLevelWarning, alertCloseNotify)
+	return s.sealRecord(dst, start, typeAlert)
+}
+
 // sealRecord seals in place the record begun at dst[start:]: a header
 // whose length is still zero, then the content.
 func (s *Session) sealRecord(dst []byte, start int, inner byte) []byte {
@@ -449,6 +489,12 @@ func (s *Session) sealKeyUpdate(dst []byte) []byte {
 // one byte or an error: io.EOF at the end, or a would-block error, which
 // Read passes back once it has nothing to return. Read returns as soon as
 // it has some data, without calling raw again.
+//
+// Once the peer's application data is all read, Read returns io.EOF if
+// the peer ended with close_notify, and an error wrapping ErrTruncated if
+// raw reached the end without one. Those, and a record refused (one that
+// fails authentication or breaks RFC 8446), stick: later calls return the
+// same error. raw's other errors are passed back as they come.
 func (s *Session) Read(p []byte, raw func([]byte) (int, error)) (int, error) {
 	n := 0
 	for n < len(p) {
@@ -491,8 +537,15 @@ func (s *Session) Read(p []byte, raw func([]byte) (int, error)) (int, error) {
 		if err == nil {
 			err = io.ErrNoProgress
 		}
-		if err == io.EOF && s.rw > s.rr {
-			err = io.ErrUnexpectedEOF
+		if err == io.EOF {
+			// The socket's end is never the stream's clean end: a peer
+			// that finished sent close_notify before it, which open
+			// returned as io.EOF (§6.1).
+			s.err = ErrTruncated
+			if s.rw > s.rr {
+				s.err = fmt.Errorf("%w (%d bytes into a record)", ErrTruncated, s.rw-s.rr)
+			}
+			err = s.err
 		}
 		return 0, err
 	}
@@ -515,8 +568,10 @@ func (s *Session) open(dst []byte) (int, bool, error) {
 		return 0, false, fmt.Errorf("tls: a record of type %d, version %#x: the stream is not TLS 1.3 application data", hdr[0], binary.BigEndian.Uint16(hdr[1:]))
 	}
 	l := int(binary.BigEndian.Uint16(hdr[3:]))
-	if l > maxCiphertext || l < s.in.aead.Overhead()+1 {
-		return 0, false, fmt.Errorf("tls: a record of %d bytes, allowed is %d..%d", l, s.in.aead.Overhead()+1, maxCiphertext)
+	// The inner plaintext is the body less the tag, so its limit is
+	// checked here, before the body is opened.
+	if l > maxInner+s.in.aead.Overhead() || l < s.in.aead.Overhead()+1 {
+		return 0, false, s.lengthErr(l)
 	}
 	if s.rw-s.rr < headerLen+l {
 		return 0, false, nil
@@ -562,6 +617,18 @@ func (s *Session) open(dst []byte) (int, bool, error) {
 	return 0, false, fmt.Errorf("tls: a record of content type %d", typ)
 }
 
+// lengthErr says why a record of l bytes is refused.
+func (s *Session) lengthErr(l int) error {
+	tag := s.in.aead.Overhead()
+	switch {
+	case l > maxCiphertext:
+		return fmt.Errorf("tls: record_overflow: a record of %d bytes, the limit is %d (RFC 8446 §5.2)", l, maxCiphertext)
+	case l > maxInner+tag:
+		return fmt.Errorf("tls: record_overflow: a record of %d bytes of plaintext with its content type and padding, the limit is %d (RFC 8446 §5.4)", l-tag, maxInner)
+	}
+	return fmt.Errorf("tls: a record of %d bytes, the least is %d", l, tag+1)
+}
+
 // postHandshake handles handshake messages after the handshake: key
 // updates, and session tickets (ignored: nothing here resumes).
 func (s *Session) postHandshake(b []byte) error {
@@ -577,6 +644,12 @@ func (s *Session) postHandshake(b []byte) error {
 		case msgKeyUpdate:
 			if l != 1 || b[4] > 1 {
 				return errors.New("tls: a malformed KeyUpdate")
+			}
+			// The records after a KeyUpdate are under the next key, so it
+			// must end its record (§5.1: a key change aligns with a record
+			// boundary, else unexpected_message).
+			if len(b) > 4+l {
+				return errors.New("tls: unexpected_message: a KeyUpdate followed by more handshake data in its record (RFC 8446 §5.1)")
 			}
 			if err := s.in.update(); err != nil {
 				return err

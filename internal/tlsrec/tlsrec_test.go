@@ -170,10 +170,14 @@ func TestInteroperatesWithCryptoTLS(t *testing.T) {
 			require.Equal(t, append([]byte("hi"), msg...), got)
 			require.GreaterOrEqual(t, s.Stats().KeyUpdates, uint64(3), "the session rekeyed every 3 records")
 
-			go tc.Write(msg)
+			wrote := make(chan error, 1)
+			go func() { _, err := tc.Write(msg); wrote <- err }()
 			require.Equal(t, msg, readFull(t, s, ours, len(msg)))
+			require.NoError(t, <-wrote)
 
-			// A close_notify from crypto/tls is the end of the stream.
+			// A close_notify from crypto/tls is the end of the stream. (Its
+			// Close sends none while a Write is still in flight, hence the
+			// wait above.)
 			tc.Close()
 			_, err = s.Read(make([]byte, 1), reader(ours))
 			require.ErrorIs(t, err, io.EOF)
@@ -348,4 +352,217 @@ func TestEverySuiteRoundTrips(t *testing.T) {
 	}
 	_, err := tlsrec.NewSession(tls.TLS_RSA_WITH_AES_128_GCM_SHA256, a, b, tls.ConnectionState{})
 	require.ErrorContains(t, err, "not a TLS 1.3 suite")
+}
+
+// withStd returns a Session that has run its handshake with a
+// crypto/tls.Conn at the other end of a loopback connection, as the
+// client or the server, with the raw sockets of both ends.
+func withStd(t *testing.T, ca *tlstest.CA, ourSide string) (ours, theirs net.Conn, tc *tls.Conn, s *tlsrec.Session) {
+	t.Helper()
+	ours, theirs = pair(t)
+	std := config(t, ca, "std")
+	if ourSide == "client" {
+		tc = tls.Server(theirs, std)
+	} else {
+		tc = tls.Client(theirs, std)
+	}
+	go tc.Handshake() // its Read and Write wait for it
+	s, err := tlsrec.Handshake(context.Background(), ours, config(t, ca, "ours"), ourSide == "client")
+	require.NoError(t, err)
+	// A test that fails must not wait for bytes that never come.
+	deadline := time.Now().Add(10 * time.Second)
+	ours.SetDeadline(deadline)
+	theirs.SetDeadline(deadline)
+	return ours, theirs, tc, s
+}
+
+// pairOfSessions returns two sessions keyed for each other, without a
+// handshake.
+func pairOfSessions(t *testing.T) (tx, rx *tlsrec.Session) {
+	t.Helper()
+	a, b := bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32)
+	tx, err := tlsrec.NewSession(tls.TLS_AES_128_GCM_SHA256, a, b, tls.ConnectionState{})
+	require.NoError(t, err)
+	rx, err = tlsrec.NewSession(tls.TLS_AES_128_GCM_SHA256, b, a, tls.ConnectionState{})
+	require.NoError(t, err)
+	return tx, rx
+}
+
+// readAll reads s's application data until Read fails, and returns the
+// data and the error.
+func readAll(s *tlsrec.Session, raw func([]byte) (int, error)) ([]byte, error) {
+	var got []byte
+	p := make([]byte, 4096)
+	for {
+		n, err := s.Read(p, raw)
+		got = append(got, p[:n]...)
+		if err != nil {
+			return got, err
+		}
+	}
+}
+
+// TestCloseNotifyWithCryptoTLS checks closure against crypto/tls (RFC
+// 8446 §6.1): its Close sends close_notify, which a Session reads as the
+// end of the stream; a Session's close_notify ends a crypto/tls.Conn's
+// stream while the socket is still open; and a socket closed under
+// crypto/tls, without its close_notify, reads as truncated, not as the
+// end.
+func TestCloseNotifyWithCryptoTLS(t *testing.T) {
+	ca := tlstest.NewCA(t, "job")
+	msg := bytes.Repeat([]byte("last words "), 3000) // two records
+	for _, ourSide := range []string{"client", "server"} {
+		t.Run("session is "+ourSide, func(t *testing.T) {
+			t.Run("crypto/tls closes", func(t *testing.T) {
+				ours, _, tc, s := withStd(t, ca, ourSide)
+				_, err := tc.Write(msg)
+				require.NoError(t, err)
+				require.NoError(t, tc.Close())
+				got, err := readAll(s, reader(ours))
+				require.Equal(t, msg, got)
+				require.ErrorIs(t, err, io.EOF)
+				require.NotErrorIs(t, err, tlsrec.ErrTruncated)
+				_, err = s.Read(make([]byte, 1), reader(ours))
+				require.ErrorIs(t, err, io.EOF, "the end sticks")
+			})
+			t.Run("session closes", func(t *testing.T) {
+				ours, _, tc, s := withStd(t, ca, ourSide)
+				_, err := ours.Write(s.SealCloseNotify(s.Seal(nil, msg, nil)))
+				require.NoError(t, err)
+				// The socket stays open: only the alert can end the stream.
+				got, err := io.ReadAll(tc)
+				require.NoError(t, err, "crypto/tls's Read returns io.EOF, which ReadAll takes for the end")
+				require.Equal(t, msg, got)
+			})
+			t.Run("socket closed under crypto/tls", func(t *testing.T) {
+				ours, theirs, tc, s := withStd(t, ca, ourSide)
+				_, err := tc.Write(msg)
+				require.NoError(t, err)
+				require.NoError(t, theirs.Close()) // a FIN, no close_notify
+				got, err := readAll(s, reader(ours))
+				require.Equal(t, msg, got)
+				require.ErrorIs(t, err, tlsrec.ErrTruncated)
+				require.ErrorIs(t, err, io.ErrUnexpectedEOF)
+				require.NotErrorIs(t, err, io.EOF, "a cut stream must not read as one that finished")
+				_, err = s.Read(make([]byte, 1), reader(ours))
+				require.ErrorIs(t, err, tlsrec.ErrTruncated, "the error sticks")
+			})
+		})
+	}
+}
+
+// TestStreamEnds checks how a Session's stream may end: with
+// close_notify (io.EOF, and nothing after it is read), or without it,
+// between records or inside one (ErrTruncated).
+func TestStreamEnds(t *testing.T) {
+	t.Run("close_notify", func(t *testing.T) {
+		tx, rx := pairOfSessions(t)
+		wire := tx.SealCloseNotify(tx.Seal(nil, []byte("done"), nil))
+		wire = append(wire, tx.SealInner(nil, tlsrec.TypeAppData, []byte("after the end"), 0)...)
+		got, err := readAll(rx, feed(wire))
+		require.Equal(t, "done", string(got), "§6.1: data after close_notify is ignored")
+		require.ErrorIs(t, err, io.EOF)
+		require.NotErrorIs(t, err, tlsrec.ErrTruncated)
+	})
+	t.Run("between records", func(t *testing.T) {
+		tx, rx := pairOfSessions(t)
+		got, err := readAll(rx, feed(tx.Seal(nil, []byte("done?"), nil)))
+		require.Equal(t, "done?", string(got))
+		require.ErrorIs(t, err, tlsrec.ErrTruncated)
+		require.NotErrorIs(t, err, io.EOF)
+	})
+	t.Run("inside a record", func(t *testing.T) {
+		tx, rx := pairOfSessions(t)
+		wire := tx.Seal(nil, []byte("first"), []byte("second"))
+		cut := tx.Seal(nil, []byte("cut short"), nil)
+		got, err := readAll(rx, feed(append(wire, cut[:len(cut)-3]...)))
+		require.Equal(t, "firstsecond", string(got))
+		require.ErrorIs(t, err, tlsrec.ErrTruncated)
+		require.ErrorContains(t, err, "into a record")
+	})
+}
+
+// TestKeyUpdateEndsItsRecord checks RFC 8446 §5.1: a KeyUpdate may follow
+// other handshake messages in its record, but nothing may follow it
+// there, since the records after it are under the next key. crypto/tls
+// never packs a KeyUpdate with anything, so the records are built here.
+func TestKeyUpdateEndsItsRecord(t *testing.T) {
+	keyUpdate := []byte{tlsrec.MsgKeyUpdate, 0, 0, 1, 0}
+	ticket := []byte{tlsrec.MsgNewSessionTicket, 0, 0, 4, 1, 2, 3, 4} // skipped: nothing here resumes
+	t.Run("last in its record", func(t *testing.T) {
+		tx, rx := pairOfSessions(t)
+		wire := tx.SealInner(nil, tlsrec.TypeHandshake, append(slices.Clone(ticket), keyUpdate...), 0)
+		tx.UpdateSendKeys()
+		wire = tx.Seal(wire, []byte("under the next key"), nil)
+		got, err := readAll(rx, feed(wire))
+		require.Equal(t, "under the next key", string(got))
+		require.ErrorIs(t, err, tlsrec.ErrTruncated)
+	})
+	t.Run("followed by more", func(t *testing.T) {
+		tx, rx := pairOfSessions(t)
+		wire := tx.SealInner(nil, tlsrec.TypeHandshake, append(slices.Clone(keyUpdate), ticket...), 0)
+		tx.UpdateSendKeys()
+		wire = tx.Seal(wire, []byte("under the next key"), nil)
+		got, err := readAll(rx, feed(wire))
+		require.Empty(t, got, "nothing after the misaligned key change is read")
+		require.ErrorContains(t, err, "unexpected_message")
+		require.ErrorContains(t, err, "KeyUpdate")
+		_, err2 := rx.Read(make([]byte, 64), feed(nil))
+		require.Equal(t, err, err2, "the error sticks")
+	})
+}
+
+// TestRecordOverflow checks the record size limits of RFC 8446: at most
+// 2^14 bytes of content, and 2^14+1 of TLSInnerPlaintext with the content
+// type and padding (§5.4), are accepted; more is record_overflow (§5.2).
+// crypto/tls, which cannot send such records, reads the same records and
+// must agree on each.
+func TestRecordOverflow(t *testing.T) {
+	ca := tlstest.NewCA(t, "job")
+	const max = tlsrec.MaxPlaintext
+	for _, c := range []struct {
+		name     string
+		content  int
+		pad      int
+		overflow bool
+	}{
+		{"content=2^14", max, 0, false},
+		{"content=2^14-100/pad=100", max - 100, 100, false},
+		{"content=2^14+1", max + 1, 0, true},
+		{"content=2^14/pad=1", max, 1, true},
+		{"content=10/pad=2^14", 10, max, true},
+		{"content=2^14+239", max + 239, 0, true}, // the largest body under 2^14+256
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			content := bytes.Repeat([]byte{'x'}, c.content)
+			tx, rx := pairOfSessions(t)
+			got, err := readAll(rx, feed(tx.SealInner(nil, tlsrec.TypeAppData, content, c.pad)))
+			if c.overflow {
+				require.Zero(t, len(got), "nothing of an oversized record is read")
+				require.ErrorContains(t, err, "record_overflow")
+			} else {
+				require.True(t, bytes.Equal(content, got), "read %d bytes of %d", len(got), len(content))
+				require.ErrorIs(t, err, tlsrec.ErrTruncated, "the record was read, then the stream ended")
+			}
+
+			t.Run("crypto/tls agrees", func(t *testing.T) {
+				ours, _, tc, s := withStd(t, ca, "server")
+				go ours.Write(s.SealInner(nil, tlsrec.TypeAppData, content, c.pad))
+				got := make([]byte, c.content)
+				_, err := io.ReadFull(tc, got)
+				if c.overflow {
+					require.ErrorContains(t, err, "record overflow")
+				} else {
+					require.NoError(t, err)
+					require.True(t, bytes.Equal(content, got))
+				}
+			})
+		})
+	}
+	t.Run("ciphertext=2^14+257", func(t *testing.T) {
+		_, rx := pairOfSessions(t)
+		_, err := rx.Read(make([]byte, 64), feed([]byte{tlsrec.TypeAppData, 3, 3, 0x41, 0x01}))
+		require.ErrorContains(t, err, "record_overflow")
+		require.ErrorContains(t, err, "16640")
+	})
 }

@@ -125,12 +125,17 @@ func (s *sock) notifyAbort(reason string) {
 
 // writeNoticeLocked writes a notice (a slice header with op, and payload)
 // if the kernel takes it at once. The caller holds wmu, with the socket at
-// a slice boundary.
+// a slice boundary. A notice is the last thing a socket sends, so with TLS
+// a close_notify follows it (RFC 8446 §6.1): without one the peer cannot
+// tell this end's close from a cut connection (tlsrec.ErrTruncated). Both
+// go in one non-blocking write, so neither waits on a peer that reads
+// nothing more; a short write loses their tail, as it would a notice's
+// alone.
 func (s *sock) writeNoticeLocked(op uint64, payload string) {
 	h := wire.SliceHeader{Op: op, Size: uint32(len(payload))}
 	b := append(h.Append(nil), payload...)
 	if s.tls != nil {
-		b = s.tls.Seal(nil, b, nil)
+		b = s.tls.SealCloseNotify(s.tls.Seal(nil, b, nil))
 	}
 	if s.enter() == nil {
 		unix.Write(s.fd, b)
@@ -334,7 +339,9 @@ func (s *sock) seal(j *job) {
 
 // readNB reads what the socket has without blocking, with read(2)'s
 // conventions: (0, nil) is the end of the stream, EAGAIN that nothing
-// is there yet. With TLS it returns opened application data.
+// is there yet. With TLS it returns opened application data, and the end
+// of the stream is the peer's close_notify; a socket that ends without
+// one fails with tlsrec.ErrTruncated.
 func (s *sock) readNB(b []byte) (int, error) {
 	if s.tls == nil {
 		return unix.Read(s.fd, b)
@@ -549,7 +556,11 @@ func (ob *outbox) wait(ctx context.Context, fd int, events int16, o Options, try
 	}
 }
 
-// errClosedOrEOF reports errors that mean the socket is gone.
+// errClosedOrEOF reports errors that mean the socket is gone. A TLS
+// stream that ended without close_notify is one: the peer hung up or
+// died (its notice, if it left one, says which), or the connection was
+// cut; its close_notify reads as the end of the stream, io.EOF.
 func errClosedOrEOF(err error) bool {
-	return errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || errors.Is(err, unix.ECONNRESET) || errors.Is(err, unix.EPIPE)
+	return errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || errors.Is(err, unix.ECONNRESET) || errors.Is(err, unix.EPIPE) ||
+		errors.Is(err, tlsrec.ErrTruncated)
 }

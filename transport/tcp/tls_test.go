@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/goccl/goccl/algorithms"
 	"github.com/goccl/goccl/internal/tlsrec"
@@ -253,4 +254,60 @@ func TestTLSAbortNoticeNamesTheCause(t *testing.T) {
 	var ab *transport.PeerAbortedError
 	require.ErrorAs(t, err, &ab, "the notice went out sealed and was opened: %v", err)
 	require.ErrorContains(t, err, "crashed in the optimizer")
+}
+
+// TestTLSGracefulCloseEndsWithCloseNotify checks that a rank that closes
+// gracefully ends every TLS socket with close_notify after its notice
+// (RFC 8446 §6.1), and that the peer reads that end as the close it is.
+func TestTLSGracefulCloseEndsWithCloseNotify(t *testing.T) {
+	ca := tlstest.NewCA(t, "job")
+	eps := endpoints(t, 2, func(r int, o *Options) { withTLS(t, ca)(r, o); o.NSocks = 2 })
+	a, _ := connectPair(t, eps[0], eps[1], 0)
+	require.NoError(t, eps[1].Close(nil))
+	// The first Wait reads the notice; the second the end of the stream
+	// after it, which must read as the same graceful close.
+	for i := range 2 {
+		_, _, err := a.Wait(context.Background())
+		require.ErrorIs(t, err, transport.ErrPeerClosed, "wait %d", i)
+	}
+	for i, s := range a.(*conn).socks {
+		require.NoError(t, readToEnd(t, s), "socket %d ends with close_notify, not a bare end of file", i)
+	}
+}
+
+// TestTLSCutConnectionIsALostConnection cuts a TLS socket under rank 1
+// (a FIN with no close_notify, as anyone on the path could send): rank 0
+// must report a lost connection, not a graceful close.
+func TestTLSCutConnectionIsALostConnection(t *testing.T) {
+	ca := tlstest.NewCA(t, "job")
+	eps := endpoints(t, 2, withTLS(t, ca))
+	a, b := connectPair(t, eps[0], eps[1], 0)
+	require.NoError(t, unix.Shutdown(b.(*conn).socks[0].fd, unix.SHUT_WR))
+	_, _, err := a.Wait(context.Background())
+	var pe *transport.PeerError
+	require.ErrorAs(t, err, &pe)
+	require.Equal(t, 1, pe.Peer)
+	require.ErrorIs(t, err, tlsrec.ErrTruncated)
+	require.ErrorContains(t, err, "connection lost")
+	require.NotErrorIs(t, err, transport.ErrPeerClosed)
+}
+
+// readToEnd reads and drops what s has until its stream ends, and
+// returns what it ended with: nil for a clean end.
+func readToEnd(t *testing.T, s *sock) error {
+	t.Helper()
+	b := make([]byte, 4096)
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+		n, err := s.readNB(b)
+		switch {
+		case err == unix.EAGAIN || err == unix.EINTR:
+			unix.Poll([]unix.PollFd{{Fd: int32(s.fd), Events: unix.POLLIN}}, 100)
+		case err != nil:
+			return err
+		case n == 0:
+			return nil
+		}
+	}
+	t.Fatal("the stream did not end")
+	return nil
 }
