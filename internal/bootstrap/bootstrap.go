@@ -239,6 +239,12 @@ func (r *Root) handle(raw net.Conn) {
 			r.drop(raw, fmt.Errorf("TLS: %w", err))
 			return
 		}
+		// The secret's proof tied to this TLS session (a relay holding a
+		// certificate of the job's CA runs one session with each end).
+		if err := handshake.ConfirmTLS(tc, r.opts.Secret, tc.ConnectionState(), false); err != nil {
+			r.drop(raw, fmt.Errorf("TLS: %w", err))
+			return
+		}
 		c = tc
 	}
 	_, typ, payload, err := handshake.Server(c, r.opts.Secret, wire.PurposeBootstrap, wire.MaxTopology+4*wire.MaxString+64,
@@ -729,6 +735,9 @@ func dialRoot(ctx context.Context, addr string, secret []byte, tlsCfg *tls.Confi
 							return rej
 						}
 						return &tlsrec.HandshakeError{Err: err}
+					}
+					if err := handshake.ConfirmTLS(tc, secret, tc.ConnectionState(), true); err != nil {
+						return err
 					}
 					c = tc
 				}

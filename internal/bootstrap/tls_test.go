@@ -89,3 +89,26 @@ func TestTLSMismatchesFail(t *testing.T) {
 		})
 	}
 }
+
+// A relay holding a certificate of the job's CA between a rank and the
+// root, TLS with each on its own, could rewrite the table before (issue
+// 19, finding 1): the proofs now cover each end's TLS session, and the
+// rank does not join through it.
+func TestTLSRelayToTheRootIsRefused(t *testing.T) {
+	ca := tlstest.NewCA(t, "job")
+	r, err := StartRoot("127.0.0.1:0", RootOptions{Secret: secret, Version: "v1", Logger: quiet(),
+		TLS: tlsrec.NewConfig(ca.Issue(t, "root"), ca.Pool)})
+	require.NoError(t, err)
+	defer r.Close()
+	relay := tlstest.NewRelay(t, r.Addr().String(), tlsrec.NewConfig(ca.Issue(t, "relay"), ca.Pool), nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_, err = Join(ctx, relay.Addr, secret, info(0, 1), WithTLS(tlsrec.NewConfig(ca.Issue(t, "rank"), ca.Pool)))
+	require.Error(t, err)
+	require.ErrorContains(t, err, "TLS channel binding failed")
+	// The same rank straight to the root joins.
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel2()
+	_, err = Join(ctx2, r.Addr().String(), secret, info(0, 1), WithTLS(tlsrec.NewConfig(ca.Issue(t, "rank"), ca.Pool)))
+	require.NoError(t, err)
+}

@@ -20,7 +20,10 @@ package handshake
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -262,4 +265,79 @@ func Bounded(ctx context.Context, c net.Conn, timeout time.Duration, f func() er
 		return fmt.Errorf("%w (%v)", context.Cause(ctx), err)
 	}
 	return err
+}
+
+// TLS channel binding (issue 19, finding 1). The secret's proof says who
+// is at the other end of the TCP connection; TLS says that the bytes
+// after it are private and unaltered. Without a tie between the two, a
+// relay holding any certificate of the job's CA could pass the handshake
+// on unchanged and run TLS separately with each end. So once TLS is up,
+// each end proves again, inside it, that it knows the secret, over the
+// TLS session's exported keying material (RFC 8446 §7.5, RFC 5705),
+// which differs between a relay's two sessions: the accepting end first,
+// then the dialing end, 32 bytes each.
+
+// tlsBindingLabel is the exporter label (RFC 5705 §4: labels that are not
+// registered begin with "EXPERIMENTAL"; goccl's is private to it).
+const tlsBindingLabel = "EXPERIMENTAL goccl channel binding v1"
+
+// tlsBinding is an end's proof over st's keying material.
+func tlsBinding(secret []byte, role byte, st tls.ConnectionState) ([sha256.Size]byte, error) {
+	var out [sha256.Size]byte
+	ekm, err := st.ExportKeyingMaterial(tlsBindingLabel, nil, 32)
+	if err != nil {
+		return out, fmt.Errorf("TLS keying material: %w", err)
+	}
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte("goccl tls binding"))
+	m.Write([]byte{role})
+	m.Write(ekm)
+	copy(out[:], m.Sum(nil))
+	return out, nil
+}
+
+// ErrTLSBinding: the peer's proof does not cover this TLS session.
+var ErrTLSBinding = errors.New("TLS channel binding failed: the peer's proof does not cover this TLS session (a relay between the two ends, holding a certificate of the job's CA?)")
+
+// ConfirmTLS runs the binding over rw, the application data of the TLS
+// session whose state is st: as the accepting end (client false) it sends
+// its proof and checks the dialer's, as the dialing end the other way
+// round. The caller bounds it with a deadline.
+func ConfirmTLS(rw io.ReadWriter, secret []byte, st tls.ConnectionState, client bool) error {
+	mine, theirs := wire.RoleServer, wire.RoleClient
+	if client {
+		mine, theirs = theirs, mine
+	}
+	own, err := tlsBinding(secret, mine, st)
+	if err != nil {
+		return err
+	}
+	want, err := tlsBinding(secret, theirs, st)
+	if err != nil {
+		return err
+	}
+	send := func() error {
+		_, err := rw.Write(own[:])
+		return err
+	}
+	recv := func() error {
+		var got [sha256.Size]byte
+		if _, err := io.ReadFull(rw, got[:]); err != nil {
+			return fmt.Errorf("reading the peer's TLS binding: %w", err)
+		}
+		if !hmac.Equal(got[:], want[:]) {
+			return ErrTLSBinding
+		}
+		return nil
+	}
+	steps := []func() error{send, recv}
+	if client {
+		steps = []func() error{recv, send}
+	}
+	for _, f := range steps {
+		if err := f(); err != nil {
+			return err
+		}
+	}
+	return nil
 }

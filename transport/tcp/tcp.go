@@ -49,6 +49,7 @@ import (
 	"unsafe"
 
 	"github.com/goccl/goccl/internal/connsetup"
+	"github.com/goccl/goccl/internal/handshake"
 	"github.com/goccl/goccl/internal/tlsrec"
 	"github.com/goccl/goccl/internal/wire"
 	"github.com/goccl/goccl/memory"
@@ -192,48 +193,62 @@ func (e *Endpoint) established(k connKey) bool {
 	return e.conns[k] != nil || e.pending.Has(key(k))
 }
 
-// tlsConfirm is the accepting end's first record on a TLS socket.
-const tlsConfirm = "goccl tls ok"
-
 // serverTLS runs the accepting end's TLS handshake on c, under c's setup
-// deadline, and confirms the socket in its first record.
+// deadline, then the channel binding (handshake.ConfirmTLS): this end's
+// proof over the session goes out first, as the record that tells the
+// dialer its certificate was accepted (in TLS 1.3 the client's handshake
+// ends before the server has checked the client's certificate), and the
+// dialer's comes back.
 func (e *Endpoint) serverTLS(c net.Conn) (*tlsrec.Session, error) {
 	ts, err := tlsrec.Handshake(context.Background(), c, e.o.TLS, false)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := c.Write(ts.Seal(nil, []byte(tlsConfirm), nil)); err != nil {
+	if err := handshake.ConfirmTLS(sessionRW{c, ts}, e.o.Secret, ts.State, false); err != nil {
 		return nil, err
 	}
 	return ts, nil
 }
 
-// clientTLS runs the dialing end's TLS handshake on c and waits for the
-// accepting end's confirmation: in TLS 1.3 the client's handshake ends
-// before the server has checked the client's certificate.
-func clientTLS(ctx context.Context, c net.Conn, cfg *tls.Config) (*tlsrec.Session, error) {
+// clientTLS runs the dialing end's TLS handshake on c and the channel
+// binding (see serverTLS).
+func clientTLS(ctx context.Context, c net.Conn, cfg *tls.Config, secret []byte) (*tlsrec.Session, error) {
 	ts, err := tlsrec.Handshake(ctx, c, cfg, true)
 	if err != nil {
 		return nil, err
 	}
-	got := make([]byte, len(tlsConfirm))
-	for n := 0; n < len(got); {
-		m, err := ts.Read(got[n:], func(b []byte) (int, error) {
-			m, err := c.Read(b)
-			if m > 0 {
-				return m, nil
-			}
-			return 0, err
-		})
-		if err != nil {
-			return nil, fmt.Errorf("waiting for the peer to accept this rank's certificate: %w", err)
+	if err := handshake.ConfirmTLS(sessionRW{c, ts}, secret, ts.State, true); err != nil {
+		if errors.Is(err, handshake.ErrTLSBinding) {
+			return nil, err
 		}
-		n += m
-	}
-	if string(got) != tlsConfirm {
-		return nil, fmt.Errorf("TLS confirmation %q, want %q", got, tlsConfirm)
+		return nil, fmt.Errorf("waiting for the peer to accept this rank's certificate: %w", err)
 	}
 	return ts, nil
+}
+
+// sessionRW reads and writes a TLS session's application data with
+// blocking calls on its socket, for the setup before the poll loop takes
+// the socket over.
+type sessionRW struct {
+	c  net.Conn
+	ts *tlsrec.Session
+}
+
+func (s sessionRW) Write(p []byte) (int, error) {
+	if _, err := s.c.Write(s.ts.Seal(nil, p, nil)); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+func (s sessionRW) Read(p []byte) (int, error) {
+	return s.ts.Read(p, func(b []byte) (int, error) {
+		m, err := s.c.Read(b)
+		if m > 0 {
+			return m, nil
+		}
+		return 0, err
+	})
 }
 
 func (e *Endpoint) checkSetup(s wire.ConnSetup) error {
@@ -353,7 +368,7 @@ func (e *Endpoint) dialOne(ctx context.Context, peer, ch, i int) (link, error) {
 			return nil
 		}
 		var err error
-		if ts, err = clientTLS(ctx, c, e.o.TLS); err != nil {
+		if ts, err = clientTLS(ctx, c, e.o.TLS, e.o.Secret); err != nil {
 			err = &tlsrec.HandshakeError{Err: err}
 			if tlsrec.Permanent(err.(*tlsrec.HandshakeError).Err) {
 				return connsetup.Permanent(err)

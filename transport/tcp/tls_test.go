@@ -17,8 +17,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/goccl/goccl/algorithms"
+	"github.com/goccl/goccl/internal/handshake"
 	"github.com/goccl/goccl/internal/tlsrec"
 	"github.com/goccl/goccl/internal/tlsrec/tlstest"
+	"github.com/goccl/goccl/internal/wire"
 	"github.com/goccl/goccl/memory"
 	"github.com/goccl/goccl/transport"
 	"github.com/goccl/goccl/transport/transporttest"
@@ -309,5 +311,67 @@ func readToEnd(t *testing.T, s *sock) error {
 		}
 	}
 	t.Fatal("the stream did not end")
+	return nil
+}
+
+// A relay between two ranks that holds a certificate of the job's CA
+// passes goccl's handshake on unchanged and runs TLS with each rank on its
+// own. It read and altered the data stream before (issue 19, finding 1);
+// now each rank's proof covers its own TLS session, and the connection
+// fails with the channel binding's error.
+func TestTLSRelayIsRefused(t *testing.T) {
+	ca := tlstest.NewCA(t, "job")
+	var relay *tlstest.Relay
+	eps := endpoints(t, 2, func(r int, o *Options) {
+		withTLS(t, ca)(r, o)
+		if r == 0 {
+			// Rank 0 dials rank 1 through the relay.
+			relay = tlstest.NewRelay(t, o.Peers[1], tlsrec.NewConfig(ca.Issue(t, "relay"), ca.Pool), plainSetup)
+			o.Peers = []string{o.Peers[0], relay.Addr}
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := eps[1].Connect(ctx, 0, 0)
+		errc <- err
+	}()
+	_, err := eps[0].Connect(ctx, 1, 0)
+	require.Error(t, err)
+	require.ErrorIs(t, err, handshake.ErrTLSBinding)
+	cancel()
+	<-errc
+	require.Zero(t, relay.Relayed.Load(), "no application data crossed the relay")
+}
+
+// plainSetup passes the handshake and setup that precede TLS on a data
+// socket from dialer to target, frame by frame, unchanged.
+func plainSetup(dialer, target net.Conn) error {
+	var h wire.Hello
+	hello := make([]byte, h.Len())
+	if _, err := io.ReadFull(dialer, hello); err != nil {
+		return err
+	}
+	if _, err := target.Write(hello); err != nil {
+		return err
+	}
+	move := func(from, to net.Conn) error {
+		typ, p, err := handshake.ReadFrame(from, wire.MaxFrame)
+		if err != nil {
+			return err
+		}
+		return handshake.WriteFrame(to, typ, p)
+	}
+	for _, step := range []struct{ from, to net.Conn }{
+		{target, dialer}, // challenge
+		{dialer, target}, // response
+		{dialer, target}, // the first frame: the setup
+		{target, dialer}, // its acknowledgement
+	} {
+		if err := move(step.from, step.to); err != nil {
+			return err
+		}
+	}
 	return nil
 }
