@@ -393,21 +393,29 @@ func (e *Endpoint) JoinBoard(ctx context.Context) error {
 	return nil
 }
 
-// makeBoard creates the board and hands it to every other rank.
-func (e *Endpoint) makeBoard(ctx context.Context) (*segment, error) {
-	n := e.o.NRanks
-	fd, err := unix.MemfdCreate("goccl-board", unix.MFD_CLOEXEC)
+// createBoard makes a new board for n members and returns its descriptor
+// (to hand to the others) and this rank's mapping.
+func createBoard(n int) (int, *segment, error) {
+	fd, err := sealedMemfd("goccl-board", boardSize(n))
 	if err != nil {
-		return nil, fmt.Errorf("memfd_create: %w", err)
-	}
-	defer unix.Close(fd)
-	if err := unix.Ftruncate(fd, int64(boardSize(n))); err != nil {
-		return nil, fmt.Errorf("size board: %w", err)
+		return -1, nil, err
 	}
 	seg, err := mapBoard(fd, n, true)
 	if err != nil {
+		unix.Close(fd)
+		return -1, nil, err
+	}
+	return fd, seg, nil
+}
+
+// makeBoard creates the board and hands it to every other rank.
+func (e *Endpoint) makeBoard(ctx context.Context) (*segment, error) {
+	n := e.o.NRanks
+	fd, seg, err := createBoard(n)
+	if err != nil {
 		return nil, err
 	}
+	defer unix.Close(fd)
 	for peer := 1; peer < n; peer++ {
 		s := wire.ConnSetup{From: uint32(e.o.Rank), To: uint32(peer), NSocks: 1, Flags: wire.ConnBoard}
 		c, err := e.handOver(ctx, peer, s, appendBoardMsg(nil, n), fd)
@@ -439,12 +447,12 @@ func (e *Endpoint) receiveBoard(c *net.UnixConn) (*segment, error) {
 // the others check it.
 func mapBoard(fd, n int, create bool) (*segment, error) {
 	size := boardSize(n)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, fmt.Errorf("stat board: %w", err)
+	got, err := sealedSize(fd)
+	if err != nil {
+		return nil, fmt.Errorf("refusing to map the board: %w", err)
 	}
-	if st.Size != int64(size) {
-		return nil, fmt.Errorf("board is %d bytes, want %d for %d ranks", st.Size, size, n)
+	if got != int64(size) {
+		return nil, fmt.Errorf("board is %d bytes, want %d for %d ranks", got, size, n)
 	}
 	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {

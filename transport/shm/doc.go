@@ -9,11 +9,45 @@
 // For each pair of ranks and channel, the lower rank creates an anonymous
 // memfd segment (one ring per direction: control lines, slot descriptors,
 // slot data; see segment_linux.go) and hands its file
-// descriptor to the higher rank over an authenticated Unix socket
-// (SCM_RIGHTS; abstract socket names are derived from the job's secret).
-// Both map it and close the descriptor at once. The segment has no name,
-// so nothing can outlive the job: the kernel frees it when the last
-// mapping goes, crashed processes included.
+// descriptor to the higher rank over a Unix socket (SCM_RIGHTS), checked
+// as the next section says. Both map it and close the descriptor at once.
+// The segment has no name, so nothing can outlive the job: the kernel
+// frees it when the last mapping goes, crashed processes included.
+//
+// # Who may connect
+//
+// Each rank listens on an abstract Unix socket with a random name
+// (Listen). Abstract sockets have no file permissions, and /proc/net/unix
+// lists their names to every user, so neither the socket nor its name
+// keeps anyone out: any process in the network namespace can connect,
+// and can take a name once its rank has gone. A connection is therefore
+// admitted in two steps:
+//
+//  1. Its other end's credentials (SO_PEERCRED, as of its connect or
+//     listen): the process must run as this process's user or one in
+//     Options.AllowUIDs. The accepting side checks before it reads a
+//     byte and closes a refused connection at once, so that another
+//     user's connections cannot fill the few places of connections
+//     being set up (the board's hand-over comes the same way); the
+//     dialing side checks the listener before it hands over a
+//     descriptor.
+//  2. The handshake (internal/handshake): both ends prove that they know
+//     the job's secret, and the setup that follows says which ranks and
+//     channel the connection joins.
+//
+// # What shared memory trusts
+//
+// A process that maps a segment can write anything into it, so ranks
+// trust each other's data, as on any transport; that is what admission
+// establishes. Sizes a peer writes into slot descriptors and board
+// entries are bounded before use. What a peer must not be able to do is
+// crash this rank, and a memfd shrunk by anyone who holds it would: the
+// next access to the pages cut off is SIGBUS. So every memfd the
+// transport hands out (pair segments, the board) is created with
+// MFD_ALLOW_SEALING and, once sized and before it is handed over, sealed
+// against shrinking and growing and against further seals; a rank maps a
+// descriptor it receives only if it carries those seals and has the size
+// this rank expects, and refuses the hand-over otherwise.
 //
 // # Messages
 //

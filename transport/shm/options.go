@@ -35,6 +35,13 @@ type Options struct {
 	// shared memory.
 	Peers  []string
 	Secret []byte
+	// AllowUIDs lists the users, besides this process's own (its
+	// effective uid), whose processes may exchange segments with this
+	// rank. Every connection's other end is checked (SO_PEERCRED): an
+	// incoming one before anything is read from it, and it is closed at
+	// once if refused; an outgoing one before a descriptor is sent on it.
+	// Empty: this process's user only. Values must be uids (0 to 2³²-2).
+	AllowUIDs []int
 	// Listener is this rank's listener, made by Listen, whose address the
 	// peers know. The endpoint owns it from New on.
 	Listener *net.UnixListener

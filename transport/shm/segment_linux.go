@@ -117,14 +117,57 @@ type segment struct {
 
 const closedBit = 1 << 62
 
-// mapSegment maps fd, checking its geometry when it came from the peer.
-func mapSegment(fd int, g geometry, side int) (*segment, error) {
+// mustSeal are the seals a memfd carries before this rank maps it. A
+// holder that shrinks a file under a mapping turns the next access to
+// the pages cut off into SIGBUS, and a peer holds every segment it
+// created or received (issue 19, finding 5); growing is sealed too, so
+// that the size checked before mapping is the size for good.
+const mustSeal = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW
+
+// sealedMemfd makes a memfd of size bytes for other processes to map:
+// sized, then sealed with mustSeal and against further seals (the rules
+// are then fixed for everyone who holds it), before anyone else sees it.
+func sealedMemfd(name string, size int) (int, error) {
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return -1, fmt.Errorf("memfd_create: %w", err)
+	}
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("sizing the memfd: %w", err)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, mustSeal|unix.F_SEAL_SEAL); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("sealing the memfd: %w", err)
+	}
+	return fd, nil
+}
+
+// sealedSize returns the size of fd, a memfd about to be mapped, once it
+// has made sure that no holder can change that size.
+func sealedSize(fd int) (int64, error) {
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err != nil {
+		return 0, fmt.Errorf("it is not a sealable memfd (F_GET_SEALS: %w)", err)
+	}
+	if seals&mustSeal != mustSeal {
+		return 0, fmt.Errorf("it is not sealed against shrinking and growing (seals %#x), so its holders could truncate it under the mapping", seals)
+	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, fmt.Errorf("shm: stat segment: %w", err)
+		return 0, fmt.Errorf("stat: %w", err)
 	}
-	if st.Size != int64(g.size()) {
-		return nil, fmt.Errorf("shm: segment is %d bytes, want %d (%d slots of %d bytes): do all ranks use the same slot settings?", st.Size, g.size(), g.slots, g.slotSize)
+	return st.Size, nil
+}
+
+// mapSegment maps fd, checking its geometry when it came from the peer.
+func mapSegment(fd int, g geometry, side int) (*segment, error) {
+	size, err := sealedSize(fd)
+	if err != nil {
+		return nil, fmt.Errorf("shm: refusing to map the segment: %w", err)
+	}
+	if size != int64(g.size()) {
+		return nil, fmt.Errorf("shm: segment is %d bytes, want %d (%d slots of %d bytes): do all ranks use the same slot settings?", size, g.size(), g.slots, g.slotSize)
 	}
 	mem, err := unix.Mmap(fd, 0, g.size(), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
@@ -157,13 +200,9 @@ func mapSegment(fd int, g geometry, side int) (*segment, error) {
 // createSegment makes a new segment and returns its descriptor (to hand to
 // the peer) and this side's mapping.
 func createSegment(g geometry) (int, *segment, error) {
-	fd, err := unix.MemfdCreate("goccl", unix.MFD_CLOEXEC)
+	fd, err := sealedMemfd("goccl", g.size())
 	if err != nil {
-		return -1, nil, fmt.Errorf("shm: memfd_create: %w", err)
-	}
-	if err := unix.Ftruncate(fd, int64(g.size())); err != nil {
-		unix.Close(fd)
-		return -1, nil, fmt.Errorf("shm: size segment: %w", err)
+		return -1, nil, fmt.Errorf("shm: segment: %w", err)
 	}
 	s, err := mapSegment(fd, g, 0)
 	if err != nil {

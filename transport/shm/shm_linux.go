@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"sync"
@@ -32,6 +33,9 @@ var ErrUnsupported = errors.New("shm: the shared-memory transport needs Linux (m
 // ("@goccl-<pid>-<random>"). Abstract sockets belong to a network
 // namespace and vanish with their last descriptor: nothing is left in the
 // file system, and only processes in this network namespace can dial it.
+// The name is random but no secret (/proc/net/unix lists it to every
+// user), and the socket has no permissions: an endpoint checks who is at
+// the other end of every connection (see Options.AllowUIDs).
 func Listen() (*net.UnixListener, error) {
 	var r [8]byte
 	if _, err := rand.Read(r[:]); err != nil {
@@ -51,6 +55,7 @@ type Endpoint struct {
 	g   geometry
 	log *slog.Logger
 
+	uid     int // this process's effective uid: peers must run as it (or be in o.AllowUIDs)
 	acc     connsetup.Acceptor
 	dialer  connsetup.Dialer
 	pending connsetup.Pending[pendingSeg] // handed over, not yet collected
@@ -99,13 +104,18 @@ func New(o Options) (*Endpoint, error) {
 	if o.Slots < 2 || o.Slots > 1024 || o.SlotSize < 64 || o.SlotSize > 1<<30 {
 		return nil, fmt.Errorf("shm: need 2..1024 slots of 64 bytes to 1 GiB: %d slots of %d", o.Slots, o.SlotSize)
 	}
-	e := &Endpoint{o: o, g: geometry{slots: o.Slots, slotSize: o.SlotSize}, log: o.Logger,
+	for _, uid := range o.AllowUIDs {
+		if uid < 0 || uid >= math.MaxUint32 {
+			return nil, fmt.Errorf("shm: AllowUIDs holds %d, which is not a uid (0 to %d)", uid, uint32(math.MaxUint32-1))
+		}
+	}
+	e := &Endpoint{o: o, g: geometry{slots: o.Slots, slotSize: o.SlotSize}, log: o.Logger, uid: os.Geteuid(),
 		conns: map[connKey]*conn{}, done: make(chan struct{}), closing: make(chan struct{})}
 	if e.log == nil {
 		e.log = slog.Default()
 	}
 	e.acc = connsetup.Acceptor{Name: "shm", Rank: o.Rank, Secret: o.Secret, Purpose: wire.PurposeShm, Timeout: setupTimeout,
-		Log: e.log, Check: e.checkSetup, Serve: e.serveIncoming}
+		Log: e.log, Vet: e.vetPeer, Check: e.checkSetup, Serve: e.serveIncoming}
 	e.dialer = connsetup.Dialer{Network: "unix", Secret: o.Secret, Purpose: wire.PurposeShm, Timeout: setupTimeout, Done: e.done}
 	e.acc.Start(o.Listener)
 	return e, nil
@@ -318,6 +328,14 @@ func (e *Endpoint) dial(ctx context.Context, peer, ch int) (*segment, int, error
 func (e *Endpoint) handOver(ctx context.Context, peer int, s wire.ConnSetup, msg []byte, fd int) (*net.UnixConn, error) {
 	addr := e.o.Peers[peer]
 	c, err := e.dialer.Dial(ctx, addr, s, func(c net.Conn) error {
+		// Whoever listens under the name now must be one of ours before
+		// the descriptor goes: a rank that died frees its name for anyone.
+		// (The dialer has no hook before the handshake, so a stranger's
+		// listener does see this rank's hello; without the secret it gets
+		// nothing more.) Retrying would reach the same listener.
+		if err := e.vetPeer(c); err != nil {
+			return connsetup.Permanent(fmt.Errorf("the listener: %w", err))
+		}
 		if _, _, err := c.(*net.UnixConn).WriteMsgUnix(msg, unix.UnixRights(fd), nil); err != nil {
 			return err
 		}

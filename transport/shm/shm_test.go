@@ -27,7 +27,12 @@ import (
 	"github.com/goccl/goccl/transport/transporttest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if role := os.Getenv(strangerEnv); role != "" {
+		os.Exit(stranger(role, os.Getenv(strangerAddrEnv))) // this binary re-executed as another user
+	}
+	goleak.VerifyTestMain(m)
+}
 
 var secret = []byte("0123456789abcdef")
 
