@@ -12,6 +12,7 @@ import (
 	"github.com/goccl/goccl/algorithms"
 	"github.com/goccl/goccl/internal/tlsrec"
 	"github.com/goccl/goccl/topology"
+	"github.com/goccl/goccl/transport"
 )
 
 // Defaults.
@@ -26,7 +27,7 @@ const (
 	// DefaultMaxChannels is the most channels the tuner uses.
 	DefaultMaxChannels = 2
 	// MaxChannels is the most channels a communicator can be given.
-	MaxChannels = 32
+	MaxChannels = transport.MaxChannel // point-to-point takes the channel after them
 )
 
 // Config holds a communicator's settings. The zero value means defaults.
@@ -104,6 +105,12 @@ type Config struct {
 	// serverAuth and clientAuth extended key usages (or none). Shared
 	// memory stays within the host and does not use TLS.
 	TLSCert, TLSKey, TLSCA string
+	// ShmAllowUIDs lists the other users whose processes may connect to
+	// this rank's shared-memory sockets (GOCCL_SHM_ALLOW_UIDS, a comma
+	// list of uids): by default only processes of this process's user
+	// may, so that ranks of one job on one host running as different
+	// users need it on every rank.
+	ShmAllowUIDs []int
 	// Insecure lets InitFromEnv start a job that has no GOCCL_SECRET:
 	// its connections are then checked for protocol version and job, but
 	// not authenticated (GOCCL_INSECURE=1; logged at WARN). For trusted
@@ -282,24 +289,25 @@ func WithEnv(lookup func(string) (string, bool)) Option {
 // Environment variables, all read here and nowhere else. An invalid value
 // is an error, never a silent default.
 const (
-	EnvAlgo        = "GOCCL_ALGO"          // ring, tree, recdoubling, rabenseifner, oneshot or auto
-	EnvNChannels   = "GOCCL_NCHANNELS"     // 1..32
-	EnvMaxChannels = "GOCCL_MAX_NCHANNELS" // 1..32
-	EnvChunkSize   = "GOCCL_CHUNK_SIZE"    // bytes, with an optional K, M or G suffix (powers of 1024)
-	EnvTimeout     = "GOCCL_TIMEOUT"       // a Go duration ("90s", "10m") or whole seconds
-	EnvInitTimeout = "GOCCL_INIT_TIMEOUT"  // like GOCCL_TIMEOUT, for Init and InitFromEnv
-	EnvNSocks      = "GOCCL_NSOCKS"        // TCP sockets per connection, 1..64
-	EnvSocketIf    = "GOCCL_SOCKET_IFNAME"
-	EnvHostID      = "GOCCL_HOSTID"
-	EnvSpin        = "GOCCL_SPIN"         // a duration ("1ms", "200us"); 0 never polls
-	EnvTransport   = "GOCCL_TRANSPORT"    // auto, tcp, shm or verbs
-	EnvDebugDump   = "GOCCL_DEBUG_DUMP"   // a directory for flight recorder dumps
-	EnvDebug       = "GOCCL_DEBUG"        // WARN, INFO, DEBUG, TRACE or NONE
-	EnvDebugSubsys = "GOCCL_DEBUG_SUBSYS" // INIT,COLL,NET or ALL; ^ excludes
-	EnvTLSCert     = "GOCCL_TLS_CERT"     // PEM: this rank's certificate
-	EnvTLSKey      = "GOCCL_TLS_KEY"      // PEM: its private key
-	EnvTLSCA       = "GOCCL_TLS_CA"       // PEM: the CA that signed every rank's certificate
-	EnvInsecure    = "GOCCL_INSECURE"     // 1: InitFromEnv runs without GOCCL_SECRET, unauthenticated
+	EnvAlgo         = "GOCCL_ALGO"          // ring, tree, recdoubling, rabenseifner, oneshot or auto
+	EnvNChannels    = "GOCCL_NCHANNELS"     // 1..32
+	EnvMaxChannels  = "GOCCL_MAX_NCHANNELS" // 1..32
+	EnvChunkSize    = "GOCCL_CHUNK_SIZE"    // bytes, with an optional K, M or G suffix (powers of 1024)
+	EnvTimeout      = "GOCCL_TIMEOUT"       // a Go duration ("90s", "10m") or whole seconds
+	EnvInitTimeout  = "GOCCL_INIT_TIMEOUT"  // like GOCCL_TIMEOUT, for Init and InitFromEnv
+	EnvNSocks       = "GOCCL_NSOCKS"        // TCP sockets per connection, 1..64
+	EnvSocketIf     = "GOCCL_SOCKET_IFNAME"
+	EnvHostID       = "GOCCL_HOSTID"
+	EnvSpin         = "GOCCL_SPIN"           // a duration ("1ms", "200us"); 0 never polls
+	EnvTransport    = "GOCCL_TRANSPORT"      // auto, tcp, shm or verbs
+	EnvDebugDump    = "GOCCL_DEBUG_DUMP"     // a directory for flight recorder dumps
+	EnvDebug        = "GOCCL_DEBUG"          // WARN, INFO, DEBUG, TRACE or NONE
+	EnvDebugSubsys  = "GOCCL_DEBUG_SUBSYS"   // INIT,COLL,NET or ALL; ^ excludes
+	EnvTLSCert      = "GOCCL_TLS_CERT"       // PEM: this rank's certificate
+	EnvTLSKey       = "GOCCL_TLS_KEY"        // PEM: its private key
+	EnvTLSCA        = "GOCCL_TLS_CA"         // PEM: the CA that signed every rank's certificate
+	EnvInsecure     = "GOCCL_INSECURE"       // 1: InitFromEnv runs without GOCCL_SECRET, unauthenticated
+	EnvShmAllowUIDs = "GOCCL_SHM_ALLOW_UIDS" // uids, comma-separated, whose processes may join this rank's shared memory
 
 	EnvIBHCA      = "GOCCL_IB_HCA"                // NCCL_IB_HCA's syntax: mlx5_0:1,mlx5_1 / ^mlx5_1 / =mlx5_0
 	EnvIBGIDIndex = "GOCCL_IB_GID_INDEX"          // a GID table index
@@ -471,6 +479,15 @@ func fromEnv(lookup func(string) (string, bool)) (Config, error) {
 			} else {
 				*e.dst = n
 			}
+		}
+	}
+	if v, ok := lookup(EnvShmAllowUIDs); ok && strings.TrimSpace(v) != "" {
+		for _, f := range strings.Split(v, ",") {
+			uid, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || uid < 0 {
+				return c, bad(EnvShmAllowUIDs, v, "a comma-separated list of numeric uids")
+			}
+			c.ShmAllowUIDs = append(c.ShmAllowUIDs, uid)
 		}
 	}
 	if v, ok := lookup(EnvInsecure); ok && strings.TrimSpace(v) != "" {

@@ -59,6 +59,8 @@ func TestInvalidEnvironmentIsAnError(t *testing.T) {
 		"GOCCL_TIMEOUT":           "-3s",
 		"GOCCL_NET_GDR_LEVEL":     "nearby",
 		"GOCCL_GDR_FLUSH_DISABLE": "maybe",
+		"GOCCL_SHM_ALLOW_UIDS":    "1000,root",
+		"GOCCL_INSECURE":          "sure",
 	} {
 		_, err := collective.NewLocalGroup(2, env(map[string]string{k: v}))
 		require.ErrorIs(t, err, collective.ErrInvalidArgument, "%s=%s", k, v)
@@ -127,4 +129,12 @@ func TestDebugLevelAndSubsystems(t *testing.T) {
 		require.NoError(t, err, v)
 		comms[0].Close()
 	}
+}
+
+func TestShmAllowUIDsFromEnvironment(t *testing.T) {
+	comms, err := collective.NewLocalGroup(1, env(map[string]string{"GOCCL_SHM_ALLOW_UIDS": "1000, 1001", "GOCCL_INSECURE": "1"}))
+	require.NoError(t, err)
+	defer comms[0].Close()
+	require.Equal(t, []int{1000, 1001}, comms[0].Config().ShmAllowUIDs)
+	require.True(t, comms[0].Config().Insecure)
 }

@@ -40,3 +40,18 @@ func TestProgressOf(t *testing.T) {
 	require.ErrorIs(t, err, a.err)
 	require.Equal(t, []int{3, 1, 2}, a.calls)
 }
+
+// The channel numbers a communicator uses, and no others (issue 19: a
+// peer's setup could name any of 2^32 channels).
+func TestValidChannel(t *testing.T) {
+	for _, ch := range []int{0, 1, 31, transport.MaxChannel, transport.DeviceChannels - 1, transport.DeviceChannels, transport.DeviceChannels + transport.MaxChannel} {
+		if !transport.ValidChannel(ch) {
+			t.Errorf("channel %d refused", ch)
+		}
+	}
+	for _, ch := range []int{-1, transport.MaxChannel + 1, 5000, transport.DeviceChannels - 2, transport.DeviceChannels + transport.MaxChannel + 1, 1 << 30} {
+		if transport.ValidChannel(ch) {
+			t.Errorf("channel %d accepted", ch)
+		}
+	}
+}

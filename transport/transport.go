@@ -48,6 +48,20 @@ type Caps struct {
 // in host memory.
 const DeviceChannels = 1 << 16
 
+// MaxChannel is the highest channel number of host operations a
+// communicator uses: collectives on 0 up to 31, point-to-point on the one
+// after its channel count (at most 32). Device operations use the same
+// numbers from DeviceChannels on, and a transport may keep
+// DeviceChannels-1 for itself (the RDMA board).
+const MaxChannel = 32
+
+// ValidChannel reports whether a peer may ask for a connection on channel
+// ch: the numbers a communicator uses, so that an authenticated peer
+// cannot make an endpoint set up connections without bound.
+func ValidChannel(ch int) bool {
+	return ch >= 0 && ch <= MaxChannel || ch == DeviceChannels-1 || ch >= DeviceChannels && ch <= DeviceChannels+MaxChannel
+}
+
 // Tag identifies a slice on the wire: which operation it belongs to (its
 // sequence number and a signature of what it is), which message of that
 // operation on this connection, and which slice of the message. The engine

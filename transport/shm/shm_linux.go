@@ -188,6 +188,8 @@ func (e *Endpoint) checkSetup(s wire.ConnSetup) error {
 		return fmt.Errorf("unknown connection flags %#x", s.Flags)
 	case s.Flags&wire.ConnBoard != 0 && s.From != 0:
 		return fmt.Errorf("rank %d may not hand rank %d a board (rank 0 does)", s.From, e.o.Rank)
+	case s.Flags&wire.ConnBoard == 0 && !transport.ValidChannel(int(s.Channel)):
+		return fmt.Errorf("no channel %d here", s.Channel)
 	case int(s.To) != e.o.Rank:
 		return fmt.Errorf("segment meant for rank %d reached rank %d", s.To, e.o.Rank)
 	case int(s.From) >= e.o.NRanks || int(s.From) >= e.o.Rank:

@@ -253,6 +253,8 @@ func (s sessionRW) Read(p []byte) (int, error) {
 
 func (e *Endpoint) checkSetup(s wire.ConnSetup) error {
 	switch {
+	case !transport.ValidChannel(int(s.Channel)):
+		return fmt.Errorf("no channel %d here", s.Channel)
 	case e.established(connKey{int(s.From), int(s.Channel)}):
 		return fmt.Errorf("connection from rank %d on channel %d already established", s.From, s.Channel)
 	case int(s.To) != e.o.Rank:

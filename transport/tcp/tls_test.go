@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -374,4 +375,18 @@ func plainSetup(dialer, target net.Conn) error {
 		}
 	}
 	return nil
+}
+
+// An authenticated peer that asks for a channel no communicator uses is
+// refused (issue 19, finding 10): connections cannot be set up without
+// bound.
+func TestUnusedChannelsAreRefused(t *testing.T) {
+	eps := endpoints(t, 2, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, ch := range []int{transport.MaxChannel + 1, 1 << 20} {
+		s := wire.ConnSetup{From: 0, To: 1, Channel: uint32(ch), NSocks: uint16(eps[0].o.NSocks)}
+		_, err := eps[0].dialer.Dial(ctx, eps[0].o.Peers[1], s, nil)
+		require.ErrorContains(t, err, fmt.Sprintf("no channel %d here", ch))
+	}
 }

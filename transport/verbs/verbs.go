@@ -196,6 +196,8 @@ func (e *Endpoint) checkSetup(s wire.ConnSetup) error {
 	dup := e.conns[k] != nil
 	e.mu.Unlock()
 	switch {
+	case !transport.ValidChannel(k.ch):
+		return fmt.Errorf("no channel %d here", s.Channel)
 	case dup || e.pending.Has(connsetup.Key{Peer: k.peer, Ch: k.ch}):
 		return fmt.Errorf("connection from rank %d on channel %d already established", s.From, s.Channel)
 	case s.Flags != 0:

@@ -14,6 +14,7 @@ import (
 	"github.com/goccl/goccl/algorithms"
 	"github.com/goccl/goccl/internal/engine"
 	"github.com/goccl/goccl/internal/kernels"
+	"github.com/goccl/goccl/internal/wire"
 	"github.com/goccl/goccl/memory"
 	"github.com/goccl/goccl/transport"
 	"github.com/goccl/goccl/transport/transporttest"
@@ -152,4 +153,15 @@ func TestAllReduceOverInfiniBandLIDs(t *testing.T) {
 		require.Contains(t, p.String(), fmt.Sprintf("InfiniBand LID %d", p.Attr.LID))
 		return transporttest.Endpoints(eps)
 	})
+}
+
+// An authenticated peer that asks for a channel no communicator uses is
+// refused (issue 19, finding 10).
+func TestUnusedChannelsAreRefused(t *testing.T) {
+	eps := endpoints(t, 2, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s := wire.ConnSetup{From: 0, To: 1, Channel: 1 << 20, NSocks: 1}
+	_, err := eps[0].dialer.Dial(ctx, eps[0].o.Peers[1], s, nil)
+	require.ErrorContains(t, err, "no channel 1048576 here")
 }
