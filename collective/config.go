@@ -24,6 +24,9 @@ const (
 	DefaultSpin = time.Millisecond
 	// DefaultInitTimeout bounds the bootstrap of Init and InitFromEnv.
 	DefaultInitTimeout = 2 * time.Minute
+	// DefaultHeartbeatTimeout is how long a rank may not answer the
+	// root's heartbeat before the others are told it stopped responding.
+	DefaultHeartbeatTimeout = 10 * time.Second
 	// DefaultMaxChannels is the most channels the tuner uses.
 	DefaultMaxChannels = 2
 	// MaxChannels is the most channels a communicator can be given.
@@ -58,6 +61,16 @@ type Config struct {
 	// InitTimeout bounds Init and InitFromEnv when their context has no
 	// deadline; 0 means DefaultInitTimeout.
 	InitTimeout time.Duration
+	// HeartbeatTimeout is how long a rank of a communicator made by Init
+	// or InitFromEnv may leave the bootstrap root's heartbeat unanswered
+	// before every other rank's communicator aborts naming it as not
+	// responding (its process stopped, deadlocked or swapping: a rank
+	// busy computing still answers, from a goroutine of the library's);
+	// the ranks watch the root the same way. 0 means
+	// DefaultHeartbeatTimeout, negative turns the heartbeat off
+	// (GOCCL_HEARTBEAT_TIMEOUT; "0" there turns it off). Every rank and
+	// the root's process should agree.
+	HeartbeatTimeout time.Duration
 	// NSocks is the number of TCP sockets per connection between two
 	// ranks (1..64); 0 means the transport's default. Every rank must use
 	// the same value.
@@ -289,13 +302,14 @@ func WithEnv(lookup func(string) (string, bool)) Option {
 // Environment variables, all read here and nowhere else. An invalid value
 // is an error, never a silent default.
 const (
-	EnvAlgo         = "GOCCL_ALGO"          // ring, tree, recdoubling, rabenseifner, oneshot or auto
-	EnvNChannels    = "GOCCL_NCHANNELS"     // 1..32
-	EnvMaxChannels  = "GOCCL_MAX_NCHANNELS" // 1..32
-	EnvChunkSize    = "GOCCL_CHUNK_SIZE"    // bytes, with an optional K, M or G suffix (powers of 1024)
-	EnvTimeout      = "GOCCL_TIMEOUT"       // a Go duration ("90s", "10m") or whole seconds
-	EnvInitTimeout  = "GOCCL_INIT_TIMEOUT"  // like GOCCL_TIMEOUT, for Init and InitFromEnv
-	EnvNSocks       = "GOCCL_NSOCKS"        // TCP sockets per connection, 1..64
+	EnvAlgo         = "GOCCL_ALGO"              // ring, tree, recdoubling, rabenseifner, oneshot or auto
+	EnvNChannels    = "GOCCL_NCHANNELS"         // 1..32
+	EnvMaxChannels  = "GOCCL_MAX_NCHANNELS"     // 1..32
+	EnvChunkSize    = "GOCCL_CHUNK_SIZE"        // bytes, with an optional K, M or G suffix (powers of 1024)
+	EnvTimeout      = "GOCCL_TIMEOUT"           // a Go duration ("90s", "10m") or whole seconds
+	EnvInitTimeout  = "GOCCL_INIT_TIMEOUT"      // like GOCCL_TIMEOUT, for Init and InitFromEnv
+	EnvHeartbeat    = "GOCCL_HEARTBEAT_TIMEOUT" // a duration; 0 turns the heartbeat off
+	EnvNSocks       = "GOCCL_NSOCKS"            // TCP sockets per connection, 1..64
 	EnvSocketIf     = "GOCCL_SOCKET_IFNAME"
 	EnvHostID       = "GOCCL_HOSTID"
 	EnvSpin         = "GOCCL_SPIN"           // a duration ("1ms", "200us"); 0 never polls
@@ -423,6 +437,15 @@ func fromEnv(lookup func(string) (string, bool)) (Config, error) {
 				return c, bad(e.name, v, `a positive duration like "90s" or "10m", or whole seconds`)
 			}
 			*e.dst = d
+		}
+	}
+	if v, ok := lookup(EnvHeartbeat); ok && strings.TrimSpace(v) != "" {
+		if strings.TrimSpace(v) == "0" {
+			c.HeartbeatTimeout = -1
+		} else if d, err := parseTimeout(v); err != nil || d <= 0 {
+			return c, bad(EnvHeartbeat, v, `a positive duration like "10s", or 0 to turn the heartbeat off`)
+		} else {
+			c.HeartbeatTimeout = d
 		}
 	}
 	if v, ok := lookup(EnvNSocks); ok && v != "" {
@@ -653,6 +676,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.InitTimeout == 0 {
 		c.InitTimeout = DefaultInitTimeout
+	}
+	if c.HeartbeatTimeout == 0 {
+		c.HeartbeatTimeout = DefaultHeartbeatTimeout
 	}
 	if c.Spin == 0 {
 		c.Spin = DefaultSpin

@@ -61,6 +61,7 @@ func TestInvalidEnvironmentIsAnError(t *testing.T) {
 		"GOCCL_GDR_FLUSH_DISABLE": "maybe",
 		"GOCCL_SHM_ALLOW_UIDS":    "1000,root",
 		"GOCCL_INSECURE":          "sure",
+		"GOCCL_HEARTBEAT_TIMEOUT": "-5s",
 	} {
 		_, err := collective.NewLocalGroup(2, env(map[string]string{k: v}))
 		require.ErrorIs(t, err, collective.ErrInvalidArgument, "%s=%s", k, v)
@@ -137,4 +138,13 @@ func TestShmAllowUIDsFromEnvironment(t *testing.T) {
 	defer comms[0].Close()
 	require.Equal(t, []int{1000, 1001}, comms[0].Config().ShmAllowUIDs)
 	require.True(t, comms[0].Config().Insecure)
+}
+
+func TestHeartbeatTimeoutFromEnvironment(t *testing.T) {
+	for v, want := range map[string]time.Duration{"": collective.DefaultHeartbeatTimeout, "30s": 30 * time.Second, "0": -1} {
+		comms, err := collective.NewLocalGroup(1, env(map[string]string{"GOCCL_HEARTBEAT_TIMEOUT": v}))
+		require.NoError(t, err)
+		require.Equal(t, want, comms[0].Config().HeartbeatTimeout, "GOCCL_HEARTBEAT_TIMEOUT=%q", v)
+		comms[0].Close()
+	}
 }

@@ -65,7 +65,15 @@
 // After Init the root keeps every rank's connection as a failure
 // detector: a rank that aborts, or whose process dies, is reported to
 // every other rank within milliseconds, even to ranks that are idle, whose
-// Context ends with the cause. The survivors can then call Shrink, which
+// Context ends with the cause. A rank whose process is alive but does not
+// run (stopped, deadlocked, swapping) keeps its sockets open, so nothing
+// breaks; the root's heartbeat finds it: a rank that leaves the root's
+// pings unanswered for Config.HeartbeatTimeout (10 s;
+// GOCCL_HEARTBEAT_TIMEOUT) is reported to every other rank as not
+// responding (UnresponsiveError), and the ranks report a silent root the
+// same way (under InitFromEnv, rank 0's process). The library answers from
+// a goroutine of its own, so a rank busy computing between collectives is
+// never reported. The survivors can then call Shrink, which
 // makes a new communicator of the ranks still there (the root's process
 // must be one of them), numbered in their old order.
 //

@@ -41,6 +41,10 @@ const Version = "0.1.0"
 type UniqueID struct {
 	addr   string
 	secret [16]byte
+	// rootRank+1 is the rank whose process hosts the root (InitFromEnv:
+	// rank 0's); 0 when no rank does, or it is not known (NewUniqueID's
+	// process). Not part of the string form.
+	rootRank int
 }
 
 const idPrefix = "goccl1:"
@@ -104,7 +108,7 @@ func NewUniqueID(opts ...Option) (UniqueID, error) {
 		return UniqueID{}, err
 	}
 	r, err := bootstrap.StartRoot(net.JoinHostPort(addrs[0].Host(), "0"), bootstrap.RootOptions{
-		Secret: id.secret[:], Version: Version, Timeout: cfg.InitTimeout, Watch: true, TLS: cfg.tls})
+		Secret: id.secret[:], Version: Version, Timeout: cfg.InitTimeout, Watch: true, TLS: cfg.tls, Heartbeat: heartbeatOf(cfg)})
 	if err != nil {
 		return UniqueID{}, err
 	}
@@ -550,6 +554,7 @@ func InitFromEnv(ctx context.Context, opts ...Option) (*Comm, error) {
 		}
 	} else {
 		id.addr = env.Root
+		id.rootRank = 1 // rank 0 hosts the root (below)
 		if env.Secret != "" {
 			hex.Decode(id.secret[:], []byte(env.Secret)) // launch.FromEnv checked it
 		} else {
@@ -568,7 +573,7 @@ func InitFromEnv(ctx context.Context, opts ...Option) (*Comm, error) {
 		if env.Rank == 0 {
 			ifs, _ := netif.System() // none: every interface, as before
 			r, err := bootstrap.StartRoot(rootListenAddr(env.Root, ifs), bootstrap.RootOptions{
-				Secret: id.secret[:], Version: Version, Timeout: cfg.InitTimeout, Watch: true, TLS: cfg.tls})
+				Secret: id.secret[:], Version: Version, Timeout: cfg.InitTimeout, Watch: true, TLS: cfg.tls, Heartbeat: heartbeatOf(cfg)})
 			if err != nil {
 				return nil, fmt.Errorf("goccl: rank 0 hosts the root at %s: %w", env.Root, err)
 			}

@@ -654,6 +654,8 @@ func childMain(scenario string) int {
 		}
 		fmt.Printf("learned after %v: %v\n", time.Since(start), cause)
 		return 0
+	case "freeze":
+		return childFreeze(ctx, c)
 	case "kill":
 		victim, _ := strconv.Atoi(os.Getenv("GOCCL_TEST_VICTIM"))
 		count, _ := strconv.Atoi(os.Getenv("GOCCL_TEST_COUNT"))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/goccl/goccl/internal/bootstrap"
 	"github.com/goccl/goccl/internal/wire"
@@ -23,6 +24,9 @@ func (c *Comm) startWatch(w *bootstrap.Watch) {
 	c.rootWatch = w
 	c.watchExit = make(chan struct{})
 	c.shrunk = make(chan *wire.Table, 1)
+	if d := heartbeatOf(c.cfg); d > 0 {
+		go c.watchRoot(w, d)
+	}
 	go func() {
 		defer close(c.watchExit)
 		for {
@@ -38,15 +42,75 @@ func (c *Comm) startWatch(w *bootstrap.Watch) {
 				return
 			}
 			var cause error
-			if a.Died {
+			switch {
+			case a.Silent && int(a.Rank) == c.rank:
+				cause = fmt.Errorf("goccl: the root told the other ranks that this rank %s: it was stopped or starved for longer than the heartbeat timeout (GOCCL_HEARTBEAT_TIMEOUT), and the job goes on without it", a.Reason)
+			case a.Silent:
+				cause = &transport.PeerError{Peer: int(a.Rank), Op: "watch", Err: &UnresponsiveError{Rank: int(a.Rank), Detail: a.Reason}}
+			case a.Died:
 				cause = &transport.PeerError{Peer: int(a.Rank), Op: "watch", Err: fmt.Errorf("rank %d died: %s", a.Rank, a.Reason)}
-			} else {
+			default:
 				cause = &transport.PeerAbortedError{Peer: int(a.Rank), Cause: errors.New(a.Reason)}
 			}
 			c.silence() // the root knows: it told us
 			c.abort(cause)
 		}
 	}()
+}
+
+// UnresponsiveError is the cause of an abort when a rank stopped
+// answering the heartbeat: its process is alive (its connections stay
+// open) but does not run.
+type UnresponsiveError struct {
+	Rank   int    // -1: the bootstrap root, in no rank's process
+	Detail string // "stopped responding 10.2 s ago (...)"
+	Root   string // the root's address, when it is the root that fell silent
+}
+
+func (e *UnresponsiveError) Error() string {
+	if e.Root != "" && e.Rank >= 0 {
+		return fmt.Sprintf("rank %d (it hosts the bootstrap root at %s) %s", e.Rank, e.Root, e.Detail)
+	}
+	if e.Root != "" {
+		return fmt.Sprintf("the bootstrap root at %s %s", e.Root, e.Detail)
+	}
+	return fmt.Sprintf("rank %d %s", e.Rank, e.Detail)
+}
+
+// watchRoot aborts the communicator when the root's heartbeat stops: the
+// root's process (rank 0's, under InitFromEnv) is stopped, deadlocked or
+// swapping. It starts looking once the first ping has come (a root with a
+// heartbeat sends one right after the table), so that a root without a
+// heartbeat is not taken for a silent one.
+func (c *Comm) watchRoot(w *bootstrap.Watch, timeout time.Duration) {
+	joined := w.Heard()
+	tick := time.NewTicker(bootstrap.HeartbeatInterval(timeout))
+	defer tick.Stop()
+	for {
+		select {
+		case <-c.watchExit:
+			return
+		case <-tick.C:
+		}
+		heard := w.Heard()
+		if !heard.After(joined) {
+			continue // no ping yet
+		}
+		// An interval's grace: the root reports a rank after timeout, the
+		// ranks the root a little later, so that a stopped rank 0 is not
+		// raced by its own report.
+		if d := time.Since(heard); d > timeout+bootstrap.HeartbeatInterval(timeout) {
+			ue := &UnresponsiveError{Rank: c.id.rootRank - 1, Root: c.id.addr,
+				Detail: fmt.Sprintf("stopped responding %.1f s ago (process stopped, deadlocked or swapping?)", d.Seconds())}
+			var cause error = ue
+			if ue.Rank >= 0 {
+				cause = &transport.PeerError{Peer: ue.Rank, Op: "watch", Err: ue}
+			}
+			c.silence()
+			c.abort(cause)
+			return
+		}
+	}
 }
 
 // tellRoot tells the root this rank aborts (once, from abort).
@@ -113,4 +177,15 @@ func (c *Comm) Shrink(ctx context.Context) (*Comm, error) {
 			return wire.Table{}, nil, fmt.Errorf("waiting for the other survivors to shrink: %w", context.Cause(ctx))
 		}
 	})
+}
+
+// heartbeatOf is the heartbeat timeout cfg asks for; 0: none.
+func heartbeatOf(cfg Config) time.Duration {
+	if cfg.HeartbeatTimeout < 0 {
+		return 0
+	}
+	if cfg.HeartbeatTimeout == 0 {
+		return DefaultHeartbeatTimeout
+	}
+	return cfg.HeartbeatTimeout
 }

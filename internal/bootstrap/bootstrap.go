@@ -32,6 +32,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/goccl/goccl/internal/handshake"
@@ -72,6 +73,22 @@ type RootOptions struct {
 	// Every rank must then join with JoinWatch. The root serves until
 	// every rank has said goodbye or gone, or until Close.
 	Watch bool
+	// Heartbeat, in watch mode, is how long a rank may leave the root's
+	// pings unanswered before the root tells the others it stopped
+	// responding (wire.Abort.Silent) and counts it out of a shrink; the
+	// root pings every HeartbeatInterval of it. 0: no heartbeat. A rank's
+	// library answers from a goroutine of its own, so a rank that is busy
+	// computing answers, and one whose process is stopped, deadlocked in
+	// the runtime or swapping does not.
+	Heartbeat time.Duration
+}
+
+// HeartbeatInterval is how often a root with heartbeat timeout d pings
+// every rank: five times per timeout, but not more often than every
+// 100 ms nor less often than every 2 s (one small message each way per
+// rank per 2 s of an idle job, at the default of 10 s).
+func HeartbeatInterval(d time.Duration) time.Duration {
+	return min(max(d/5, 100*time.Millisecond), 2*time.Second)
 }
 
 // Root serves one job's rendezvous.
@@ -84,7 +101,7 @@ type Root struct {
 
 	drops handshake.DropLog // sampled: a stranger hammering the port cannot flood the log
 
-	mu       sync.Mutex // guards the fields below
+	mu       sync.Mutex        // guards the fields below
 	pending  handshake.Pending // connections still authenticating
 	nranks   int
 	regs     []*registration
@@ -101,7 +118,8 @@ type Root struct {
 	// Watch mode, after the table: which ranks said goodbye, aborted or
 	// went away.
 	watching bool
-	left     []bool // goodbye, abort or gone: no death notice for it
+	left     []bool      // goodbye, abort or gone: no death notice for it
+	heard    []time.Time // when each rank's last frame arrived (the heartbeat)
 	gone     int
 	out      []bool                   // said goodbye or went away: not part of a shrink
 	shrink   map[uint32]*registration // a shrink in progress: survivors' new registrations, by old rank
@@ -279,6 +297,9 @@ func (r *Root) handle(raw net.Conn) {
 		typ, payload, err := handshake.ReadFrame(c, wire.MaxFrame)
 		r.mu.Lock()
 		finished, watching := r.finished, r.watching
+		if err == nil && r.heard != nil {
+			r.heard[info.Rank] = time.Now()
+		}
 		r.mu.Unlock()
 		if !finished {
 			if err == nil {
@@ -303,6 +324,8 @@ func (r *Root) handle(raw net.Conn) {
 				return
 			}
 			r.relay(wire.Abort{Rank: info.Rank, Reason: a.Reason})
+		case wire.FramePong:
+			// Heard (above).
 		case wire.FrameBye:
 			r.mu.Lock()
 			r.left[info.Rank] = true
@@ -329,6 +352,61 @@ func (r *Root) handle(raw net.Conn) {
 			return
 		}
 	}
+}
+
+// heartbeat pings every watched rank each HeartbeatInterval and reports a
+// rank that has not answered for Heartbeat: it stopped responding.
+func (r *Root) heartbeat() {
+	defer r.wg.Done()
+	t := time.NewTicker(HeartbeatInterval(r.opts.Heartbeat))
+	defer t.Stop()
+	ping := wire.AppendFrame(nil, wire.FramePing, nil)
+	for range t.C {
+		r.mu.Lock()
+		if !r.watching || r.gone == r.nranks {
+			r.mu.Unlock()
+			return
+		}
+		now := time.Now()
+		var silent []int
+		for i, g := range r.regs {
+			if r.left[i] || r.out[i] {
+				continue
+			}
+			if d := now.Sub(r.heard[i]); d > r.opts.Heartbeat {
+				silent = append(silent, i)
+				continue
+			}
+			// Short: a stopped rank's socket takes the bytes all the same,
+			// and nothing here may wait on one.
+			g.conn.SetWriteDeadline(now.Add(100 * time.Millisecond))
+			g.conn.Write(ping)
+		}
+		r.mu.Unlock()
+		for _, i := range silent {
+			r.silent(i, now)
+		}
+	}
+}
+
+// silent reports rank i, which stopped answering the heartbeat, to every
+// other rank and to itself (it reads that if it ever resumes), and counts
+// it out of a shrink.
+func (r *Root) silent(i int, now time.Time) {
+	r.mu.Lock()
+	for_ := now.Sub(r.heard[i])
+	g := r.regs[i]
+	r.mu.Unlock()
+	a := wire.Abort{Rank: uint32(i), Silent: true,
+		Reason: fmt.Sprintf("stopped responding %.1f s ago (process stopped, deadlocked or swapping?)", for_.Seconds())}
+	r.log.Warn("goccl: bootstrap root: a rank stopped answering the heartbeat", "rank", i, "pid", g.info.PID, "host", g.info.HostID, "silent", for_.Round(time.Millisecond))
+	r.relay(a)
+	r.mu.Lock()
+	g.conn.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+	g.conn.Write(wire.AppendFrame(nil, wire.FrameAbort, a.Append(nil)))
+	r.out[i] = true
+	r.checkShrinkLocked()
+	r.mu.Unlock()
 }
 
 // relay tells every rank but a.Rank that a.Rank failed, once.
@@ -505,6 +583,23 @@ func (r *Root) sendTableLocked() {
 		r.watching = true
 		r.left = make([]bool, r.nranks)
 		r.out = make([]bool, r.nranks)
+		r.heard = make([]time.Time, r.nranks)
+		now := time.Now()
+		for i := range r.heard {
+			r.heard[i] = now
+		}
+		if r.opts.Heartbeat > 0 {
+			// A first ping right behind the table tells every rank that
+			// this root has a heartbeat (Watch.Heard), however soon its
+			// process stops.
+			ping := wire.AppendFrame(nil, wire.FramePing, nil)
+			for _, g := range r.regs {
+				g.conn.SetWriteDeadline(now.Add(100 * time.Millisecond))
+				g.conn.Write(ping)
+			}
+			r.wg.Add(1)
+			go r.heartbeat()
+		}
 		r.finishRegistrationLocked(nil)
 		return
 	}
@@ -580,23 +675,37 @@ func JoinWatch(ctx context.Context, addr string, secret []byte, info wire.PeerIn
 		}
 		return t, nil, err
 	}
-	return t, &Watch{c: c}, nil
+	w := &Watch{c: c}
+	w.heard.Store(time.Now().UnixNano())
+	return t, w, nil
 }
 
 // Watch is a rank's end of its watched connection to the root.
 type Watch struct {
-	c  net.Conn
-	mu sync.Mutex // serialises writes
+	c     net.Conn
+	mu    sync.Mutex   // serialises writes
+	heard atomic.Int64 // when the root's last frame arrived (UnixNano)
 }
 
+// Heard is when the root's last frame (a heartbeat's ping, say) arrived;
+// the time of JoinWatch before any did.
+func (w *Watch) Heard() time.Time { return time.Unix(0, w.heard.Load()) }
+
 // Next waits for the root's next message: a failure notice, or the new
-// table of a shrink (Shrink). It returns an error when the connection ends
-// (the root went away, or Close).
+// table of a shrink (Shrink). It answers the root's heartbeat pings on the
+// way. It returns an error when the connection ends (the root went away,
+// or Close).
 func (w *Watch) Next() (*wire.Abort, *wire.Table, error) {
 	typ, payload, err := handshake.ReadFrame(w.c, wire.MaxFrame)
+	for err == nil && typ == wire.FramePing {
+		w.heard.Store(time.Now().UnixNano())
+		w.send(wire.FramePong, nil) // best effort: a failure shows in the next read
+		typ, payload, err = handshake.ReadFrame(w.c, wire.MaxFrame)
+	}
 	if err != nil {
 		return nil, nil, err
 	}
+	w.heard.Store(time.Now().UnixNano())
 	switch typ {
 	case wire.FrameAbort:
 		a, _, err := wire.ParseAbort(payload)

@@ -461,3 +461,75 @@ func TestSilentFloodDoesNotKeepRanksOut(t *testing.T) {
 	}
 	require.Equal(t, len(flood), closed, "every silent connection was closed")
 }
+
+// A rank that stops answering the heartbeat (here: it stops reading its
+// watch, as a stopped process does) is reported to the others as silent,
+// with how long, within the timeout and an interval; ranks that answer
+// are never reported (issue 18).
+func TestHeartbeatReportsASilentRank(t *testing.T) {
+	const hb = 600 * time.Millisecond
+	r, err := StartRoot("127.0.0.1:0", RootOptions{Secret: secret, Version: "v1", Logger: quiet(), Watch: true, Heartbeat: hb})
+	require.NoError(t, err)
+	defer r.Close()
+	const n = 3
+	watches := make([]*Watch, n)
+	var wg sync.WaitGroup
+	for rank := range n {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			var err error
+			_, watches[rank], err = JoinWatch(ctx, r.Addr().String(), secret, info(rank, n))
+			require.NoError(t, err)
+		})
+	}
+	wg.Wait()
+	type note struct {
+		a  *wire.Abort
+		at time.Time
+	}
+	got := make(chan note, n)
+	start := time.Now()
+	for _, rank := range []int{0, 2} { // rank 1 never reads: it is "stopped"
+		go func() {
+			for {
+				a, _, err := watches[rank].Next()
+				if err != nil {
+					return
+				}
+				if a != nil {
+					got <- note{a, time.Now()}
+				}
+			}
+		}()
+	}
+	// Healthy for three timeouts: nothing reported. Rank 1 is silent from
+	// the start, so its report comes first; check the others in between.
+	for range 2 {
+		select {
+		case nt := <-got:
+			require.Equal(t, uint32(1), nt.a.Rank, "only the silent rank is reported")
+			require.True(t, nt.a.Silent)
+			require.Contains(t, nt.a.Reason, "stopped responding")
+			took := nt.at.Sub(start)
+			require.GreaterOrEqual(t, took, hb)
+			require.Less(t, took, hb+2*HeartbeatInterval(hb)+time.Second, "within the timeout and an interval")
+		case <-time.After(5 * time.Second):
+			t.Fatal("the silent rank was not reported")
+		}
+	}
+	select {
+	case nt := <-got:
+		t.Fatalf("a rank that answers was reported: %+v", nt.a)
+	case <-time.After(3 * hb):
+	}
+	require.True(t, time.Since(watches[0].Heard()) < 2*HeartbeatInterval(hb), "the pings keep coming")
+	// Rank 1, resuming, reads that it was reported.
+	a, _, err := watches[1].Next()
+	require.NoError(t, err)
+	require.Equal(t, uint32(1), a.Rank)
+	require.True(t, a.Silent)
+	for _, w := range watches {
+		w.Bye()
+	}
+}

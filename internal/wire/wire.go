@@ -207,6 +207,13 @@ const (
 	// FrameQPInfo carries one end's queue pairs and memory of an RDMA
 	// connection (VerbsInfo), each way, after the ConnSetup.
 	FrameQPInfo FrameType = 10
+	// FramePing (root → rank) and FramePong (rank → root), both empty,
+	// are the watch's heartbeat: a rank whose process is stopped,
+	// deadlocked or swapping stops answering, one whose application is
+	// merely busy does not (its library answers from a goroutine of its
+	// own).
+	FramePing FrameType = 11
+	FramePong FrameType = 12
 )
 
 func (t FrameType) String() string {
@@ -231,6 +238,10 @@ func (t FrameType) String() string {
 		return "shrink"
 	case FrameQPInfo:
 		return "qp-info"
+	case FramePing:
+		return "ping"
+	case FramePong:
+		return "pong"
 	}
 	return fmt.Sprintf("frame(%d)", uint8(t))
 }
@@ -408,8 +419,11 @@ func ParseReject(b []byte) (Reject, int, error) {
 // Abort says that a rank failed: it aborted with Reason, or (from the
 // root) its process went away without saying goodbye.
 type Abort struct {
-	Rank   uint32
-	Died   bool // the root lost the rank's connection without a goodbye
+	Rank uint32
+	Died bool // the root lost the rank's connection without a goodbye
+	// Silent: the rank stopped answering the root's heartbeat (its
+	// process is stopped, deadlocked or swapping); Reason says how long.
+	Silent bool
 	Reason string
 }
 
@@ -417,11 +431,14 @@ func (a *Abort) Len() int { return 5 + 2 + len(a.Reason) }
 
 func (a *Abort) Append(b []byte) []byte {
 	b = binary.BigEndian.AppendUint32(b, a.Rank)
-	died := byte(0)
-	if a.Died {
-		died = 1
+	kind := byte(0)
+	switch {
+	case a.Silent:
+		kind = 2
+	case a.Died:
+		kind = 1
 	}
-	b = append(b, died)
+	b = append(b, kind)
 	s := a.Reason
 	if len(s) > MaxString {
 		s = s[:MaxString]
@@ -433,9 +450,9 @@ func ParseAbort(b []byte) (Abort, int, error) {
 	if len(b) < 5 {
 		return Abort{}, 0, ErrShort
 	}
-	a := Abort{Rank: binary.BigEndian.Uint32(b), Died: b[4] != 0}
-	if b[4] > 1 {
-		return Abort{}, 0, fmt.Errorf("wire: abort flag %d, want 0 or 1", b[4])
+	a := Abort{Rank: binary.BigEndian.Uint32(b), Died: b[4] == 1, Silent: b[4] == 2}
+	if b[4] > 2 {
+		return Abort{}, 0, fmt.Errorf("wire: abort kind %d, want 0, 1 or 2", b[4])
 	}
 	s, n, err := parseString(b[5:])
 	if err != nil {

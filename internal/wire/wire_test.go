@@ -45,6 +45,7 @@ func samples() []codec {
 		{"table-empty", &Table{}, wrap(ParseTable)},
 		{"reject", &Reject{Reason: "protocol version 2, want 1"}, wrap(ParseReject)},
 		{"abort", &Abort{Rank: 3, Died: true, Reason: "rank 3 lost its GPU"}, wrap(ParseAbort)},
+		{"silent", &Abort{Rank: 1, Silent: true, Reason: "stopped responding 10.2 s ago"}, wrap(ParseAbort)},
 		{"connsetup", &ConnSetup{From: 1, To: 6, Channel: 2, Socket: 1, NSocks: 4, Flags: ConnTLS}, wrap(ParseConnSetup)},
 		{"sliceheader", &SliceHeader{Op: 1 << 40, Sig: 0xdeadbeef, Msg: 7, Slice: 9, Size: 4096}, wrap(ParseSliceHeader)},
 		{"verbsinfo", &VerbsInfo{LID: 7, MTU: 5, GID: [16]byte{10: 0xff, 11: 0xff, 12: 10, 15: 3}, PSN: 0xabcdef,

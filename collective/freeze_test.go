@@ -1,0 +1,138 @@
+package collective_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goccl/goccl/collective"
+)
+
+// A rank whose process is stopped (SIGSTOP) keeps its sockets open and the
+// kernel acknowledges them, so nothing breaks: without the heartbeat its
+// peers waited for the operation timeout, and their errors named whichever
+// neighbour they waited on. With it every survivor's error names the
+// stopped rank within the heartbeat timeout and an interval (issue 18). A
+// rank stopped for less than the timeout, or busy between collectives for
+// longer, is never reported.
+
+const freezeHeartbeat = 3 * time.Second
+
+func TestMultiProcessFrozenRank(t *testing.T) {
+	type tc struct {
+		transport string
+		n, victim int
+		mode      string // stop (mid-operation), between, cont, busy
+	}
+	cases := []tc{{"tcp", 3, 1, "stop"}, {"tcp", 4, 2, "between"}, {"tcp", 3, 0, "stop"}, {"tcp", 3, 1, "cont"}, {"tcp", 3, 1, "busy"},
+		{"tcp", 4, 1, "shrink"}}
+	if len(transports()) > 1 {
+		cases = append(cases, tc{"shm", 3, 1, "stop"}, tc{"shm", 4, 3, "between"}, tc{"shm", 3, 2, "cont"})
+	}
+	for _, c := range cases {
+		t.Run(fmt.Sprintf("%s/n=%d/victim=%d/%s", c.transport, c.n, c.victim, c.mode), func(t *testing.T) {
+			t.Parallel()
+			res := spawn(t, "freeze", gocclEnvs(t, c.n, "GOCCL_TRANSPORT="+c.transport, "GOCCL_TIMEOUT=10m",
+				"GOCCL_HEARTBEAT_TIMEOUT="+freezeHeartbeat.String(), "GOCCL_TEST_VICTIM="+strconv.Itoa(c.victim), "GOCCL_TEST_FREEZE="+c.mode), nil)
+			for _, r := range res {
+				t.Logf("rank %d (exit %d): %s", r.rank, r.code, strings.TrimSpace(r.output))
+				if r.rank == c.victim && (c.mode == "stop" || c.mode == "between" || c.mode == "shrink") {
+					continue // killed by its waker once the others are done
+				}
+				require.Equal(t, 0, r.code, "rank %d:\n%s", r.rank, r.output)
+				if c.mode == "cont" || c.mode == "busy" {
+					require.Contains(t, r.output, "finished", "rank %d", r.rank)
+					require.NotContains(t, r.output, "stopped responding", "rank %d", r.rank)
+				} else {
+					require.Contains(t, r.output, fmt.Sprintf("rank %d", c.victim), "rank %d", r.rank)
+					require.Contains(t, r.output, "stopped responding", "rank %d", r.rank)
+				}
+				if c.mode == "shrink" {
+					require.Contains(t, r.output, fmt.Sprintf("shrunk to %d ranks", c.n-1), "rank %d", r.rank)
+				}
+			}
+		})
+	}
+}
+
+// childFreeze is a rank of TestMultiProcessFrozenRank. Every rank runs
+// small all-reduces; the victim stops its own process at the 200th (in
+// the middle of it, or between two), having started a waker that kills it
+// (or continues it, in mode cont) later; in mode busy it sleeps instead.
+// The others print the error that ends their loop and how long the
+// operation ran, and check it.
+func childFreeze(ctx context.Context, c *collective.Comm) int {
+	fail := func(format string, args ...any) int {
+		fmt.Fprintf(os.Stderr, "FAIL: "+format+"\n", args...)
+		return 1
+	}
+	victim, _ := strconv.Atoi(os.Getenv("GOCCL_TEST_VICTIM"))
+	mode := os.Getenv("GOCCL_TEST_FREEZE")
+	const at, total = 200, 600
+	buf := make([]float32, 2)
+	waker := func(after time.Duration, sig string) {
+		exec.Command("sh", "-c", fmt.Sprintf("sleep %.1f; kill -%s %d", after.Seconds(), sig, os.Getpid())).Start()
+	}
+	for i := 0; i < total; i++ {
+		if c.Rank() == victim && i == at {
+			switch mode {
+			case "stop", "shrink":
+				waker(3*freezeHeartbeat, "KILL")
+				go func() {
+					time.Sleep(time.Millisecond)
+					syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+				}()
+			case "between":
+				waker(3*freezeHeartbeat, "KILL")
+				syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+			case "cont":
+				waker(freezeHeartbeat/3, "CONT")
+				syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+			case "busy":
+				time.Sleep(2 * freezeHeartbeat) // the library answers meanwhile
+			}
+		}
+		start := time.Now()
+		err := collective.AllReduce(ctx, c, buf, buf, collective.Sum)
+		if err == nil {
+			continue
+		}
+		took := time.Since(start)
+		fmt.Printf("after %v: %v\n", took.Round(time.Millisecond), err)
+		var oe *collective.OpError
+		if !errors.As(err, &oe) {
+			return fail("not an OpError: %v", err)
+		}
+		// From the victim's stop the error takes the heartbeat timeout and
+		// an interval (the root's report, or the ranks' own watch of a
+		// stopped root), plus scheduling: well under the 10 m timeout.
+		if took > freezeHeartbeat+3*time.Second && mode != "between" {
+			return fail("the stopped rank was named after %v", took)
+		}
+		if mode == "shrink" {
+			// The root counts the silent rank out, as a dead one.
+			nc, err := c.Shrink(ctx)
+			if err != nil {
+				return fail("shrink: %v", err)
+			}
+			defer nc.Close()
+			v := []int64{1}
+			if err := collective.AllReduce(ctx, nc, v, v, collective.Sum); err != nil || v[0] != int64(nc.Size()) {
+				return fail("all-reduce after the shrink: %v, sum %d", err, v[0])
+			}
+			fmt.Printf("shrunk to %d ranks\n", nc.Size())
+		}
+		return 0
+	}
+	fmt.Println("finished")
+	return 0
+}
