@@ -83,7 +83,6 @@ func (e *UnresponsiveError) Error() string {
 // heartbeat sends one right after the table), so that a root without a
 // heartbeat is not taken for a silent one.
 func (c *Comm) watchRoot(w *bootstrap.Watch, timeout time.Duration) {
-	joined := w.Heard()
 	tick := time.NewTicker(bootstrap.HeartbeatInterval(timeout))
 	defer tick.Stop()
 	for {
@@ -92,10 +91,10 @@ func (c *Comm) watchRoot(w *bootstrap.Watch, timeout time.Duration) {
 			return
 		case <-tick.C:
 		}
-		heard := w.Heard()
-		if !heard.After(joined) {
+		if !w.Pinged() {
 			continue // no ping yet
 		}
+		heard := w.Heard()
 		// An interval's grace: the root reports a rank after timeout, the
 		// ranks the root a little later, so that a stopped rank 0 is not
 		// raced by its own report.

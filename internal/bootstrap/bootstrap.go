@@ -685,7 +685,12 @@ type Watch struct {
 	c     net.Conn
 	mu    sync.Mutex   // serialises writes
 	heard atomic.Int64 // when the root's last frame arrived (UnixNano)
+	pings atomic.Int64 // pings answered
 }
+
+// Pinged reports whether the root's heartbeat has pinged this rank yet:
+// a root with a heartbeat sends its first ping right behind the table.
+func (w *Watch) Pinged() bool { return w.pings.Load() > 0 }
 
 // Heard is when the root's last frame (a heartbeat's ping, say) arrived;
 // the time of JoinWatch before any did.
@@ -699,6 +704,7 @@ func (w *Watch) Next() (*wire.Abort, *wire.Table, error) {
 	typ, payload, err := handshake.ReadFrame(w.c, wire.MaxFrame)
 	for err == nil && typ == wire.FramePing {
 		w.heard.Store(time.Now().UnixNano())
+		w.pings.Add(1)
 		w.send(wire.FramePong, nil) // best effort: a failure shows in the next read
 		typ, payload, err = handshake.ReadFrame(w.c, wire.MaxFrame)
 	}
