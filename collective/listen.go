@@ -14,10 +14,13 @@ import (
 // every rank of such a job is on this host.
 
 // rootListenAddr is where rank 0 listens for a root at root ("host:port"):
-// on the host itself when it is one of this machine's addresses, on the
-// first of this machine's addresses a host name resolves to, and on every
-// interface only when neither holds (a name that resolves to an address
-// this machine does not have, as behind a NAT or a service address).
+// on the host itself when it is one of this machine's addresses (loopback
+// for 127.0.0.1 or localhost), on the first of this machine's non-loopback
+// addresses a host name resolves to, and on every interface otherwise: a
+// name that resolves to an address this machine does not have (a NAT, a
+// service address), or only to loopback here (Debian and Ubuntu map the
+// hostname to 127.0.1.1 in /etc/hosts, while the other hosts resolve it
+// through DNS to a routable address).
 func rootListenAddr(root string, ifs []netif.Iface) string {
 	host, port, err := net.SplitHostPort(root)
 	if err != nil || host == "" {
@@ -42,12 +45,15 @@ func rootListenAddr(root string, ifs []netif.Iface) string {
 		}
 		return net.JoinHostPort("", port)
 	}
+	if host == "localhost" {
+		return net.JoinHostPort("127.0.0.1", port)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	ips, err := net.DefaultResolver.LookupIPAddr(ctx, host)
 	if err == nil {
 		for _, a := range ips {
-			if local(a.IP) {
+			if !a.IP.IsLoopback() && local(a.IP) {
 				return net.JoinHostPort(a.IP.String(), port)
 			}
 		}

@@ -236,12 +236,14 @@ func (r *Root) drop(c net.Conn, why error) {
 func (r *Root) handle(raw net.Conn) {
 	defer r.wg.Done()
 	// A rank sends its hello (or its TLS ClientHello) at once: a silent
-	// stranger gets HelloTimeout (the TLS handshake and the hello twice
-	// that), the rest of the handshake HandshakeTimeout.
+	// stranger gets HelloTimeout (the TLS handshake and the hello five
+	// times that), its response ResponseTimeout.
 	start := time.Now()
 	hello := handshake.HelloTimeout
 	if r.opts.TLS != nil {
-		hello *= 2
+		// The TLS handshake and the channel binding come first, on a root
+		// that may run a hundred of them at once.
+		hello *= 5
 	}
 	raw.SetDeadline(start.Add(min(hello, HandshakeTimeout)))
 	c := raw
@@ -266,10 +268,18 @@ func (r *Root) handle(raw net.Conn) {
 		c = tc
 	}
 	_, typ, payload, err := handshake.Server(c, r.opts.Secret, wire.PurposeBootstrap, wire.MaxTopology+4*wire.MaxString+64,
-		func() { raw.SetDeadline(start.Add(HandshakeTimeout)) })
+		func() {
+			// Past the hello: out of the table newcomers evict from (see
+			// handshake.Pending), with a short time to prove itself.
+			r.mu.Lock()
+			r.pending.Remove(raw)
+			r.mu.Unlock()
+			raw.SetDeadline(time.Now().Add(min(handshake.ResponseTimeout, HandshakeTimeout)))
+		})
 	r.mu.Lock()
 	r.pending.Remove(raw)
 	r.mu.Unlock()
+	raw.SetDeadline(start.Add(HandshakeTimeout))
 	if err != nil {
 		r.drop(raw, err)
 		return

@@ -533,3 +533,29 @@ func TestHeartbeatReportsASilentRank(t *testing.T) {
 		w.Bye()
 	}
 }
+
+// Many ranks of one host (one source address) joining at once are not
+// evicted from each other's way: only connections that have not sent
+// their hello yet are, and a rank sends its at once (a review found 96
+// ranks from one address failing 8 rounds in 10).
+func TestManyRanksFromOneAddressJoin(t *testing.T) {
+	for round := range 3 {
+		r, err := StartRoot("127.0.0.1:0", RootOptions{Secret: secret, Version: "v1", Logger: quiet()})
+		require.NoError(t, err)
+		const n = 96
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		for rank := range n {
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				_, errs[rank] = Join(ctx, r.Addr().String(), secret, info(rank, n))
+			})
+		}
+		wg.Wait()
+		r.Close()
+		for rank, err := range errs {
+			require.NoError(t, err, "round %d rank %d", round, rank)
+		}
+	}
+}

@@ -119,14 +119,16 @@ func (a *Acceptor) serve(c net.Conn) {
 	}
 	start := time.Now()
 	c.SetDeadline(start.Add(min(handshake.HelloTimeout, a.Timeout)))
-	_, typ, payload, err := handshake.Server(c, a.Secret, a.Purpose, 64, func() { c.SetDeadline(start.Add(a.Timeout)) })
-	if err == nil {
-		// Authenticated: no longer one of the pending that strangers can
-		// crowd out.
+	_, typ, payload, err := handshake.Server(c, a.Secret, a.Purpose, 64, func() {
+		// A valid hello: the dialer is past the point where it would
+		// retry an eviction, so it leaves the table that newcomers evict
+		// from, and has the short ResponseTimeout to prove itself.
 		a.mu.Lock()
 		a.setup.Remove(c)
 		a.mu.Unlock()
-	}
+		c.SetDeadline(time.Now().Add(min(handshake.ResponseTimeout, a.Timeout)))
+	})
+	c.SetDeadline(start.Add(a.Timeout))
 	if err != nil {
 		a.Drop(c, err)
 		return

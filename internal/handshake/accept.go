@@ -33,10 +33,18 @@ const (
 	// HelloTimeout is how long a new connection has to send its hello:
 	// a rank sends it at once, a silent stranger is closed soon.
 	HelloTimeout = time.Second
+	// ResponseTimeout is how long, after its hello, a connection has to
+	// send its response and first frame: a round trip for a rank, so
+	// that connections past the hello (which no newcomer evicts, since
+	// their dialers would not retry) cannot pile up either.
+	ResponseTimeout = 3 * time.Second
 )
 
-// Pending is the table of a listener's connections still authenticating,
-// in arrival order. Its owner guards it with its own lock.
+// Pending is the table of a listener's connections that have not sent a
+// valid hello yet, in arrival order: a rank sends its hello at once, so
+// a connection stays here for a moment, and one evicted here is one whose
+// dialer retries. Its owner guards it with its own lock, and takes a
+// connection out once its hello has come.
 type Pending struct {
 	conns    map[net.Conn]pendingConn
 	bySource map[string]int
