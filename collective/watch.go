@@ -94,6 +94,9 @@ func (c *Comm) watchRoot(w *bootstrap.Watch, timeout time.Duration) {
 		if !w.Pinged() {
 			continue // no ping yet
 		}
+		// The root's own timeout, when it is longer: its pings come as
+		// often as it says, not as this rank's setting would have them.
+		timeout := max(timeout, w.RootHeartbeat())
 		heard := w.Heard()
 		// An interval's grace: the root reports a rank after timeout, the
 		// ranks the root a little later, so that a stopped rank 0 is not

@@ -23,6 +23,7 @@ package bootstrap
 import (
 	"context"
 	"crypto/tls"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -120,6 +121,7 @@ type Root struct {
 	watching bool
 	left     []bool      // goodbye, abort or gone: no death notice for it
 	heard    []time.Time // when each rank's last frame arrived (the heartbeat)
+	pinging  []bool      // a ping to the rank is being written
 	gone     int
 	out      []bool                   // said goodbye or went away: not part of a shrink
 	shrink   map[uint32]*registration // a shrink in progress: survivors' new registrations, by old rank
@@ -368,9 +370,11 @@ func (r *Root) handle(raw net.Conn) {
 // rank that has not answered for Heartbeat: it stopped responding.
 func (r *Root) heartbeat() {
 	defer r.wg.Done()
-	t := time.NewTicker(HeartbeatInterval(r.opts.Heartbeat))
+	interval := HeartbeatInterval(r.opts.Heartbeat)
+	t := time.NewTicker(interval)
 	defer t.Stop()
-	ping := wire.AppendFrame(nil, wire.FramePing, nil)
+	ping := pingFrame(r.opts.Heartbeat)
+	last := time.Now()
 	for range t.C {
 		r.mu.Lock()
 		if !r.watching || r.gone == r.nranks {
@@ -378,19 +382,38 @@ func (r *Root) heartbeat() {
 			return
 		}
 		now := time.Now()
+		if now.Sub(last) > 2*interval {
+			// This process was stopped or starved itself: no pings went
+			// out, so no answers could come. Start the ranks' clocks
+			// again rather than blame them.
+			for i := range r.heard {
+				r.heard[i] = now
+			}
+		}
+		last = now
 		var silent []int
 		for i, g := range r.regs {
-			if r.left[i] || r.out[i] {
+			if r.out[i] {
 				continue
 			}
-			if d := now.Sub(r.heard[i]); d > r.opts.Heartbeat {
+			if d := now.Sub(r.heard[i]); d > r.opts.Heartbeat && !r.left[i] {
 				silent = append(silent, i)
 				continue
 			}
-			// Short: a stopped rank's socket takes the bytes all the same,
-			// and nothing here may wait on one.
-			g.conn.SetWriteDeadline(now.Add(100 * time.Millisecond))
-			g.conn.Write(ping)
+			if r.pinging[i] {
+				continue // the last ping is still being written
+			}
+			// Written from a goroutine of its own and without a deadline:
+			// a deadline that expires breaks a TLS connection for good,
+			// and nothing here may wait on a stopped rank's socket.
+			r.pinging[i] = true
+			c := g.conn
+			go func() {
+				c.Write(ping)
+				r.mu.Lock()
+				r.pinging[i] = false
+				r.mu.Unlock()
+			}()
 		}
 		r.mu.Unlock()
 		for _, i := range silent {
@@ -399,12 +422,22 @@ func (r *Root) heartbeat() {
 	}
 }
 
+// pingFrame is a heartbeat ping: it carries the root's timeout, so that
+// the ranks watch the root by the same one.
+func pingFrame(timeout time.Duration) []byte {
+	return wire.AppendFrame(nil, wire.FramePing, binary.BigEndian.AppendUint64(nil, uint64(timeout)))
+}
+
 // silent reports rank i, which stopped answering the heartbeat, to every
 // other rank and to itself (it reads that if it ever resumes), and counts
 // it out of a shrink.
 func (r *Root) silent(i int, now time.Time) {
 	r.mu.Lock()
 	for_ := now.Sub(r.heard[i])
+	if for_ <= r.opts.Heartbeat || r.out[i] {
+		r.mu.Unlock() // it answered meanwhile, or is out already
+		return
+	}
 	g := r.regs[i]
 	r.mu.Unlock()
 	a := wire.Abort{Rank: uint32(i), Silent: true,
@@ -412,8 +445,8 @@ func (r *Root) silent(i int, now time.Time) {
 	r.log.Warn("goccl: bootstrap root: a rank stopped answering the heartbeat", "rank", i, "pid", g.info.PID, "host", g.info.HostID, "silent", for_.Round(time.Millisecond))
 	r.relay(a)
 	r.mu.Lock()
-	g.conn.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
-	g.conn.Write(wire.AppendFrame(nil, wire.FrameAbort, a.Append(nil)))
+	self := wire.AppendFrame(nil, wire.FrameAbort, a.Append(nil))
+	go g.conn.Write(self) // no deadline (TLS), no lock: it may never read
 	r.out[i] = true
 	r.checkShrinkLocked()
 	r.mu.Unlock()
@@ -438,6 +471,7 @@ func (r *Root) relay(a wire.Abort) {
 			}
 			g.conn.SetWriteDeadline(time.Now().Add(time.Second))
 			g.conn.Write(frame) // a rank that is gone already just misses it
+			g.conn.SetWriteDeadline(time.Time{}) // the heartbeat's pings write without one
 		}
 	}
 }
@@ -470,6 +504,7 @@ func (r *Root) checkShrinkLocked() {
 		g := r.shrink[old]
 		g.conn.SetWriteDeadline(time.Now().Add(time.Second))
 		g.conn.Write(frame)
+		g.conn.SetWriteDeadline(time.Time{})
 	}
 	r.shrink = nil
 }
@@ -594,6 +629,7 @@ func (r *Root) sendTableLocked() {
 		r.left = make([]bool, r.nranks)
 		r.out = make([]bool, r.nranks)
 		r.heard = make([]time.Time, r.nranks)
+		r.pinging = make([]bool, r.nranks)
 		now := time.Now()
 		for i := range r.heard {
 			r.heard[i] = now
@@ -602,10 +638,11 @@ func (r *Root) sendTableLocked() {
 			// A first ping right behind the table tells every rank that
 			// this root has a heartbeat (Watch.Heard), however soon its
 			// process stops.
-			ping := wire.AppendFrame(nil, wire.FramePing, nil)
+			ping := pingFrame(r.opts.Heartbeat)
 			for _, g := range r.regs {
-				g.conn.SetWriteDeadline(now.Add(100 * time.Millisecond))
+				g.conn.SetWriteDeadline(now.Add(HandshakeTimeout)) // as the table's, just written
 				g.conn.Write(ping)
+				g.conn.SetWriteDeadline(time.Time{})
 			}
 			r.wg.Add(1)
 			go r.heartbeat()
@@ -685,43 +722,93 @@ func JoinWatch(ctx context.Context, addr string, secret []byte, info wire.PeerIn
 		}
 		return t, nil, err
 	}
-	w := &Watch{c: c}
-	w.heard.Store(time.Now().UnixNano())
-	return t, w, nil
+	return t, newWatch(c), nil
 }
 
-// Watch is a rank's end of its watched connection to the root.
+// Watch is a rank's end of its watched connection to the root. A
+// goroutine of its own reads the connection from JoinWatch on and answers
+// the root's heartbeat pings, so that a rank still setting its transports
+// up, or busy computing, answers; Next returns what else comes.
 type Watch struct {
-	c     net.Conn
-	mu    sync.Mutex   // serialises writes
-	heard atomic.Int64 // when the root's last frame arrived (UnixNano)
-	pings atomic.Int64 // pings answered
+	c       net.Conn
+	mu      sync.Mutex   // serialises writes
+	heard   atomic.Int64 // when the root's last frame arrived (UnixNano)
+	pings   atomic.Int64 // pings answered
+	timeout atomic.Int64 // the root's heartbeat timeout, from its pings
+	ponging atomic.Bool  // a pong is being written
+	frames  chan watchFrame
+	err     error       // why reading ended, once frames is closed
+	stalled atomic.Bool // tests: the reader stops, as in a stopped process
 }
 
-// Pinged reports whether the root's heartbeat has pinged this rank yet:
-// a root with a heartbeat sends its first ping right behind the table.
-func (w *Watch) Pinged() bool { return w.pings.Load() > 0 }
+type watchFrame struct {
+	typ     wire.FrameType
+	payload []byte
+}
+
+func newWatch(c net.Conn) *Watch {
+	w := &Watch{c: c, frames: make(chan watchFrame, 16)}
+	w.heard.Store(time.Now().UnixNano())
+	go w.read()
+	return w
+}
+
+// read reads the root's frames until the connection ends.
+func (w *Watch) read() {
+	defer close(w.frames)
+	pong := wire.AppendFrame(nil, wire.FramePong, nil)
+	for {
+		for w.stalled.Load() {
+			time.Sleep(10 * time.Millisecond)
+		}
+		typ, payload, err := handshake.ReadFrame(w.c, wire.MaxFrame)
+		if err != nil {
+			w.err = err
+			return
+		}
+		w.heard.Store(time.Now().UnixNano())
+		if typ != wire.FramePing {
+			w.frames <- watchFrame{typ, payload}
+			continue
+		}
+		if len(payload) == 8 {
+			w.timeout.Store(int64(binary.BigEndian.Uint64(payload)))
+		}
+		w.pings.Add(1)
+		// From a goroutine, without a deadline (one that expires breaks
+		// a TLS connection for good), and one at a time.
+		if w.ponging.CompareAndSwap(false, true) {
+			go func() {
+				w.mu.Lock()
+				w.c.Write(pong) // a failure shows in the next read
+				w.mu.Unlock()
+				w.ponging.Store(false)
+			}()
+		}
+	}
+}
 
 // Heard is when the root's last frame (a heartbeat's ping, say) arrived;
 // the time of JoinWatch before any did.
 func (w *Watch) Heard() time.Time { return time.Unix(0, w.heard.Load()) }
 
+// Pinged reports whether the root's heartbeat has pinged this rank yet:
+// a root with a heartbeat sends its first ping right behind the table.
+func (w *Watch) Pinged() bool { return w.pings.Load() > 0 }
+
+// RootHeartbeat is the heartbeat timeout the root's pings said it uses
+// (0 before any).
+func (w *Watch) RootHeartbeat() time.Duration { return time.Duration(w.timeout.Load()) }
+
 // Next waits for the root's next message: a failure notice, or the new
-// table of a shrink (Shrink). It answers the root's heartbeat pings on the
-// way. It returns an error when the connection ends (the root went away,
-// or Close).
+// table of a shrink (Shrink). It returns an error when the connection ends
+// (the root went away, or Close).
 func (w *Watch) Next() (*wire.Abort, *wire.Table, error) {
-	typ, payload, err := handshake.ReadFrame(w.c, wire.MaxFrame)
-	for err == nil && typ == wire.FramePing {
-		w.heard.Store(time.Now().UnixNano())
-		w.pings.Add(1)
-		w.send(wire.FramePong, nil) // best effort: a failure shows in the next read
-		typ, payload, err = handshake.ReadFrame(w.c, wire.MaxFrame)
+	f, ok := <-w.frames
+	if !ok {
+		return nil, nil, w.err
 	}
-	if err != nil {
-		return nil, nil, err
-	}
-	w.heard.Store(time.Now().UnixNano())
+	typ, payload := f.typ, f.payload
 	switch typ {
 	case wire.FrameAbort:
 		a, _, err := wire.ParseAbort(payload)
@@ -761,6 +848,7 @@ func (w *Watch) send(t wire.FrameType, payload []byte) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.c.SetWriteDeadline(time.Now().Add(time.Second))
+	defer w.c.SetWriteDeadline(time.Time{}) // pongs write without one
 	return handshake.WriteFrame(w.c, t, payload)
 }
 
