@@ -470,7 +470,7 @@ func (r *Root) relay(a wire.Abort) {
 				continue
 			}
 			g.conn.SetWriteDeadline(time.Now().Add(time.Second))
-			g.conn.Write(frame) // a rank that is gone already just misses it
+			g.conn.Write(frame)                  // a rank that is gone already just misses it
 			g.conn.SetWriteDeadline(time.Time{}) // the heartbeat's pings write without one
 		}
 	}
