@@ -57,12 +57,17 @@ type pendingConn struct {
 }
 
 // sourceOf is the part of c's remote address that names its sender: the
-// IP of a TCP peer.
+// IP of a TCP peer, its /64 for IPv6 (a host may hold a whole /64 and use
+// a new address for every connection).
 func sourceOf(c net.Conn) string {
-	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
-		return a.IP.String()
+	a, ok := c.RemoteAddr().(*net.TCPAddr)
+	if !ok {
+		return ""
 	}
-	return ""
+	if a.IP.To4() == nil && len(a.IP) == net.IPv6len {
+		return a.IP.Mask(net.CIDRMask(64, 128)).String() + "/64"
+	}
+	return a.IP.String()
 }
 
 // Admit files c and returns the connection to close to make room for it

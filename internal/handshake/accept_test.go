@@ -114,6 +114,19 @@ func TestAdmit(t *testing.T) {
 	q.Remove(again)
 	require.False(t, q.Has(again))
 
+	// IPv6: one /64 is one source, whatever addresses in it are used.
+	var v6 Pending
+	var in64 []*addrConn
+	for i := range MaxPendingPerSource {
+		c := from(fmt.Sprintf("2001:db8:1:2::%x", i+1), i)
+		Admit(false, &v6, c)
+		in64 = append(in64, c)
+	}
+	Admit(false, &v6, from("2001:db8:1:2:ffff::1", 1))
+	require.True(t, in64[0].closed, "the /64's oldest made room")
+	Admit(false, &v6, from("2001:db8:1:3::1", 1))
+	require.False(t, in64[1].closed, "another /64 is another source")
+
 	// Unix sockets say nothing of their sender: only the overall cap.
 	var u Pending
 	for range MaxPendingPerSource + 5 {
