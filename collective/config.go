@@ -513,22 +513,22 @@ func fromEnv(lookup func(string) (string, bool)) (Config, error) {
 			c.ShmAllowUIDs = append(c.ShmAllowUIDs, uid)
 		}
 	}
-	if v, ok := lookup(EnvInsecure); ok && strings.TrimSpace(v) != "" {
-		switch strings.TrimSpace(v) {
-		case "1", "true", "yes":
-			c.Insecure = true
-		case "0", "false", "no":
-		default:
-			return c, bad(EnvInsecure, v, "1 or 0")
+	// On/off switches: 1, true or yes sets them; 0, false or no leaves
+	// them off.
+	for _, f := range []struct {
+		name string
+		dst  *bool
+	}{{EnvInsecure, &c.Insecure}, {EnvIBEmulate, &c.IB.Emulate}, {EnvGDRFlush, &c.IB.GDRFlushDisable}} {
+		v, ok := lookup(f.name)
+		if !ok || strings.TrimSpace(v) == "" {
+			continue
 		}
-	}
-	if v, ok := lookup(EnvIBEmulate); ok && strings.TrimSpace(v) != "" {
 		switch strings.TrimSpace(v) {
 		case "1", "true", "yes":
-			c.IB.Emulate = true
+			*f.dst = true
 		case "0", "false", "no":
 		default:
-			return c, bad(EnvIBEmulate, v, "1 or 0")
+			return c, bad(f.name, v, "1 or 0")
 		}
 	}
 	if v, ok := lookup(EnvGDRLevel); ok && strings.TrimSpace(v) != "" {
@@ -536,15 +536,6 @@ func fromEnv(lookup func(string) (string, bool)) (Config, error) {
 			return c, bad(EnvGDRLevel, v, "LOC, PIX, PXB, PHB or SYS (or 0..5)")
 		}
 		c.IB.GDRLevel = strings.TrimSpace(v)
-	}
-	if v, ok := lookup(EnvGDRFlush); ok && strings.TrimSpace(v) != "" {
-		switch strings.TrimSpace(v) {
-		case "1", "true", "yes":
-			c.IB.GDRFlushDisable = true
-		case "0", "false", "no":
-		default:
-			return c, bad(EnvGDRFlush, v, "1 or 0")
-		}
 	}
 	if v, ok := lookup(EnvSpin); ok && v != "" {
 		d, err := time.ParseDuration(strings.TrimSpace(v))

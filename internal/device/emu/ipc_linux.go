@@ -40,12 +40,19 @@ func (d *Device) AllocShared(n int) (memory.Buffer, error) {
 	if err := d.reserve(n); err != nil {
 		return memory.Buffer{}, err
 	}
+	return d.allocMemfd(n, allocShared, "AllocShared")
+}
+
+// allocMemfd makes n bytes of memfd-backed device memory of kind k (n has
+// been reserved; on failure it is given back): AllocShared's, and Alloc's
+// with Options.DMABuf.
+func (d *Device) allocMemfd(n int, k allocKind, call string) (memory.Buffer, error) {
 	mem, sh, err := newShared(n)
 	if err != nil {
 		d.unreserve(n)
-		return memory.Buffer{}, fmt.Errorf("emu: AllocShared of %d bytes: %w", n, err)
+		return memory.Buffer{}, fmt.Errorf("emu: %s of %d bytes: %w", call, n, err)
 	}
-	a := d.register(mem, allocShared, func() error {
+	a := d.register(mem, k, func() error {
 		err := unix.Munmap(mem)
 		if cerr := unix.Close(sh.fd); err == nil {
 			err = cerr
@@ -84,22 +91,7 @@ func newShared(n int) ([]byte, sharedMem, error) {
 // allocExportable is Alloc with Options.DMABuf: memfd-backed device
 // memory (n has been reserved).
 func (d *Device) allocExportable(n int) (memory.Buffer, error) {
-	mem, sh, err := newShared(n)
-	if err != nil {
-		d.unreserve(n)
-		return memory.Buffer{}, fmt.Errorf("emu: Alloc of %d bytes: %w", n, err)
-	}
-	a := d.register(mem, allocDevice, func() error {
-		err := unix.Munmap(mem)
-		if cerr := unix.Close(sh.fd); err == nil {
-			err = cerr
-		}
-		return err
-	})
-	d.mu.Lock()
-	a.sh = sh
-	d.mu.Unlock()
-	return memory.DeviceBuffer(d.ordinal, a.base, n), nil
+	return d.allocMemfd(n, allocDevice, "Alloc")
 }
 
 // DMABuf exports b as cuMemGetHandleForAddressRange does, for the
