@@ -422,6 +422,15 @@ func (r *Root) heartbeat() {
 	}
 }
 
+// writeWithin writes b to c, bounded by d, and leaves c without a write
+// deadline: the heartbeat's pings write without one.
+func writeWithin(c net.Conn, b []byte, d time.Duration) error {
+	c.SetWriteDeadline(time.Now().Add(d))
+	_, err := c.Write(b)
+	c.SetWriteDeadline(time.Time{})
+	return err
+}
+
 // pingFrame is a heartbeat ping: it carries the root's timeout, so that
 // the ranks watch the root by the same one.
 func pingFrame(timeout time.Duration) []byte {
@@ -469,9 +478,7 @@ func (r *Root) relay(a wire.Abort) {
 			if i == int(a.Rank) || g == nil || (g.info.PID == self) != local {
 				continue
 			}
-			g.conn.SetWriteDeadline(time.Now().Add(time.Second))
-			g.conn.Write(frame)                  // a rank that is gone already just misses it
-			g.conn.SetWriteDeadline(time.Time{}) // the heartbeat's pings write without one
+			writeWithin(g.conn, frame, time.Second) // a rank that is gone already just misses it
 		}
 	}
 }
@@ -501,10 +508,7 @@ func (r *Root) checkShrinkLocked() {
 	}
 	frame := wire.AppendFrame(nil, wire.FrameTable, t.Append(nil))
 	for _, old := range survivors {
-		g := r.shrink[old]
-		g.conn.SetWriteDeadline(time.Now().Add(time.Second))
-		g.conn.Write(frame)
-		g.conn.SetWriteDeadline(time.Time{})
+		writeWithin(r.shrink[old].conn, frame, time.Second)
 	}
 	r.shrink = nil
 }
@@ -617,12 +621,16 @@ func (r *Root) sendTableLocked() {
 		t.Peers[i] = g.info
 	}
 	frame := wire.AppendFrame(nil, wire.FrameTable, t.Append(nil))
+	if r.opts.Watch && r.opts.Heartbeat > 0 {
+		// A first ping right behind the table tells every rank that this
+		// root has a heartbeat (Watch.Pinged), however soon its process
+		// stops.
+		frame = append(frame, pingFrame(r.opts.Heartbeat)...)
+	}
 	for _, g := range r.regs {
-		g.conn.SetWriteDeadline(time.Now().Add(HandshakeTimeout))
-		if _, err := g.conn.Write(frame); err != nil {
+		if err := writeWithin(g.conn, frame, HandshakeTimeout); err != nil {
 			r.log.Warn("goccl: bootstrap root could not send the table", "rank", g.info.Rank, "err", err)
 		}
-		g.conn.SetWriteDeadline(time.Time{})
 	}
 	if r.opts.Watch {
 		r.watching = true
@@ -635,15 +643,6 @@ func (r *Root) sendTableLocked() {
 			r.heard[i] = now
 		}
 		if r.opts.Heartbeat > 0 {
-			// A first ping right behind the table tells every rank that
-			// this root has a heartbeat (Watch.Heard), however soon its
-			// process stops.
-			ping := pingFrame(r.opts.Heartbeat)
-			for _, g := range r.regs {
-				g.conn.SetWriteDeadline(now.Add(HandshakeTimeout)) // as the table's, just written
-				g.conn.Write(ping)
-				g.conn.SetWriteDeadline(time.Time{})
-			}
 			r.wg.Add(1)
 			go r.heartbeat()
 		}
