@@ -66,15 +66,8 @@ func BenchmarkPingPong(b *testing.B) {
 func BenchmarkBoard(b *testing.B) {
 	eps := endpointsOn(b, 2, ibemu.New(ibemu.Options{Dir: b.TempDir()}), nil)
 	ctx := context.Background()
+	joinBoards(b, eps)
 	errc := make(chan error, 2)
-	for _, e := range eps {
-		go func() { errc <- e.JoinBoard(ctx) }()
-	}
-	for range 2 {
-		if err := <-errc; err != nil {
-			b.Fatal(err)
-		}
-	}
 	run := func(r int) error {
 		brd := eps[r].Board()
 		data := make([]byte, 8)
@@ -103,15 +96,8 @@ func BenchmarkBoard(b *testing.B) {
 func BenchmarkEngineAllReduce8B(b *testing.B) {
 	eps := endpointsOn(b, 2, ibemu.New(ibemu.Options{Dir: b.TempDir()}), nil)
 	ctx := context.Background()
+	joinBoards(b, eps)
 	errc := make(chan error, 2)
-	for _, e := range eps {
-		go func() { errc <- e.JoinBoard(ctx) }()
-	}
-	for range 2 {
-		if err := <-errc; err != nil {
-			b.Fatal(err)
-		}
-	}
 	link := algorithms.LinkModel{Latency: 5e-6, Bandwidth: 5e9, ReduceRate: 6e9, MaxChannels: 1, ChannelBytes: 1 << 20, ChunkBytes: 64 << 10}
 	run := func(r int) error {
 		e, err := engine.New(r, 2, eps[r], engine.Config{MaxChannels: 1, Link: link})
@@ -135,5 +121,18 @@ func BenchmarkEngineAllReduce8B(b *testing.B) {
 	}
 	if err := <-errc; err != nil {
 		b.Fatal(err)
+	}
+}
+
+// joinBoards joins every endpoint's board.
+func joinBoards(b *testing.B, eps []*Endpoint) {
+	errc := make(chan error, len(eps))
+	for _, e := range eps {
+		go func() { errc <- e.JoinBoard(context.Background()) }()
+	}
+	for range eps {
+		if err := <-errc; err != nil {
+			b.Fatal(err)
+		}
 	}
 }
