@@ -343,7 +343,10 @@ func TestTLSRelayIsRefused(t *testing.T) {
 	require.ErrorIs(t, err, handshake.ErrTLSBinding)
 	cancel()
 	<-errc
-	require.Zero(t, relay.Relayed.Load(), "no application data crossed the relay")
+	// What may cross is the ends' binding proofs (32 bytes each, the
+	// accepting end's first), which the relay copies before the dialer
+	// refuses them; no slice, nor anything else, follows.
+	require.LessOrEqual(t, relay.Relayed.Load(), int64(2*32), "nothing but the binding proofs crossed the relay")
 }
 
 // plainSetup passes the handshake and setup that precede TLS on a data
