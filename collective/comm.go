@@ -75,9 +75,10 @@ type Comm struct {
 	// and one goroutine per communicator, started by newComm and stopped by
 	// Close, aborts the communicator when that operation has run too long.
 	op        atomic.Pointer[Request]
-	bornNano  int64         // runtime nanotime at creation: the base of Request.start
-	stopWatch chan struct{} // closed by Close
-	watchDone chan struct{} // closed when the watchdog has returned
+	timedOut  atomic.Pointer[timeoutError] // this rank's timeout, while the root diagnoses it
+	bornNano  int64                        // runtime nanotime at creation: the base of Request.start
+	stopWatch chan struct{}                // closed by Close
+	watchDone chan struct{}                // closed when the watchdog has returned
 }
 
 // Rank returns this rank's index, 0..Size()-1.
@@ -288,8 +289,24 @@ func (c *Comm) watch() {
 			t.Reset(left)
 			continue
 		}
-		c.abort(&timeoutError{op: op.name, seq: op.cseq, d: c.cfg.Timeout, progress: c.eng.Progress(),
-			bytes: op.op.Bytes(c.size)})
+		te := &timeoutError{op: op.name, seq: op.cseq, d: c.cfg.Timeout, progress: c.eng.Progress(),
+			bytes: op.op.Bytes(c.size)}
+		if c.rootWatch != nil {
+			// Ask the root to compare where every rank waits: its
+			// diagnosis aborts this communicator (and every rank's) with
+			// the rank at the end of the chain (diagnose.go).
+			c.timedOut.Store(te)
+			if c.rootWatch.ReportStall(wire.Stall{Seq: op.cseq, Timeout: int64(c.cfg.Timeout), Op: op.name}) == nil {
+				select {
+				case <-c.stopWatch:
+					return
+				case <-c.ctx.Done():
+					return
+				case <-time.After(bootstrap.DiagnosisWait + time.Second):
+				}
+			}
+		}
+		c.abort(te)
 		return
 	}
 }
@@ -309,10 +326,18 @@ func (c *Comm) Abort(cause error) {
 	c.abort(cause)
 }
 
-func (c *Comm) abort(cause error) {
+func (c *Comm) abort(cause error) { c.abortAfter(cause, 0) }
+
+// abortAfter aborts with cause, closing the endpoint grace later: an
+// operation that fails meanwhile (a peer's connection closing, say)
+// reports cause all the same.
+func (c *Comm) abortAfter(cause error, grace time.Duration) {
 	c.dumpOnFailure(cause)
 	c.cancel(&abortedError{cause: cause})
 	c.ended.Store(true)
+	if grace > 0 {
+		time.Sleep(grace)
+	}
 	c.ep.Close(cause)
 	c.told.Do(func() { c.tellRoot(cause) })
 }

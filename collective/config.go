@@ -223,6 +223,13 @@ func WithSlots(slots, slotSize int) Option {
 	}
 }
 
+// WithHeartbeatTimeout sets how long a rank may leave the root's
+// heartbeat unanswered before the others are told it stopped responding
+// (Config.HeartbeatTimeout; negative: no heartbeat).
+func WithHeartbeatTimeout(d time.Duration) Option {
+	return func(s *settings) { s.cfg.HeartbeatTimeout = d; s.mark("HeartbeatTimeout") }
+}
+
 // WithInitTimeout bounds Init and InitFromEnv when their context has no
 // deadline.
 func WithInitTimeout(d time.Duration) Option {
@@ -364,6 +371,8 @@ func resolve(opts []Option) (Config, func(string) (string, bool), error) {
 			cfg.SlotSize = s.cfg.SlotSize
 		case "InitTimeout":
 			cfg.InitTimeout = s.cfg.InitTimeout
+		case "HeartbeatTimeout":
+			cfg.HeartbeatTimeout = s.cfg.HeartbeatTimeout
 		case "NSocks":
 			cfg.NSocks = s.cfg.NSocks
 		case "SocketIfname":

@@ -57,8 +57,12 @@
 // was waiting for; it also aborts the communicator, which makes the
 // peers' dependent operations fail promptly instead of hanging. Every
 // operation is bounded by Config.Timeout (default 10 minutes) as well as
-// its context; a timeout says, per channel, the step and the peer it was
-// at.
+// its context. When an operation times out on a communicator made by Init
+// or InitFromEnv, the root compares where every rank waits and every rank
+// fails with a StallError naming the rank at the end of the chain of
+// waits (one that has not called the operation, did not answer, or left)
+// and how this rank's wait leads there; without a root, the timeout says
+// per channel the step and the peer it was at.
 //
 // # Surviving a failure
 //
@@ -70,7 +74,8 @@
 // breaks; the root's heartbeat finds it: a rank that leaves the root's
 // pings unanswered for Config.HeartbeatTimeout (10 s;
 // GOCCL_HEARTBEAT_TIMEOUT) is reported to every other rank as not
-// responding (UnresponsiveError), and the ranks report a silent root the
+// responding (UnresponsiveError, which says how the rank's wait led
+// there), and the ranks report a silent root the
 // same way (under InitFromEnv, rank 0's process). The library answers from
 // a goroutine of its own, so a rank busy computing between collectives is
 // never reported. The survivors can then call Shrink, which
@@ -85,7 +90,8 @@
 // it there when its communicator aborts or times out, and on SIGUSR1.
 // flight.Analyze (goccl-run does it for a failed job) names the first
 // operation where the ranks called different collectives, or the rank
-// that never arrived. GOCCL_DEBUG=INFO logs a summary of each new
+// that never arrived, and follows the chain of waits to a rank that left
+// no recorder (a stopped process). GOCCL_DEBUG=INFO logs a summary of each new
 // communicator on stderr (log/slog), TRACE a line per operation;
 // GOCCL_DEBUG_SUBSYS picks INIT, COLL or NET.
 //

@@ -115,6 +115,10 @@ func (e *timeoutError) Error() string {
 		} else {
 			b.WriteString(",")
 		}
+		if p.Done {
+			fmt.Fprintf(&b, " channel %d done", p.Channel)
+			continue
+		}
 		if p.Step < 0 {
 			fmt.Fprintf(&b, " channel %d not started", p.Channel)
 			continue

@@ -1,7 +1,6 @@
 package collective
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -85,7 +84,7 @@ func (c *Comm) record(reason string, cause error) *flight.Dump {
 		}
 		if sn.r == running && !sn.finished {
 			for _, p := range c.eng.Progress() {
-				e.Progress = append(e.Progress, flight.Progress{Channel: p.Channel, Piece: p.Piece, Step: p.Step, Kind: p.Kind.String(), Peer: p.Peer})
+				e.Progress = append(e.Progress, flight.Progress{Channel: p.Channel, Piece: p.Piece, Step: p.Step, Kind: p.Kind.String(), Peer: p.Peer, Done: p.Done})
 			}
 		}
 		d.Ops = append(d.Ops, e)
@@ -114,8 +113,7 @@ func (c *Comm) dumpOnFailure(cause error) {
 	}
 	c.dumped.Do(func() {
 		reason := "abort"
-		var te *timeoutError
-		if errors.As(cause, &te) {
+		if isStall(cause) {
 			reason = "timeout"
 		}
 		p, err := c.record(reason, cause).WriteFile(c.cfg.DebugDump)

@@ -67,7 +67,8 @@ func TestMultiProcessFrozenRank(t *testing.T) {
 // childFreeze is a rank of TestMultiProcessFrozenRank. Every rank runs
 // small all-reduces; the victim stops its own process at the 200th (in
 // the middle of it, or between two), having started a waker that kills it
-// (or continues it, in mode cont) later; in mode busy it sleeps instead.
+// (or continues it, in mode cont) later; in mode busy it computes for 30 s
+// instead.
 // The others print the error that ends their loop and how long the
 // operation ran, and check it.
 func childFreeze(ctx context.Context, c *collective.Comm) int {
@@ -98,7 +99,15 @@ func childFreeze(ctx context.Context, c *collective.Comm) int {
 				waker(freezeHeartbeat/3, "CONT")
 				syscall.Kill(os.Getpid(), syscall.SIGSTOP)
 			case "busy":
-				time.Sleep(2 * freezeHeartbeat) // the library answers meanwhile
+				// 30 s of computing between two collectives, ten heartbeat
+				// timeouts: the library answers meanwhile.
+				x := 1.0
+				for t0 := time.Now(); time.Since(t0) < 30*time.Second; {
+					for range 1 << 16 {
+						x = x*1.0000001 + 1e-9
+					}
+				}
+				buf[0] = float32(x) * 0
 			}
 		}
 		start := time.Now()
@@ -134,5 +143,79 @@ func childFreeze(ctx context.Context, c *collective.Comm) int {
 		return 0
 	}
 	fmt.Println("finished")
+	return 0
+}
+
+// On a 4-rank ring where rank 3 never calls the 51st all-reduce, the
+// others time out waiting in a chain: 0 on 3, 1 on 0, 2 on 1. Every rank's
+// error names rank 3 as the end of the chain and what it last did, and
+// each says how its own wait leads there; rank 3 learns it was the one
+// (issue 18).
+func TestMultiProcessChainOfWaits(t *testing.T) {
+	for _, tr := range transports() {
+		t.Run(tr, func(t *testing.T) {
+			t.Parallel()
+			res := spawn(t, "chain", gocclEnvs(t, 4, "GOCCL_TRANSPORT="+tr, "GOCCL_ALGO=ring", "GOCCL_TIMEOUT="+chainTimeout.String()), nil)
+			for _, r := range res {
+				t.Logf("rank %d (exit %d): %s", r.rank, r.code, strings.TrimSpace(r.output))
+				require.Equal(t, 0, r.code, "rank %d:\n%s", r.rank, r.output)
+				if r.rank == 3 {
+					require.Contains(t, r.output, "the chain of waits ends at rank 3, which has not called allreduce#50: its last operation, allreduce#49, finished")
+					continue
+				}
+				require.Contains(t, r.output, "the chain of waits ends at rank 3, which has not called allreduce#50: its last operation, allreduce#49, finished")
+				require.Contains(t, r.output, fmt.Sprintf("rank %d waits on rank ", r.rank))
+			}
+			// Rank 0 receives from rank 3 on the ring: it waits on it
+			// directly; rank 2 through ranks 1 and 0.
+			require.Contains(t, res[0].output, "rank 0 waits on rank 3 (allreduce#50")
+			require.Regexp(t, `rank 2 waits on rank 1 \(allreduce#50: [^)]*\), which waits on rank 0, which waits on rank 3`, res[2].output)
+		})
+	}
+}
+
+const chainTimeout = 3 * time.Second
+
+// childChain is a rank of TestMultiProcessChainOfWaits.
+func childChain(ctx context.Context, c *collective.Comm) int {
+	fail := func(format string, args ...any) int {
+		fmt.Fprintf(os.Stderr, "FAIL: "+format+"\n", args...)
+		return 1
+	}
+	const ops = 50
+	buf := make([]float32, 256<<10) // 1 MiB: pipelined over the ring, not one shot
+	for i := 0; i < ops; i++ {
+		if err := collective.AllReduce(ctx, c, buf, buf, collective.Sum); err != nil {
+			return fail("all-reduce %d: %v", i, err)
+		}
+	}
+	var se *collective.StallError
+	if c.Rank() == 3 {
+		// Busy elsewhere: the library still answers the root.
+		select {
+		case <-c.Context().Done():
+		case <-time.After(chainTimeout + 10*time.Second):
+			return fail("the communicator was not aborted")
+		}
+		cause := context.Cause(c.Context())
+		if !errors.As(cause, &se) || se.End != 3 || !errors.Is(cause, collective.ErrTimeout) {
+			return fail("the cause is not a stall ending here: %v", cause)
+		}
+		fmt.Println(cause)
+		return 0
+	}
+	start := time.Now()
+	err := collective.AllReduce(ctx, c, buf, buf, collective.Sum)
+	took := time.Since(start)
+	fmt.Printf("after %v: %v\n", took.Round(time.Millisecond), err)
+	if !errors.As(err, &se) || !errors.Is(err, collective.ErrTimeout) {
+		return fail("not a stall: %v", err)
+	}
+	if se.End != 3 || se.Chain[0] != c.Rank() || se.Chain[len(se.Chain)-1] != 3 {
+		return fail("the chain %v does not lead from this rank to rank 3", se.Chain)
+	}
+	if took > chainTimeout+3*time.Second {
+		return fail("the diagnosis took %v after the %v timeout", took-chainTimeout, chainTimeout)
+	}
 	return 0
 }

@@ -656,6 +656,8 @@ func childMain(scenario string) int {
 		return 0
 	case "freeze":
 		return childFreeze(ctx, c)
+	case "chain":
+		return childChain(ctx, c)
 	case "kill":
 		victim, _ := strconv.Atoi(os.Getenv("GOCCL_TEST_VICTIM"))
 		count, _ := strconv.Atoi(os.Getenv("GOCCL_TEST_COUNT"))

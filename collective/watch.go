@@ -27,12 +27,14 @@ func (c *Comm) startWatch(w *bootstrap.Watch) {
 	if d := heartbeatOf(c.cfg); d > 0 {
 		go c.watchRoot(w, d)
 	}
+	w.SetWhere(c.where)
 	go func() {
 		defer close(c.watchExit)
+		var silentDiag *wire.Diagnosis // where the ranks waited, before a silent rank's notice
 		for {
-			a, t, err := w.Next()
-			if t != nil {
-				c.shrunk <- t
+			ev, err := w.Next()
+			if ev.Table != nil {
+				c.shrunk <- ev.Table
 				continue
 			}
 			if err != nil {
@@ -41,22 +43,49 @@ func (c *Comm) startWatch(w *bootstrap.Watch) {
 				// from now on.
 				return
 			}
+			if d := ev.Diagnosis; d != nil {
+				if d.Silent {
+					silentDiag = d
+					continue
+				}
+				c.silence() // every rank got the same
+				// Every rank reads its own diagnosis before this one's
+				// connections close: otherwise a neighbour's error would be
+				// this rank's abort, not its own chain.
+				c.abortAfter(c.stallCause(d), noticeGrace)
+				continue
+			}
+			a := ev.Abort
 			var cause error
 			switch {
 			case a.Silent && int(a.Rank) == c.rank:
 				cause = fmt.Errorf("goccl: the root told the other ranks that this rank %s: it was stopped or starved for longer than the heartbeat timeout (GOCCL_HEARTBEAT_TIMEOUT), and the job goes on without it", a.Reason)
 			case a.Silent:
-				cause = &transport.PeerError{Peer: int(a.Rank), Op: "watch", Err: &UnresponsiveError{Rank: int(a.Rank), Detail: a.Reason}}
+				ue := &UnresponsiveError{Rank: int(a.Rank), Detail: a.Reason}
+				if d := silentDiag; d != nil && d.From == a.Rank {
+					ue.Waiting = c.silentWaiting(d)
+				}
+				cause = &transport.PeerError{Peer: int(a.Rank), Op: "watch", Err: ue}
 			case a.Died:
 				cause = &transport.PeerError{Peer: int(a.Rank), Op: "watch", Err: fmt.Errorf("rank %d died: %s", a.Rank, a.Reason)}
 			default:
 				cause = &transport.PeerAbortedError{Peer: int(a.Rank), Cause: errors.New(a.Reason)}
 			}
 			c.silence() // the root knows: it told us
-			c.abort(cause)
+			grace := time.Duration(0)
+			if a.Silent {
+				grace = noticeGrace // as for a diagnosis: each survivor reads its own notice
+			}
+			c.abortAfter(cause, grace)
 		}
 	}()
 }
+
+// noticeGrace is how long a rank waits after the root's diagnosis, or
+// its notice of a silent rank, before it aborts and its connections
+// close: every rank got the same from the root at about the same time,
+// and each should fail with what its own wait says.
+const noticeGrace = 100 * time.Millisecond
 
 // UnresponsiveError is the cause of an abort when a rank stopped
 // answering the heartbeat: its process is alive (its connections stay
@@ -65,16 +94,26 @@ type UnresponsiveError struct {
 	Rank   int    // -1: the bootstrap root, in no rank's process
 	Detail string // "stopped responding 10.2 s ago (...)"
 	Root   string // the root's address, when it is the root that fell silent
+	// Waiting says how this rank's wait led to the silent rank ("rank 0
+	// waits on rank 2 (allreduce#215: ...), which waits on rank 1"),
+	// where the root could tell.
+	Waiting string
 }
 
 func (e *UnresponsiveError) Error() string {
-	if e.Root != "" && e.Rank >= 0 {
-		return fmt.Sprintf("rank %d (it hosts the bootstrap root at %s) %s", e.Rank, e.Root, e.Detail)
+	var s string
+	switch {
+	case e.Root != "" && e.Rank >= 0:
+		s = fmt.Sprintf("rank %d (it hosts the bootstrap root at %s) %s", e.Rank, e.Root, e.Detail)
+	case e.Root != "":
+		s = fmt.Sprintf("the bootstrap root at %s %s", e.Root, e.Detail)
+	default:
+		s = fmt.Sprintf("rank %d %s", e.Rank, e.Detail)
 	}
-	if e.Root != "" {
-		return fmt.Sprintf("the bootstrap root at %s %s", e.Root, e.Detail)
+	if e.Waiting != "" {
+		s += "; " + e.Waiting
 	}
-	return fmt.Sprintf("rank %d %s", e.Rank, e.Detail)
+	return s
 }
 
 // watchRoot aborts the communicator when the root's heartbeat stops: the

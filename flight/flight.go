@@ -1,12 +1,16 @@
 // Package flight is goccl's flight recorder format and its analyzer. Each
 // communicator keeps its last operations (sequence number, collective,
 // type, count, root, operator, state, times, and for the running one how
-// far each channel got); it writes them as a Dump on a timeout or an
-// abort, on demand (collective's Comm.DebugDump) and on SIGUSR1 when
-// GOCCL_DEBUG_DUMP names a directory. Analyze reads every rank's dump of
-// one job and names the first operation where the ranks disagree, or the
-// rank that never arrived: what NCCL users otherwise reconstruct by hand
-// from a hang (NVIDIA/nccl issues 1324, 968, 1260).
+// far each channel got and on which rank it waits); it writes them as a
+// Dump on a timeout or an abort, on demand (collective's Comm.DebugDump)
+// and on SIGUSR1 when GOCCL_DEBUG_DUMP names a directory. Analyze reads
+// every rank's dump of one job and names the first operation where the
+// ranks disagree, or the rank that never arrived, and follows the chain
+// of waits (each stuck rank waits on a peer, which may wait on another)
+// to the rank at its end, even one that left no dump because its process
+// was stopped: what NCCL users otherwise reconstruct by hand from a hang
+// (NVIDIA/nccl issues 1324, 968, 1260). A live job does the same through
+// its bootstrap root when an operation times out (collective.StallError).
 package flight
 
 import (
@@ -59,6 +63,7 @@ type Progress struct {
 	Step    int    `json:"step"`
 	Kind    string `json:"kind,omitempty"` // the step's primitive
 	Peer    int    `json:"peer"`           // the rank the step receives from (or sends to), -1 none
+	Done    bool   `json:"done,omitempty"` // the channel has finished its part
 }
 
 // States.
@@ -161,11 +166,70 @@ func lastSeq(d *Dump) uint64 {
 type Finding struct {
 	// Kind: "diverge" (ranks issued different operations with the same
 	// sequence number), "missing" (ranks never issued an operation others
-	// are running), "stuck" (all issued it, some never finished), "none".
+	// are running), "silent" (ranks that did not finish an operation
+	// wait, along a chain, on a rank that left no dump: stopped or
+	// killed), "stuck" (all issued it, some never finished), "none".
 	Kind    string
 	Seq     uint64
-	Ranks   []int // the ranks at fault: the odd ones out, the absent, the unfinished
+	Ranks   []int // the ranks at fault: the odd ones out, the absent, the silent, the unfinished
 	Summary string
+	// Chain is the longest chain of waits at Seq, from the progress of
+	// the ranks' running operations: each rank waits on the next.
+	Chain []int
+}
+
+// rankOps is one rank's collectives, by sequence number.
+type rankOps struct {
+	rank int
+	ops  map[uint64]Entry
+	max  uint64
+	has  bool
+}
+
+// chainAt is the longest chain of waits at operation s: a rank whose
+// entry runs waits on the peer of its first unfinished channel.
+func chainAt(rs []rankOps, s uint64) ([]int, bool) {
+	next := map[int]int{}
+	for _, r := range rs {
+		next[r.rank] = -1
+		if e, ok := r.ops[s]; ok && e.State == Running {
+			for _, p := range e.Progress {
+				if !p.Done && p.Peer >= 0 {
+					next[r.rank] = p.Peer
+					break
+				}
+			}
+		}
+	}
+	var best []int
+	var bestCycle bool
+	for _, r := range rs {
+		if next[r.rank] < 0 {
+			continue
+		}
+		c, cyc := Chain(r.rank, func(q int) int {
+			if n, ok := next[q]; ok {
+				return n
+			}
+			return -1 // no dump: the end
+		})
+		if len(c) > len(best) {
+			best, bestCycle = c, cyc
+		}
+	}
+	return best, bestCycle
+}
+
+// chainText is "; the chain of waits: 2 → 1 → 0" for chains of two ranks
+// or more.
+func chainText(c []int, cycle bool) string {
+	if len(c) < 2 {
+		return ""
+	}
+	if cycle {
+		return "; the ranks wait on each other in a cycle: " + Arrows(c)
+	}
+	return "; the chain of waits: " + Arrows(c)
 }
 
 // Analyze compares the dumps of one job's ranks (collectives only:
@@ -177,12 +241,6 @@ type Finding struct {
 func Analyze(dumps []*Dump) Finding {
 	if len(dumps) == 0 {
 		return Finding{Kind: "none", Summary: "no dumps"}
-	}
-	type rankOps struct {
-		rank int
-		ops  map[uint64]Entry
-		max  uint64
-		has  bool
 	}
 	var rs []rankOps
 	for _, d := range dumps {
@@ -265,9 +323,14 @@ func Analyze(dumps []*Dump) Finding {
 					}
 				}
 			}
-			return Finding{Kind: "missing", Seq: s, Ranks: absent,
-				Summary: fmt.Sprintf("rank(s) %v never arrived at operation #%d %s, which ranks %v issued; %s", absent, s, what, present, strings.Join(last, "; "))}
+			chain, cycle := chainAt(rs, s)
+			return Finding{Kind: "missing", Seq: s, Ranks: absent, Chain: chain,
+				Summary: fmt.Sprintf("rank(s) %v never arrived at operation #%d %s, which ranks %v issued; %s%s", absent, s, what, present, strings.Join(last, "; "), chainText(chain, cycle))}
 		}
+	}
+	dumped := map[int]bool{}
+	for _, d := range dumps {
+		dumped[d.Rank] = true
 	}
 	for _, s := range seqs {
 		var stuck []int
@@ -278,10 +341,52 @@ func Analyze(dumps []*Dump) Finding {
 				what = e.What()
 			}
 		}
-		if len(stuck) > 0 {
-			return Finding{Kind: "stuck", Seq: s, Ranks: stuck,
-				Summary: fmt.Sprintf("every rank issued operation #%d %s; ranks %v did not finish it", s, what, stuck)}
+		if len(stuck) == 0 {
+			continue
 		}
+		chain, cycle := chainAt(rs, s)
+		if n := len(chain); n > 1 && !cycle && !dumped[chain[n-1]] {
+			// The chain ends at a rank that wrote nothing: a stopped
+			// process cannot (it runs no signal handler), a killed one
+			// did not.
+			end := chain[n-1]
+			return Finding{Kind: "silent", Seq: s, Ranks: []int{end}, Chain: chain,
+				Summary: fmt.Sprintf("ranks %v did not finish operation #%d %s and wait on rank %d, which left no flight recorder (its process stopped, deadlocked, swapping or killed?)%s", stuck, s, what, end, chainText(chain, cycle))}
+		}
+		return Finding{Kind: "stuck", Seq: s, Ranks: stuck, Chain: chain,
+			Summary: fmt.Sprintf("every rank issued operation #%d %s; ranks %v did not finish it%s", s, what, stuck, chainText(chain, cycle))}
 	}
 	return Finding{Kind: "none", Summary: "the ranks agree on every recorded operation, and all finished"}
+}
+
+// Chain follows a chain of waits from rank from: next(r) is the rank r
+// waits on, or -1 when it waits on none. It returns the ranks from from to
+// the end of the chain, and whether the chain runs into itself (a cycle:
+// the last rank is then the first one met twice).
+func Chain(from int, next func(rank int) int) (ranks []int, cycle bool) {
+	seen := map[int]bool{}
+	for r := from; ; {
+		ranks = append(ranks, r)
+		if seen[r] {
+			return ranks, true
+		}
+		seen[r] = true
+		n := next(r)
+		if n < 0 {
+			return ranks, false
+		}
+		r = n
+	}
+}
+
+// Arrows writes a chain of ranks as "2 → 1 → 0".
+func Arrows(ranks []int) string {
+	var b strings.Builder
+	for i, r := range ranks {
+		if i > 0 {
+			b.WriteString(" → ")
+		}
+		fmt.Fprint(&b, r)
+	}
+	return b.String()
 }

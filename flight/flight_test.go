@@ -37,6 +37,59 @@ func TestAnalyzeFindsTheRankThatNeverArrived(t *testing.T) {
 	require.Contains(t, f.Summary, "rank 1's last was #1")
 }
 
+// running is an entry running at seq whose channel 0 waits on peer.
+func running(seq uint64, peer int) Entry {
+	e := ar(seq, 4, Running)
+	e.Progress = []Progress{{Channel: 0, Step: 1, Kind: "recvReduceSend", Peer: peer}}
+	return e
+}
+
+func TestAnalyzeFollowsTheChainOfWaits(t *testing.T) {
+	// A 4-rank ring where rank 3 never called #1: 0 waits on 3, 1 on 0,
+	// 2 on 1.
+	dumps := []*Dump{
+		{Rank: 0, Size: 4, Ops: []Entry{ar(0, 4, Done), running(1, 3)}},
+		{Rank: 1, Size: 4, Ops: []Entry{ar(0, 4, Done), running(1, 0)}},
+		{Rank: 2, Size: 4, Ops: []Entry{ar(0, 4, Done), running(1, 1)}},
+		{Rank: 3, Size: 4, Ops: []Entry{ar(0, 4, Done)}},
+	}
+	f := Analyze(dumps)
+	require.Equal(t, "missing", f.Kind)
+	require.Equal(t, []int{3}, f.Ranks)
+	require.Equal(t, []int{2, 1, 0, 3}, f.Chain)
+	require.Contains(t, f.Summary, "the chain of waits: 2 → 1 → 0 → 3")
+
+	// Rank 1 was stopped: it wrote nothing, and the others wait on it,
+	// one of them through a finished channel's neighbour.
+	dumps = []*Dump{
+		{Rank: 0, Size: 3, Ops: []Entry{ar(0, 4, Done), running(1, 2)}},
+		{Rank: 2, Size: 3, Ops: []Entry{ar(0, 4, Done), running(1, 1)}},
+	}
+	dumps[0].Ops[1].Progress = append([]Progress{{Channel: 0, Step: -1, Peer: -1, Done: true}}, Progress{Channel: 1, Step: 2, Peer: 2})
+	f = Analyze(dumps)
+	require.Equal(t, "silent", f.Kind)
+	require.Equal(t, []int{1}, f.Ranks)
+	require.Equal(t, []int{0, 2, 1}, f.Chain)
+	require.Contains(t, f.Summary, "wait on rank 1, which left no flight recorder")
+
+	// A cycle: each waits on the other.
+	f = Analyze([]*Dump{{Rank: 0, Size: 2, Ops: []Entry{running(0, 1)}}, {Rank: 1, Size: 2, Ops: []Entry{running(0, 0)}}})
+	require.Equal(t, "stuck", f.Kind)
+	require.Contains(t, f.Summary, "in a cycle: 0 → 1 → 0")
+}
+
+func TestChain(t *testing.T) {
+	next := map[int]int{0: 3, 1: 0, 2: 1, 3: -1}
+	c, cyc := Chain(2, func(r int) int { return next[r] })
+	require.Equal(t, []int{2, 1, 0, 3}, c)
+	require.False(t, cyc)
+	next[3] = 1
+	c, cyc = Chain(2, func(r int) int { return next[r] })
+	require.Equal(t, []int{2, 1, 0, 3, 1}, c)
+	require.True(t, cyc)
+	require.Equal(t, "2 → 1", Arrows([]int{2, 1}))
+}
+
 func TestAnalyzeStuckAndClean(t *testing.T) {
 	f := Analyze([]*Dump{{Rank: 0, Ops: []Entry{ar(0, 4, Running)}}, {Rank: 1, Ops: []Entry{ar(0, 4, Done)}}})
 	require.Equal(t, "stuck", f.Kind)

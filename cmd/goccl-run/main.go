@@ -29,7 +29,9 @@ Each rank writes its flight recorder (its last operations) to the -dump
 directory when its communicator aborts or times out; when a rank fails,
 the others get SIGUSR1 to write theirs before they are stopped, and
 goccl-run prints what the recorders show: the first operation where the
-ranks called different collectives, or the rank that never arrived.
+ranks called different collectives, the rank that never arrived, or the
+rank at the end of the chain of waits (one that wrote no recorder because
+its process was stopped, say).
 goccl-run -analyze DIR reads such a directory again (exit status 3 when
 it finds a problem).
 

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -211,15 +212,20 @@ func TestFlightRecordersNameTheCulprit(t *testing.T) {
 	build := exec.Command("go", "build", "-o", job, "./testdata/flightjob")
 	out, err := build.CombinedOutput()
 	require.NoError(t, err, "%s", out)
-	for _, c := range []struct{ mode, want string }{
-		{"hang", "rank(s) [1] never arrived at operation #1 allreduce(float32×1024, sum)"},
-		{"mismatch", "ranks [0 2] called allreduce(float32×1024, sum); ranks [1] called broadcast(float32×1024, root 0)"},
+	for _, c := range []struct {
+		mode, want string
+		dumps      int
+	}{
+		{"hang", "rank(s) [1] never arrived at operation #1 allreduce(float32×1024, sum)", 3},
+		// A stopped process writes nothing.
+		{"stop", "ranks [0 2] did not finish operation #1 allreduce(float32×1024, sum) and wait on rank 1, which left no flight recorder", 2},
+		{"mismatch", "ranks [0 2] called allreduce(float32×1024, sum); ranks [1] called broadcast(float32×1024, root 0)", 3},
 	} {
 		t.Run(c.mode, func(t *testing.T) {
 			dir := t.TempDir()
 			code, _, stderr := result(t, gocclRun(t, "-np", "3", "-dump", dir, job, c.mode))
 			require.NotEqual(t, 0, code)
-			require.Contains(t, stderr, "flight recorders of 3 ranks in "+dir, stderr)
+			require.Contains(t, stderr, fmt.Sprintf("flight recorders of %d ranks in %s", c.dumps, dir), stderr)
 			require.Contains(t, stderr, c.want, stderr)
 			code, stdout, _ := result(t, gocclRun(t, "-analyze", dir))
 			require.Equal(t, 3, code)

@@ -125,6 +125,8 @@ type Root struct {
 	gone     int
 	out      []bool                   // said goodbye or went away: not part of a shrink
 	shrink   map[uint32]*registration // a shrink in progress: survivors' new registrations, by old rank
+	diag     *diagRound               // a diagnosis being gathered (diagnose)
+	rounds   uint32                   // diagnoses started
 }
 
 type registration struct {
@@ -338,6 +340,28 @@ func (r *Root) handle(raw net.Conn) {
 			r.relay(wire.Abort{Rank: info.Rank, Reason: a.Reason})
 		case wire.FramePong:
 			// Heard (above).
+		case wire.FrameStall:
+			st, _, err := wire.ParseStall(payload)
+			if err != nil {
+				r.rankGone(int(info.Rank), fmt.Errorf("it sent a malformed stall report: %v", err))
+				c.Close()
+				return
+			}
+			r.diagnose(wire.Diagnosis{From: info.Rank, Stall: st}, nil)
+		case wire.FrameWait:
+			if len(payload) < 4 {
+				r.rankGone(int(info.Rank), errors.New("it sent a malformed wait report"))
+				c.Close()
+				return
+			}
+			w, _, err := wire.ParseWait(payload[4:])
+			if err != nil {
+				r.rankGone(int(info.Rank), fmt.Errorf("it sent a malformed wait report: %v", err))
+				c.Close()
+				return
+			}
+			w.Rank = info.Rank // a rank speaks for itself only
+			r.answer(binary.BigEndian.Uint32(payload), w)
 		case wire.FrameBye:
 			r.mu.Lock()
 			r.left[info.Rank] = true
@@ -452,13 +476,155 @@ func (r *Root) silent(i int, now time.Time) {
 	a := wire.Abort{Rank: uint32(i), Silent: true,
 		Reason: fmt.Sprintf("stopped responding %.1f s ago (process stopped, deadlocked or swapping?)", for_.Seconds())}
 	r.log.Warn("goccl: bootstrap root: a rank stopped answering the heartbeat", "rank", i, "pid", g.info.PID, "host", g.info.HostID, "silent", for_.Round(time.Millisecond))
-	r.relay(a)
+	// Where the others wait goes out first, so that each can say how its
+	// wait leads to the silent rank; then the notice.
+	r.diagnose(wire.Diagnosis{From: uint32(i), Silent: true}, func() {
+		r.relay(a)
+		r.mu.Lock()
+		self := wire.AppendFrame(nil, wire.FrameAbort, a.Append(nil))
+		go g.conn.Write(self) // no deadline (TLS), no lock: it may never read
+		r.out[i] = true
+		r.checkShrinkLocked()
+		r.mu.Unlock()
+	})
+}
+
+// DiagnosisWait is how long the root waits for the ranks to say where
+// they wait before it sends what it has: a rank that has not answered by
+// then is reported as not answering (its process stopped, say).
+const DiagnosisWait = time.Second
+
+// diagRound is a diagnosis being gathered.
+type diagRound struct {
+	id      uint32
+	d       wire.Diagnosis // Waits by rank
+	asked   []bool         // the ranks a where-query went to
+	missing int            // answers still to come
+	then    []func()       // run once the diagnosis has gone out
+	timer   *time.Timer
+}
+
+// diagnose asks every rank still in the job where it waits, and sends
+// every one of them (but a silent d.From) what they said once all have
+// answered or DiagnosisWait has passed; then it runs then. A diagnosis
+// asked for while one is being gathered joins it.
+func (r *Root) diagnose(d wire.Diagnosis, then func()) {
 	r.mu.Lock()
-	self := wire.AppendFrame(nil, wire.FrameAbort, a.Append(nil))
-	go g.conn.Write(self) // no deadline (TLS), no lock: it may never read
-	r.out[i] = true
-	r.checkShrinkLocked()
+	if !r.watching {
+		r.mu.Unlock()
+		if then != nil {
+			then()
+		}
+		return
+	}
+	defer r.mu.Unlock()
+	if g := r.diag; g != nil {
+		if then != nil {
+			g.then = append(g.then, then)
+		}
+		return
+	}
+	r.rounds++
+	if !d.Silent {
+		r.log.Warn("goccl: bootstrap root: an operation timed out; asking every rank where it waits", "rank", d.From, "op", d.Stall.Op, "seq", d.Stall.Seq)
+	}
+	g := &diagRound{id: r.rounds, d: d, asked: make([]bool, r.nranks)}
+	if then != nil {
+		g.then = append(g.then, then)
+	}
+	g.d.Waits = make([]wire.Wait, r.nranks)
+	var q [4]byte
+	binary.BigEndian.PutUint32(q[:], g.id)
+	frame := wire.AppendFrame(nil, wire.FrameWhere, q[:])
+	for i, reg := range r.regs {
+		w := &g.d.Waits[i]
+		w.Rank, w.Peer = uint32(i), -1
+		switch {
+		case r.out[i] || r.left[i]:
+			w.State = wire.WaitGone
+		case d.Silent && i == int(d.From):
+			w.State = wire.WaitNoAnswer
+		default:
+			w.State = wire.WaitNoAnswer // until it answers
+			g.asked[i] = true
+			g.missing++
+			c := reg.conn
+			go c.Write(frame) // no deadline (TLS), no lock: a stopped rank may never read
+		}
+	}
+	r.diag = g
+	if g.missing == 0 {
+		go r.finishDiagnosis(g)
+		return
+	}
+	g.timer = time.AfterFunc(DiagnosisWait, func() { r.finishDiagnosis(g) })
+}
+
+// answer records rank w.Rank's answer to round id.
+func (r *Root) answer(id uint32, w wire.Wait) {
+	r.mu.Lock()
+	g := r.diag
+	if g == nil || g.id != id || int(w.Rank) >= len(g.asked) || !g.asked[w.Rank] {
+		r.mu.Unlock()
+		return // late, or not asked
+	}
+	g.asked[w.Rank] = false
+	g.d.Waits[w.Rank] = w
+	g.missing--
+	done := g.missing == 0
 	r.mu.Unlock()
+	if done {
+		if g.timer != nil {
+			g.timer.Stop()
+		}
+		go r.finishDiagnosis(g)
+	}
+}
+
+// finishDiagnosis sends round g's diagnosis (once), then runs its then.
+func (r *Root) finishDiagnosis(g *diagRound) {
+	r.mu.Lock()
+	if r.diag != g {
+		r.mu.Unlock()
+		return
+	}
+	r.diag = nil
+	now := time.Now()
+	for i := range g.d.Waits {
+		if w := &g.d.Waits[i]; w.State == wire.WaitNoAnswer {
+			w.For = int64(now.Sub(r.heard[i]))
+		}
+	}
+	frame := wire.AppendFrame(nil, wire.FrameDiagnosis, g.d.Append(nil))
+	// The ranks that answered first, those in this process after them (one
+	// may exit as soon as it hears, taking the root with it), and last
+	// those that did not answer, whose full sockets may hold a write up.
+	var to []net.Conn
+	self := uint32(os.Getpid())
+	for _, pass := range []int{0, 1, 2} {
+		for i, reg := range r.regs {
+			if r.out[i] || r.left[i] || (g.d.Silent && i == int(g.d.From)) {
+				continue
+			}
+			p := 0
+			switch {
+			case g.d.Waits[i].State == wire.WaitNoAnswer:
+				p = 2
+			case reg.info.PID == self:
+				p = 1
+			}
+			if p == pass {
+				to = append(to, reg.conn)
+			}
+		}
+	}
+	r.mu.Unlock()
+	for _, c := range to {
+		writeWithin(c, frame, time.Second) // a rank that is gone already just misses it
+	}
+	for _, f := range g.then {
+		f()
+	}
 }
 
 // relay tells every rank but a.Rank that a.Rank failed, once.
@@ -738,6 +904,15 @@ type Watch struct {
 	frames  chan watchFrame
 	err     error       // why reading ended, once frames is closed
 	stalled atomic.Bool // tests: the reader stops, as in a stopped process
+	where   atomic.Pointer[func() wire.Wait]
+}
+
+// Event is what the root sent: one of a failure notice, the new table of
+// a shrink, or a diagnosis.
+type Event struct {
+	Abort     *wire.Abort
+	Table     *wire.Table
+	Diagnosis *wire.Diagnosis
 }
 
 type watchFrame struct {
@@ -757,15 +932,21 @@ func (w *Watch) read() {
 	defer close(w.frames)
 	pong := wire.AppendFrame(nil, wire.FramePong, nil)
 	for {
-		for w.stalled.Load() {
-			time.Sleep(10 * time.Millisecond)
-		}
 		typ, payload, err := handshake.ReadFrame(w.c, wire.MaxFrame)
+		for w.stalled.Load() {
+			time.Sleep(10 * time.Millisecond) // a stopped process acts on nothing
+		}
 		if err != nil {
 			w.err = err
 			return
 		}
 		w.heard.Store(time.Now().UnixNano())
+		if typ == wire.FrameWhere && len(payload) == 4 {
+			// Answered from a goroutine, like a ping: the answer reads the
+			// communicator's state, and the reader must not wait on it.
+			go w.answer(payload)
+			continue
+		}
 		if typ != wire.FramePing {
 			w.frames <- watchFrame{typ, payload}
 			continue
@@ -787,6 +968,26 @@ func (w *Watch) read() {
 	}
 }
 
+// answer tells the root where this rank waits, for the where-query
+// (a round number) in q.
+func (w *Watch) answer(q []byte) {
+	st := wire.Wait{Peer: -1, Detail: "its communicator is still being set up"}
+	if f := w.where.Load(); f != nil {
+		st = (*f)()
+	}
+	w.send(wire.FrameWait, st.Append(append(make([]byte, 0, 4+st.Len()), q...)))
+}
+
+// SetWhere installs what answers the root's where-queries: where this
+// rank's communicator waits, read from its own goroutine (the reader's
+// helper), so it must not block.
+func (w *Watch) SetWhere(f func() wire.Wait) { w.where.Store(&f) }
+
+// ReportStall tells the root that this rank's operation timed out: the
+// root asks every rank where it waits and sends all of them a diagnosis
+// (through Next). It waits at most a second.
+func (w *Watch) ReportStall(s wire.Stall) error { return w.send(wire.FrameStall, s.Append(nil)) }
+
 // Heard is when the root's last frame (a heartbeat's ping, say) arrived;
 // the time of JoinWatch before any did.
 func (w *Watch) Heard() time.Time { return time.Unix(0, w.heard.Load()) }
@@ -799,30 +1000,37 @@ func (w *Watch) Pinged() bool { return w.pings.Load() > 0 }
 // (0 before any).
 func (w *Watch) RootHeartbeat() time.Duration { return time.Duration(w.timeout.Load()) }
 
-// Next waits for the root's next message: a failure notice, or the new
-// table of a shrink (Shrink). It returns an error when the connection ends
+// Next waits for the root's next message: a failure notice, the new
+// table of a shrink (Shrink), or a diagnosis (ReportStall, or before the
+// notice of a silent rank). It returns an error when the connection ends
 // (the root went away, or Close).
-func (w *Watch) Next() (*wire.Abort, *wire.Table, error) {
+func (w *Watch) Next() (Event, error) {
 	f, ok := <-w.frames
 	if !ok {
-		return nil, nil, w.err
+		return Event{}, w.err
 	}
 	typ, payload := f.typ, f.payload
 	switch typ {
 	case wire.FrameAbort:
 		a, _, err := wire.ParseAbort(payload)
 		if err != nil {
-			return nil, nil, fmt.Errorf("malformed abort notice from the root: %w", err)
+			return Event{}, fmt.Errorf("malformed abort notice from the root: %w", err)
 		}
-		return &a, nil, nil
+		return Event{Abort: &a}, nil
 	case wire.FrameTable:
 		t, _, err := wire.ParseTable(payload)
 		if err != nil {
-			return nil, nil, fmt.Errorf("malformed table from the root: %w", err)
+			return Event{}, fmt.Errorf("malformed table from the root: %w", err)
 		}
-		return nil, &t, nil
+		return Event{Table: &t}, nil
+	case wire.FrameDiagnosis:
+		d, _, err := wire.ParseDiagnosis(payload)
+		if err != nil {
+			return Event{}, fmt.Errorf("malformed diagnosis from the root: %w", err)
+		}
+		return Event{Diagnosis: &d}, nil
 	}
-	return nil, nil, fmt.Errorf("unexpected %v frame from the root", typ)
+	return Event{}, fmt.Errorf("unexpected %v frame from the root", typ)
 }
 
 // Shrink asks the root for a new table without the ranks that are gone:

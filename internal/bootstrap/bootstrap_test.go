@@ -309,7 +309,8 @@ func TestWatchRelaysAbortsAndDeaths(t *testing.T) {
 	// Rank 1 aborts: ranks 0, 2, 3 hear it.
 	require.NoError(t, watches[1].Abort("rank 1 lost its GPU"))
 	for _, rank := range []int{0, 2, 3} {
-		a, _, err := watches[rank].Next()
+		ev, err := watches[rank].Next()
+		a := ev.Abort
 		require.NoError(t, err)
 		require.Equal(t, wire.Abort{Rank: 1, Reason: "rank 1 lost its GPU"}, *a)
 	}
@@ -318,7 +319,8 @@ func TestWatchRelaysAbortsAndDeaths(t *testing.T) {
 	watches[1].Close()
 	require.NoError(t, watches[3].Bye())
 	watches[2].Close()
-	a, _, err := watches[0].Next()
+	ev, err := watches[0].Next()
+	a := ev.Abort
 	require.NoError(t, err)
 	require.Equal(t, uint32(2), a.Rank)
 	require.True(t, a.Died)
@@ -356,7 +358,8 @@ func TestWatchShrink(t *testing.T) {
 	ws[2].Close()
 	survivors := []int{0, 1, 3}
 	for _, rank := range survivors {
-		a, _, err := ws[rank].Next()
+		ev, err := ws[rank].Next()
+		a := ev.Abort
 		require.NoError(t, err)
 		require.True(t, a.Died)
 		ni := info(rank, n)
@@ -364,7 +367,8 @@ func TestWatchShrink(t *testing.T) {
 		require.NoError(t, ws[rank].Shrink(ni))
 	}
 	for _, rank := range survivors {
-		_, tab, err := ws[rank].Next()
+		ev, err := ws[rank].Next()
+		tab := ev.Table
 		require.NoError(t, err)
 		require.NotNil(t, tab)
 		require.Len(t, tab.Peers, 3)
@@ -492,13 +496,25 @@ func TestHeartbeatReportsASilentRank(t *testing.T) {
 	got := make(chan note, n)
 	start := time.Now()
 	for _, rank := range []int{0, 2} {
+		watches[rank].SetWhere(func() wire.Wait { return wire.Wait{State: wire.WaitRunning, Peer: 1, Op: "allreduce"} })
 		go func() {
+			var diag *wire.Diagnosis
 			for {
-				a, _, err := watches[rank].Next()
+				ev, err := watches[rank].Next()
+				a := ev.Abort
 				if err != nil {
 					return
 				}
+				if ev.Diagnosis != nil {
+					diag = ev.Diagnosis
+				}
 				if a != nil {
+					// Where every rank waits came first, the silent one
+					// not answering.
+					if diag == nil || !diag.Silent || diag.From != 1 || diag.Waits[1].State != wire.WaitNoAnswer ||
+						diag.Waits[2-rank].Peer != 1 || diag.Waits[2-rank].Rank != uint32(2-rank) {
+						t.Errorf("rank %d: the notice came after the diagnosis %+v", rank, diag)
+					}
 					got <- note{a, time.Now()}
 				}
 			}
@@ -527,7 +543,8 @@ func TestHeartbeatReportsASilentRank(t *testing.T) {
 	require.True(t, time.Since(watches[0].Heard()) < 2*HeartbeatInterval(hb), "the pings keep coming")
 	// Rank 1, resuming, reads that it was reported.
 	watches[1].Stall(false)
-	a, _, err := watches[1].Next()
+	ev, err := watches[1].Next()
+	a := ev.Abort
 	require.NoError(t, err)
 	require.Equal(t, uint32(1), a.Rank)
 	require.True(t, a.Silent)
@@ -559,5 +576,75 @@ func TestManyRanksFromOneAddressJoin(t *testing.T) {
 		for rank, err := range errs {
 			require.NoError(t, err, "round %d rank %d", round, rank)
 		}
+	}
+}
+
+// A rank whose operation timed out asks the root where everyone waits: the
+// ranks that answer are reported as they said (each for itself only), one
+// that does not as not answering, and every rank still there gets the
+// same diagnosis, within DiagnosisWait when one is silent and at once
+// when all answer.
+func TestDiagnosis(t *testing.T) {
+	r, err := StartRoot("127.0.0.1:0", RootOptions{Secret: secret, Version: "v1", Logger: quiet(), Watch: true})
+	require.NoError(t, err)
+	defer r.Close()
+	const n = 3
+	watches := make([]*Watch, n)
+	var wg sync.WaitGroup
+	for rank := range n {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			var err error
+			_, watches[rank], err = JoinWatch(ctx, r.Addr().String(), secret, info(rank, n))
+			require.NoError(t, err)
+		})
+	}
+	wg.Wait()
+	for rank, w := range watches {
+		w.SetWhere(func() wire.Wait {
+			// Rank 1 claims to be rank 2: the root knows better.
+			return wire.Wait{Rank: 2, State: wire.WaitRunning, Seq: 7, Peer: int32((rank + n - 1) % n), Op: "allreduce", Detail: fmt.Sprint("at ", rank)}
+		})
+	}
+	stall := wire.Stall{Seq: 7, Timeout: int64(time.Second), Op: "allreduce"}
+	next := func(rank int) *wire.Diagnosis {
+		ev, err := watches[rank].Next()
+		require.NoError(t, err)
+		require.NotNil(t, ev.Diagnosis, "rank %d", rank)
+		return ev.Diagnosis
+	}
+	for _, silent := range []bool{false, true} {
+		watches[2].Stall(silent)
+		start := time.Now()
+		require.NoError(t, watches[0].ReportStall(stall))
+		if silent {
+			// While the root waits for rank 2, a second report joins the
+			// first (whichever the root read first).
+			require.NoError(t, watches[1].ReportStall(stall))
+		}
+		d := next(0)
+		took := time.Since(start)
+		require.Contains(t, []uint32{0, 1}, d.From)
+		require.Equal(t, stall, d.Stall)
+		require.Len(t, d.Waits, n)
+		for rank := range 2 {
+			require.Equal(t, wire.Wait{Rank: uint32(rank), State: wire.WaitRunning, Seq: 7, Peer: int32((rank + n - 1) % n), Op: "allreduce", Detail: fmt.Sprint("at ", rank)}, d.Waits[rank])
+		}
+		require.Equal(t, *d, *next(1), "every rank gets the same")
+		if silent {
+			require.Equal(t, wire.WaitNoAnswer, d.Waits[2].State)
+			require.GreaterOrEqual(t, took, DiagnosisWait)
+			require.Less(t, took, DiagnosisWait+time.Second)
+			watches[2].Stall(false)
+			require.Equal(t, *d, *next(2), "a silent rank reads it when it resumes")
+		} else {
+			require.Equal(t, wire.WaitRunning, d.Waits[2].State)
+			require.Less(t, took, DiagnosisWait/2, "no waiting when all answer")
+			require.Equal(t, *d, *next(2))
+		}
+	}
+	for _, w := range watches {
+		w.Bye()
 	}
 }

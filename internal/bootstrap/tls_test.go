@@ -39,7 +39,8 @@ func TestTLSWatch(t *testing.T) {
 	}
 	require.NoError(t, watches[0].Abort("out of memory"))
 	for _, rank := range []int{1, 2} {
-		a, _, err := watches[rank].Next()
+		ev, err := watches[rank].Next()
+		a := ev.Abort
 		require.NoError(t, err)
 		require.Equal(t, wire.Abort{Rank: 0, Reason: "out of memory"}, *a)
 	}

@@ -586,11 +586,15 @@ func (e *Engine) connect(ctx context.Context, peer, ch int) (transport.Conn, err
 // maxProgress bounds the channels Progress reports.
 const maxProgress = 64
 
+// progDone is a channel's position once it has finished its part.
+const progDone = -1
+
 // Progress is where one channel of the running operation is.
 type Progress struct {
-	Channel, Piece, Step int
+	Channel, Piece, Step int // Step -1: not started (or Done)
 	Kind                 algorithms.Kind
-	Peer                 int // the step's incoming peer, else its outgoing one, else -1
+	Peer                 int  // the step's incoming peer, else its outgoing one, else -1
+	Done                 bool // the channel has finished its part
 }
 
 // Progress reports how far each channel of the operation running now has
@@ -608,8 +612,8 @@ func (e *Engine) Progress() []Progress {
 	out := make([]Progress, 0, n)
 	for c := 0; c < n; c++ {
 		v := e.prog[c].Load()
-		if v == 0 {
-			out = append(out, Progress{Channel: c, Step: -1, Peer: -1})
+		if v == 0 || v == progDone {
+			out = append(out, Progress{Channel: c, Step: -1, Peer: -1, Done: v == progDone})
 			continue
 		}
 		p := Progress{Channel: c, Piece: int(v >> 32), Step: int(v&0xffffffff) - 1, Peer: -1}

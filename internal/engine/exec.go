@@ -136,6 +136,7 @@ func (x *chanRun) run(ctx context.Context) error {
 	if peer, err := x.flush(ctx); err != nil {
 		return &StepError{Channel: x.ch, Piece: x.hi - 1, Step: len(x.sched.Steps), Kind: algorithms.Send, Peer: peer, Err: err}
 	}
+	x.prog.Store(progDone)
 	return nil
 }
 

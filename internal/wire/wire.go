@@ -214,6 +214,16 @@ const (
 	// own).
 	FramePing FrameType = 11
 	FramePong FrameType = 12
+	// A rank whose operation timed out asks the root for a diagnosis
+	// (FrameStall, a Stall); the root asks every rank where it waits
+	// (FrameWhere, a round number), each answers from its library's own
+	// goroutine (FrameWait: the round and a Wait), and the root sends
+	// every rank what it gathered (FrameDiagnosis), from which each
+	// follows the chain of waits to the rank at its end.
+	FrameStall     FrameType = 13
+	FrameWhere     FrameType = 14
+	FrameWait      FrameType = 15
+	FrameDiagnosis FrameType = 16
 )
 
 func (t FrameType) String() string {
@@ -242,6 +252,14 @@ func (t FrameType) String() string {
 		return "ping"
 	case FramePong:
 		return "pong"
+	case FrameStall:
+		return "stall"
+	case FrameWhere:
+		return "where"
+	case FrameWait:
+		return "wait"
+	case FrameDiagnosis:
+		return "diagnosis"
 	}
 	return fmt.Sprintf("frame(%d)", uint8(t))
 }
@@ -460,6 +478,182 @@ func ParseAbort(b []byte) (Abort, int, error) {
 	}
 	a.Reason = s
 	return a, 5 + n, nil
+}
+
+// Stall is what a rank whose operation timed out tells the root: which
+// operation (the collective's name and sequence number) and its timeout.
+type Stall struct {
+	Seq     uint64
+	Timeout int64 // nanoseconds
+	Op      string
+}
+
+func (s *Stall) Len() int { return 16 + 2 + min(len(s.Op), MaxString) }
+
+func (s *Stall) Append(b []byte) []byte {
+	b = binary.BigEndian.AppendUint64(b, s.Seq)
+	b = binary.BigEndian.AppendUint64(b, uint64(s.Timeout))
+	return appendString(b, truncate(s.Op))
+}
+
+func ParseStall(b []byte) (Stall, int, error) {
+	if len(b) < 16 {
+		return Stall{}, 0, ErrShort
+	}
+	s := Stall{Seq: binary.BigEndian.Uint64(b), Timeout: int64(binary.BigEndian.Uint64(b[8:]))}
+	op, n, err := parseString(b[16:])
+	if err != nil {
+		return Stall{}, 0, err
+	}
+	s.Op = op
+	return s, 16 + n, nil
+}
+
+// WaitState says what a rank is doing, for a diagnosis.
+type WaitState uint8
+
+const (
+	WaitIdle     WaitState = 0 // no operation running
+	WaitRunning  WaitState = 1 // an operation running (Peer: whom it waits on)
+	WaitNoAnswer WaitState = 2 // it did not answer the root in time
+	WaitGone     WaitState = 3 // it left the job (goodbye, abort or death)
+)
+
+// Wait is where one rank is: its answer to a FrameWhere, or the root's
+// account of a rank that could not answer.
+type Wait struct {
+	Rank  uint32
+	State WaitState
+	// Seq and Op: the running operation, or (idle) the last one issued;
+	// Op is "" when it issued none.
+	Seq  uint64
+	Peer int32 // the rank a running operation waits on; -1 none
+	// For is how long the rank has been in State (nanoseconds): since its
+	// operation started, since its last one ended, or since the root last
+	// heard from it.
+	For    int64
+	Op     string
+	Detail string // where a running operation waits, how the last ended
+}
+
+func (w *Wait) Len() int {
+	return 4 + 1 + 8 + 4 + 8 + 2 + min(len(w.Op), MaxString) + 2 + min(len(w.Detail), MaxString)
+}
+
+func (w *Wait) Append(b []byte) []byte {
+	b = binary.BigEndian.AppendUint32(b, w.Rank)
+	b = append(b, byte(w.State))
+	b = binary.BigEndian.AppendUint64(b, w.Seq)
+	b = binary.BigEndian.AppendUint32(b, uint32(w.Peer))
+	b = binary.BigEndian.AppendUint64(b, uint64(w.For))
+	b = appendString(b, truncate(w.Op))
+	return appendString(b, truncate(w.Detail))
+}
+
+func ParseWait(b []byte) (Wait, int, error) {
+	if len(b) < 25 {
+		return Wait{}, 0, ErrShort
+	}
+	w := Wait{Rank: binary.BigEndian.Uint32(b), State: WaitState(b[4]), Seq: binary.BigEndian.Uint64(b[5:]),
+		Peer: int32(binary.BigEndian.Uint32(b[13:])), For: int64(binary.BigEndian.Uint64(b[17:]))}
+	if w.State > WaitGone {
+		return Wait{}, 0, fmt.Errorf("wire: wait state %d, want 0 to 3", w.State)
+	}
+	off := 25
+	var err error
+	var n int
+	if w.Op, n, err = parseString(b[off:]); err != nil {
+		return Wait{}, 0, err
+	}
+	off += n
+	if w.Detail, n, err = parseString(b[off:]); err != nil {
+		return Wait{}, 0, err
+	}
+	return w, off + n, nil
+}
+
+// Diagnosis is what the root gathered after a rank's operation timed
+// out: that rank (From), its Stall, and every rank's Wait, by rank.
+type Diagnosis struct {
+	From uint32
+	// Silent: From stopped answering the heartbeat (the root's notice
+	// follows), and Stall is empty.
+	Silent bool
+	Stall  Stall
+	Waits  []Wait
+}
+
+func (d *Diagnosis) Len() int {
+	n := 4 + 1 + d.Stall.Len() + 4
+	for i := range d.Waits {
+		n += d.Waits[i].Len()
+	}
+	return n
+}
+
+func (d *Diagnosis) Append(b []byte) []byte {
+	b = binary.BigEndian.AppendUint32(b, d.From)
+	flags := byte(0)
+	if d.Silent {
+		flags = 1
+	}
+	b = append(b, flags)
+	b = d.Stall.Append(b)
+	b = binary.BigEndian.AppendUint32(b, uint32(len(d.Waits)))
+	for i := range d.Waits {
+		b = d.Waits[i].Append(b)
+	}
+	return b
+}
+
+func ParseDiagnosis(b []byte) (Diagnosis, int, error) {
+	if len(b) < 5 {
+		return Diagnosis{}, 0, ErrShort
+	}
+	d := Diagnosis{From: binary.BigEndian.Uint32(b), Silent: b[4] == 1}
+	if b[4] > 1 {
+		return Diagnosis{}, 0, fmt.Errorf("wire: diagnosis flags %#x, want 0 or 1", b[4])
+	}
+	s, n, err := ParseStall(b[5:])
+	if err != nil {
+		return Diagnosis{}, 0, err
+	}
+	d.Stall = s
+	off := 5 + n
+	if len(b) < off+4 {
+		return Diagnosis{}, 0, ErrShort
+	}
+	count := binary.BigEndian.Uint32(b[off:])
+	off += 4
+	if count > MaxPeers {
+		return Diagnosis{}, 0, fmt.Errorf("wire: diagnosis of %d ranks exceeds the %d limit", count, MaxPeers)
+	}
+	// Each Wait takes at least 29 bytes: a count the payload cannot hold
+	// is refused before anything is allocated for it.
+	if int(count) > (len(b)-off)/29 {
+		return Diagnosis{}, 0, ErrShort
+	}
+	if count > 0 {
+		d.Waits = make([]Wait, count)
+	}
+	for i := range d.Waits {
+		w, n, err := ParseWait(b[off:])
+		if err != nil {
+			return Diagnosis{}, 0, err
+		}
+		d.Waits[i] = w
+		off += n
+	}
+	return d, off, nil
+}
+
+// truncate cuts s to MaxString bytes (a reason longer than that loses
+// its tail rather than failing the message).
+func truncate(s string) string {
+	if len(s) > MaxString {
+		return s[:MaxString]
+	}
+	return s
 }
 
 // ConnSetup opens a data connection: which ranks and channel it joins,

@@ -46,6 +46,13 @@ func samples() []codec {
 		{"reject", &Reject{Reason: "protocol version 2, want 1"}, wrap(ParseReject)},
 		{"abort", &Abort{Rank: 3, Died: true, Reason: "rank 3 lost its GPU"}, wrap(ParseAbort)},
 		{"silent", &Abort{Rank: 1, Silent: true, Reason: "stopped responding 10.2 s ago"}, wrap(ParseAbort)},
+		{"stall", &Stall{Seq: 216, Timeout: 5e9, Op: "allreduce"}, wrap(ParseStall)},
+		{"wait", &Wait{Rank: 2, State: WaitRunning, Seq: 216, Peer: 1, For: 5e9, Op: "allreduce", Detail: "channel 0 piece 3 step 2 (recvReduceSend)"}, wrap(ParseWait)},
+		{"wait-idle", &Wait{Rank: 3, State: WaitIdle, Seq: 215, Peer: -1, For: 7, Op: "allreduce", Detail: "done"}, wrap(ParseWait)},
+		{"diagnosis", &Diagnosis{From: 2, Stall: Stall{Seq: 216, Timeout: 5e9, Op: "allreduce"}, Waits: []Wait{
+			{Rank: 0, State: WaitRunning, Seq: 216, Peer: 3}, {Rank: 1, State: WaitNoAnswer, Peer: -1, For: 12e9}}}, wrap(ParseDiagnosis)},
+		{"diagnosis-empty", &Diagnosis{}, wrap(ParseDiagnosis)},
+		{"diagnosis-silent", &Diagnosis{From: 1, Silent: true, Waits: []Wait{{Rank: 0, Peer: 1}}}, wrap(ParseDiagnosis)},
 		{"connsetup", &ConnSetup{From: 1, To: 6, Channel: 2, Socket: 1, NSocks: 4, Flags: ConnTLS}, wrap(ParseConnSetup)},
 		{"sliceheader", &SliceHeader{Op: 1 << 40, Sig: 0xdeadbeef, Msg: 7, Slice: 9, Size: 4096}, wrap(ParseSliceHeader)},
 		{"verbsinfo", &VerbsInfo{LID: 7, MTU: 5, GID: [16]byte{10: 0xff, 11: 0xff, 12: 10, 15: 3}, PSN: 0xabcdef,
@@ -101,6 +108,15 @@ func TestLimits(t *testing.T) {
 	require.ErrorIs(t, err, ErrShort)
 	_, _, err = ParseTable([]byte{0xff, 0xff, 0xff, 0xff})
 	require.ErrorContains(t, err, "exceeds")
+	// So is a diagnosis.
+	d := (&Diagnosis{}).Append(nil)
+	d[len(d)-2] = 0xff
+	_, _, err = ParseDiagnosis(d)
+	require.ErrorIs(t, err, ErrShort)
+	w := (&Wait{State: WaitGone}).Append(nil)
+	w[4] = 9
+	_, _, err = ParseWait(w)
+	require.ErrorContains(t, err, "wait state 9")
 }
 
 func TestFrames(t *testing.T) {
@@ -164,6 +180,8 @@ func FuzzAbort(f *testing.F)       { fuzzCodec(f, "abort") }
 func FuzzConnSetup(f *testing.F)   { fuzzCodec(f, "connsetup") }
 func FuzzSliceHeader(f *testing.F) { fuzzCodec(f, "sliceheader") }
 func FuzzVerbsInfo(f *testing.F)   { fuzzCodec(f, "verbsinfo") }
+func FuzzWait(f *testing.F)        { fuzzCodec(f, "wait") }
+func FuzzDiagnosis(f *testing.F)   { fuzzCodec(f, "diagnosis") }
 
 func FuzzFrameHeader(f *testing.F) {
 	f.Add(AppendFrame(nil, FrameTable, []byte("x")))

@@ -1,12 +1,14 @@
 // flightjob is a goccl job that goes wrong on purpose, for goccl-run's
 // flight recorder test: every rank runs one all-reduce, then rank 1
-// stops taking part (hang) or calls a broadcast instead (mismatch).
+// stops taking part (hang), calls a broadcast instead (mismatch) or stops
+// its own process (stop).
 package main
 
 import (
 	"context"
 	"fmt"
 	"os"
+	"syscall"
 	"time"
 
 	"github.com/goccl/goccl/collective"
@@ -14,7 +16,12 @@ import (
 
 func main() {
 	ctx := context.Background()
-	c, err := collective.InitFromEnv(ctx, collective.WithTimeout(2*time.Second))
+	// A stopped rank is named by the heartbeat, long before a timeout.
+	opts := []collective.Option{collective.WithTimeout(2 * time.Second)}
+	if os.Args[1] == "stop" {
+		opts = []collective.Option{collective.WithTimeout(time.Minute), collective.WithHeartbeatTimeout(1500 * time.Millisecond)}
+	}
+	c, err := collective.InitFromEnv(ctx, opts...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -28,6 +35,8 @@ func main() {
 	switch {
 	case c.Rank() == 1 && os.Args[1] == "hang":
 		time.Sleep(time.Hour)
+	case c.Rank() == 1 && os.Args[1] == "stop":
+		syscall.Kill(os.Getpid(), syscall.SIGSTOP)
 	case c.Rank() == 1 && os.Args[1] == "mismatch":
 		err = collective.Broadcast(ctx, c, buf, buf, 0)
 	default:

@@ -1,0 +1,236 @@
+package collective
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/goccl/goccl/flight"
+	"github.com/goccl/goccl/internal/wire"
+)
+
+// The chain of waits (issue 18). When an operation times out, its error
+// used to name the peer this rank waited on, which is as often a healthy
+// neighbour waiting in turn as the rank at fault. So a rank whose
+// operation times out asks the root instead (Watch.ReportStall); the root
+// asks every rank where it waits, and each answers from its library's own
+// goroutine (where, below), so a rank busy computing answers and a
+// stopped one does not. The root sends every rank what it gathered
+// (wire.Diagnosis), and each follows the chain from itself: a rank that
+// runs an operation waits on the peer of its first unfinished channel;
+// the chain ends at a rank that waits on no one (it has not reached the
+// operation, say), that did not answer, or that has left, or it closes
+// into a cycle. Every rank aborts with a StallError naming that end and
+// the way to it. The same goes out before the root's notice of a rank
+// that stopped answering the heartbeat, so that each survivor's
+// UnresponsiveError says how its wait led there.
+//
+// The root is the only place that sees every rank, so the diagnosis needs
+// it: a rank whose root is gone, or that is not answered within
+// bootstrap.DiagnosisWait and a second, reports its plain timeout.
+
+// StallError is the cause of the abort that follows an operation's
+// timeout on some rank, once the ranks' waits were compared.
+// errors.Is(err, ErrTimeout) holds for it.
+type StallError struct {
+	Op      string        // the operation that timed out ("allreduce")
+	Seq     uint64        // its sequence number among the collectives
+	Rank    int           // the rank on which it timed out
+	Timeout time.Duration // that rank's timeout
+	// End is the rank at the end of the chain of waits: one that waits on
+	// no rank (it has not called the operation, say), did not answer or
+	// has left the job; -1 when the ranks wait on each other in a cycle.
+	End int
+	// Chain is the ranks from this one to End, or around the cycle.
+	Chain []int
+	// What says what End is doing ("has not called allreduce#216 ..."),
+	// or names the cycle.
+	What string
+	// Waiting says where this rank waited ("rank 2 waits on rank 1
+	// (...), which waits on rank 3"), "" when it ran no operation.
+	Waiting string
+	// Local is this rank's own timeout, when Rank is this rank: which
+	// channels were where.
+	Local error
+}
+
+func (e *StallError) Error() string {
+	var b strings.Builder
+	if e.Local != nil {
+		b.WriteString(e.Local.Error())
+	} else {
+		fmt.Fprintf(&b, "%v: %s#%d ran past the %v timeout on rank %d", ErrTimeout, e.Op, e.Seq, e.Timeout, e.Rank)
+	}
+	// Ranks by number, never "this rank": the text also travels to the
+	// peers as this rank's abort cause.
+	if e.End < 0 {
+		fmt.Fprintf(&b, "; %s", e.What)
+	} else {
+		fmt.Fprintf(&b, "; the chain of waits ends at rank %d, which %s", e.End, e.What)
+	}
+	if e.Waiting != "" {
+		fmt.Fprintf(&b, "; %s", e.Waiting)
+	}
+	return b.String()
+}
+
+func (e *StallError) Unwrap() error { return ErrTimeout }
+
+// where is this rank's answer to the root's where-query: the operation
+// running and the peer its first unfinished channel waits on, or the last
+// operation and how it ended. It runs on the watch's goroutine, so it
+// reads atomics and takes c.mu only briefly.
+func (c *Comm) where() wire.Wait {
+	w := wire.Wait{Rank: uint32(c.rank), Peer: -1}
+	now := c.since()
+	if r := c.op.Load(); r != nil {
+		w.State, w.Seq, w.Op = wire.WaitRunning, r.cseq, r.name
+		w.For = now - r.start.Load()
+		prog := c.eng.Progress()
+		for _, p := range prog {
+			if p.Done || p.Peer < 0 {
+				continue
+			}
+			w.Peer = int32(p.Peer)
+			w.Detail = fmt.Sprintf("channel %d piece %d step %d, %v", p.Channel, p.Piece, p.Step, p.Kind)
+			return w
+		}
+		switch {
+		case len(prog) == 0:
+			w.Detail = "starting"
+		default:
+			w.Detail = "waiting on no rank (its channels are done, or in steps of their own)"
+		}
+		return w
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.seq == 0 {
+		w.For = now
+		return w
+	}
+	r := c.flight[(c.seq-1)%flightOps]
+	w.Seq, w.Op = r.cseq, r.name
+	switch {
+	case r.finished && r.err == nil:
+		w.Detail, w.For = "finished", now-r.finishNs
+	case r.finished:
+		w.Detail, w.For = "failed: "+r.err.Error(), now-r.finishNs
+	default:
+		w.Detail, w.For = "issued, not yet started", now-r.issued
+	}
+	return w
+}
+
+// waitsOf follows d's chain of waits from rank from.
+func waitsOf(d *wire.Diagnosis, from int) ([]int, bool) {
+	return flight.Chain(from, func(r int) int {
+		if r < 0 || r >= len(d.Waits) {
+			return -1
+		}
+		w := d.Waits[r]
+		if w.State != wire.WaitRunning || w.Peer < 0 || int(w.Peer) >= len(d.Waits) {
+			return -1
+		}
+		return int(w.Peer)
+	})
+}
+
+// stallCause is the cause this rank aborts with on diagnosis d.
+func (c *Comm) stallCause(d *wire.Diagnosis) error {
+	if len(d.Waits) != c.size {
+		return fmt.Errorf("%w: %s#%d ran past the %v timeout on rank %d (the root's diagnosis covers %d ranks of %d)",
+			ErrTimeout, d.Stall.Op, d.Stall.Seq, time.Duration(d.Stall.Timeout), d.From, len(d.Waits), c.size)
+	}
+	e := &StallError{Op: d.Stall.Op, Seq: d.Stall.Seq, Rank: int(d.From), Timeout: time.Duration(d.Stall.Timeout)}
+	if int(d.From) == c.rank {
+		if te := c.timedOut.Load(); te != nil {
+			e.Local = te
+		}
+	}
+	// The end: of the chain from this rank if it waits on someone, else of
+	// the chain from the rank that timed out.
+	chain, cycle := waitsOf(d, c.rank)
+	if len(chain) == 1 && d.Waits[c.rank].State != wire.WaitRunning && int(d.From) != c.rank {
+		if from, fc := waitsOf(d, int(d.From)); len(from) > 0 {
+			e.End = from[len(from)-1]
+			if fc {
+				chain, cycle = from, true
+			} else if e.End != c.rank {
+				chain = nil
+			}
+		}
+	}
+	if cycle {
+		e.End = -1
+		e.Chain = chain
+		e.What = fmt.Sprintf("the ranks wait on each other in a cycle: %s (did they issue their operations in different orders?)", flight.Arrows(chain))
+	} else {
+		if chain != nil {
+			e.End = chain[len(chain)-1]
+			e.Chain = chain
+		}
+		e.What = endWhat(d.Waits[e.End], d.Stall)
+	}
+	e.Waiting = waitingText(d, chain, cycle, c.rank)
+	return e
+}
+
+// endWhat says what the rank at the end of a chain is doing, for a
+// diagnosis of operation s.
+func endWhat(w wire.Wait, s wire.Stall) string {
+	for_ := time.Duration(w.For).Seconds()
+	switch w.State {
+	case wire.WaitGone:
+		return "has left the job (it closed its communicator, aborted or exited)"
+	case wire.WaitNoAnswer:
+		return fmt.Sprintf("did not answer the root (silent for %.1f s: its process stopped, deadlocked or swapping?)", for_)
+	case wire.WaitRunning:
+		return fmt.Sprintf("is running %s#%d (for %.1f s) and waits on no rank: %s", w.Op, w.Seq, for_, w.Detail)
+	}
+	switch {
+	case w.Op == "":
+		return fmt.Sprintf("has not called %s#%d: it has issued no operation yet", s.Op, s.Seq)
+	case w.Seq < s.Seq:
+		return fmt.Sprintf("has not called %s#%d: its last operation, %s#%d, %s %.1f s ago", s.Op, s.Seq, w.Op, w.Seq, w.Detail, for_)
+	}
+	return fmt.Sprintf("runs no operation: its last, %s#%d, %s %.1f s ago", w.Op, w.Seq, w.Detail, for_)
+}
+
+// waitingText says how rank's own wait leads along chain.
+func waitingText(d *wire.Diagnosis, chain []int, cycle bool, rank int) string {
+	w := d.Waits[rank]
+	if w.State != wire.WaitRunning {
+		return ""
+	}
+	if len(chain) < 2 || chain[0] != rank {
+		return fmt.Sprintf("rank %d waits in %s#%d on no rank (%s)", rank, w.Op, w.Seq, w.Detail)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "rank %d waits on rank %d (%s#%d: %s)", rank, chain[1], w.Op, w.Seq, w.Detail)
+	for i := 2; i < len(chain); i++ {
+		fmt.Fprintf(&b, ", which waits on rank %d", chain[i])
+	}
+	return b.String()
+}
+
+// silentWaiting says how this rank's wait leads to the silent rank of
+// diagnosis d, for its UnresponsiveError.
+func (c *Comm) silentWaiting(d *wire.Diagnosis) string {
+	if len(d.Waits) != c.size {
+		return ""
+	}
+	chain, cycle := waitsOf(d, c.rank)
+	if cycle || len(chain) < 2 || chain[len(chain)-1] != int(d.From) {
+		return ""
+	}
+	return waitingText(d, chain, false, c.rank)
+}
+
+// isStall reports whether cause came from a timeout, here or elsewhere.
+func isStall(cause error) bool {
+	var se *StallError
+	var te *timeoutError
+	return errors.As(cause, &se) || errors.As(cause, &te)
+}
