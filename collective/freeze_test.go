@@ -33,10 +33,11 @@ func TestMultiProcessFrozenRank(t *testing.T) {
 		n, victim int
 		mode      string // stop (mid-operation), between, cont, busy
 	}
-	cases := []tc{{"tcp", 3, 1, "stop"}, {"tcp", 4, 2, "between"}, {"tcp", 3, 0, "stop"}, {"tcp", 3, 1, "cont"}, {"tcp", 3, 1, "busy"},
-		{"tcp", 4, 1, "shrink"}}
+	cases := []tc{{"tcp", 3, 1, "stop"}, {"tcp", 3, 2, "between"}, {"tcp", 4, 2, "between"}, {"tcp", 3, 0, "stop"},
+		{"tcp", 3, 1, "cont"}, {"tcp", 3, 1, "busy"}, {"tcp", 4, 1, "shrink"}}
 	if len(transports()) > 1 {
-		cases = append(cases, tc{"shm", 3, 1, "stop"}, tc{"shm", 4, 3, "between"}, tc{"shm", 3, 2, "cont"})
+		cases = append(cases, tc{"shm", 3, 1, "stop"}, tc{"shm", 4, 2, "stop"}, tc{"shm", 3, 1, "between"},
+			tc{"shm", 4, 3, "between"}, tc{"shm", 3, 2, "cont"})
 	}
 	for _, c := range cases {
 		t.Run(fmt.Sprintf("%s/n=%d/victim=%d/%s", c.transport, c.n, c.victim, c.mode), func(t *testing.T) {
@@ -53,8 +54,9 @@ func TestMultiProcessFrozenRank(t *testing.T) {
 					require.Contains(t, r.output, "finished", "rank %d", r.rank)
 					require.NotContains(t, r.output, "stopped responding", "rank %d", r.rank)
 				} else {
-					require.Contains(t, r.output, fmt.Sprintf("rank %d", c.victim), "rank %d", r.rank)
-					require.Contains(t, r.output, "stopped responding", "rank %d", r.rank)
+					// The stopped rank, never a neighbour, is the one that
+					// stopped responding.
+					require.Regexp(t, fmt.Sprintf(`rank %d( \(it hosts the bootstrap root at [^)]*\))? stopped responding`, c.victim), r.output, "rank %d", r.rank)
 				}
 				if c.mode == "shrink" {
 					require.Contains(t, r.output, fmt.Sprintf("shrunk to %d ranks", c.n-1), "rank %d", r.rank)
@@ -123,8 +125,9 @@ func childFreeze(ctx context.Context, c *collective.Comm) int {
 		}
 		// From the victim's stop the error takes the heartbeat timeout and
 		// an interval (the root's report, or the ranks' own watch of a
-		// stopped root), plus scheduling: well under the 10 m timeout.
-		if took > freezeHeartbeat+3*time.Second && mode != "between" {
+		// stopped root), plus scheduling: the issue asks for 2 s at most
+		// past the timeout, well under the 10 m operation timeout.
+		if took > freezeHeartbeat+2*time.Second && mode != "between" {
 			return fail("the stopped rank was named after %v", took)
 		}
 		if mode == "shrink" {
