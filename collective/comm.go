@@ -49,9 +49,12 @@ type Comm struct {
 	// it, without the context's lock.
 	ended atomic.Bool
 
-	mu     sync.Mutex // guards closed, tail, seq, cseq, flight
+	mu     sync.Mutex // guards closed, tail, lanes, seq, cseq, flight
 	closed bool
-	tail   *Request // the last operation issued
+	tail   *Request // the last operation issued (but host point-to-point)
+	// lanes: the last host send to, and receive from, each peer issued
+	// and not yet finished (lanes.go).
+	lanes  map[laneKey]*Request
 	seq    uint64
 	cseq   uint64              // collectives issued (the engine's sequence numbers)
 	flight [flightOps]*Request // the flight recorder: the last operations, by seq
@@ -68,6 +71,8 @@ type Comm struct {
 	id        UniqueID         // the job (its secret), for Shrink
 	lookup    func(string) (string, bool)
 	told      sync.Once      // the root is told of this rank's abort once (see silence)
+	splits    uint64         // Splits so far (guarded by mu): every rank counts them alike
+	family    *localFamily   // a local group's meeting place for Split; nil between processes
 	wg        sync.WaitGroup // goroutines of asynchronous operations
 
 	// The watchdog enforces Config.Timeout without a timer per operation:
@@ -179,6 +184,11 @@ func newLocalGroup(n int, opts []Option) ([]*Comm, *mem.Network, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	return newLocalGroupCfg(n, cfg)
+}
+
+// newLocalGroupCfg makes a local group with settings already resolved.
+func newLocalGroupCfg(n int, cfg Config) ([]*Comm, *mem.Network, error) {
 	devs := cfg.devices
 	if len(devs) > 1 && len(devs) != n {
 		return nil, nil, fmt.Errorf("%w: NewLocalGroup(%d): %d devices; give one for every rank or one per rank", ErrInvalidArgument, n, len(devs))
@@ -211,6 +221,7 @@ func newLocalGroup(n int, opts []Option) ([]*Comm, *mem.Network, error) {
 	}
 	link := memLink
 	link.MaxChannels = cfg.MaxChannels
+	fam := &localFamily{pending: map[[2]uint64]*localSplit{}}
 	comms := make([]*Comm, n)
 	for r := range comms {
 		c, err := newComm(r, n, cfg, nw.Endpoint(r), link, devOf(r))
@@ -225,6 +236,7 @@ func newLocalGroup(n int, opts []Option) ([]*Comm, *mem.Network, error) {
 		}
 		c.transport = "mem"
 		c.onClose = closed
+		c.family = fam
 		if len(devs) > 0 {
 			c.devNames = make([]string, n)
 			for q := range n {
@@ -354,10 +366,15 @@ func (c *Comm) Close() error {
 	}
 	c.mu.Lock()
 	c.closed = true
-	tail := c.tail
+	tails := []*Request{c.tail}
+	for _, r := range c.lanes {
+		tails = append(tails, r)
+	}
 	c.mu.Unlock()
-	if tail != nil {
-		<-c.doneChan(tail)
+	for _, t := range tails {
+		if t != nil {
+			<-c.doneChan(t)
+		}
 	}
 	c.wg.Wait()
 	c.mu.Lock()
@@ -405,7 +422,8 @@ type Request struct {
 	issued   int64
 	finishNs int64 // guarded by c.mu
 
-	devV uint32 // a device operation's value of the stream flag (devState)
+	devV uint32   // a device operation's value of the stream flag (devState)
+	lane *laneKey // host point-to-point: its lane (set at issue)
 
 	// Guarded by c.mu. done is made when first needed: a blocking
 	// operation that nobody waits on needs no channel.
@@ -436,6 +454,9 @@ func (c *Comm) finish(r *Request, err error) {
 	}
 	if c.tail == r {
 		c.tail = nil // nothing left to wait for
+	}
+	if r.lane != nil && c.lanes[*r.lane] == r {
+		delete(c.lanes, *r.lane)
 	}
 	r.finishNs = c.since()
 	c.mu.Unlock()
@@ -533,7 +554,7 @@ func (c *Comm) issue(ctx context.Context, k *call, async bool) (r, prev *Request
 	// the common loop of blocking calls free of allocations (a Request per
 	// call cost 2-rank 8-byte all-reduce a third of its time in GC).
 	slot := &c.flight[c.seq%flightOps]
-	if old := *slot; !async && old != nil && !old.async && old.finished && c.tail == nil {
+	if old := *slot; !async && old != nil && !old.async && old.finished && c.tail == nil && len(c.lanes) == 0 {
 		r = old
 		r.start.Store(0)
 		r.finished, r.done, r.err, r.finishNs = false, nil, nil, 0
@@ -556,8 +577,19 @@ func (c *Comm) issue(ctx context.Context, k *call, async bool) (r, prev *Request
 		r.cseq = r.seq
 	}
 	*slot = r
-	prev = c.tail
-	c.tail = r
+	r.lane = nil
+	if l := laneOf(k); l != nil {
+		// Host point-to-point: after the last operation of its lane only.
+		prev = c.lanes[*l]
+		if c.lanes == nil {
+			c.lanes = map[laneKey]*Request{}
+		}
+		c.lanes[*l] = r
+		r.lane = l
+	} else {
+		prev = c.tail
+		c.tail = r
+	}
 	if async {
 		c.wg.Add(1)
 	}
@@ -609,10 +641,24 @@ func (c *Comm) exec(ctx context.Context, k *call, r *Request, prev *Request) err
 	// which fails every wait in the transports at once, so no context per
 	// operation needs to merge the caller's with the communicator's.
 	r.start.Store(c.since())
-	c.op.Store(r)
-	defer c.op.Store(nil)
-
-	pl, err := c.eng.Run(ctx, &k.op)
+	var pl engine.Plan
+	var err error
+	if r.lane != nil {
+		// A send or receive in its lane (lanes.go): beside the
+		// collectives, so the watchdog does not see it; it has its own
+		// deadline.
+		lctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+		pl, err = c.eng.RunP2P(lctx, &k.op)
+		if err != nil && ctx.Err() == nil && lctx.Err() != nil {
+			err = &timeoutError{op: k.name, seq: r.seq, d: c.cfg.Timeout, bytes: k.op.Bytes(c.size),
+				progress: []engine.Progress{{Channel: transport.P2PChannel, Step: 0, Kind: laneKind(r.lane), Peer: r.lane.peer}}}
+		}
+		cancel()
+	} else {
+		c.op.Store(r)
+		pl, err = c.eng.Run(ctx, &k.op)
+		c.op.Store(nil)
+	}
 	c.logOp(r, pl, err)
 	if err == nil {
 		if cause := c.endCause(); cause != nil {

@@ -30,7 +30,7 @@ const (
 	// DefaultMaxChannels is the most channels the tuner uses.
 	DefaultMaxChannels = 2
 	// MaxChannels is the most channels a communicator can be given.
-	MaxChannels = transport.MaxChannel // point-to-point takes the channel after them
+	MaxChannels = transport.P2PChannel // point-to-point takes the channels after them
 )
 
 // Config holds a communicator's settings. The zero value means defaults.

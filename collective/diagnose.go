@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/goccl/goccl/algorithms"
 	"github.com/goccl/goccl/flight"
 	"github.com/goccl/goccl/internal/wire"
 )
@@ -42,7 +43,9 @@ type StallError struct {
 	// no rank (it has not called the operation, say), did not answer or
 	// has left the job; -1 when the ranks wait on each other in a cycle.
 	End int
-	// Chain is the ranks from this one to End, or around the cycle.
+	// Chain is the ranks from this one to End when this rank waits on
+	// another (just this one when it is End), the cycle when there is
+	// one, and nil when this rank waits on no one and is not End.
 	Chain []int
 	// What says what End is doing ("has not called allreduce#216 ..."),
 	// or names the cycle.
@@ -98,19 +101,34 @@ func (c *Comm) where() wire.Wait {
 		}
 		switch {
 		case len(prog) == 0:
-			w.Detail = "starting"
+			w.Detail = "setting up its connections or buffers"
 		default:
-			w.Detail = "waiting on no rank (its channels are done, or in steps of their own)"
+			w.Detail = "its channels are done, or in steps of their own"
 		}
+		return w
+	}
+	// A send or receive in its lane (lanes.go) waits on its peer.
+	if p2p := c.eng.P2PWaits(); len(p2p) > 0 {
+		p := p2p[0]
+		w.State, w.Op, w.Peer = wire.WaitRunning, p.Kind.String(), int32(p.Peer)
+		w.Detail = fmt.Sprintf("step %d piece %d", p.Step, p.Piece)
 		return w
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.seq == 0 {
+	// The last collective: a diagnosis compares collectives' numbers
+	// (sends and receives are numbered per peer).
+	var r *Request
+	for s := c.seq; s > 0 && c.seq-s < flightOps; s-- {
+		if q := c.flight[(s-1)%flightOps]; q.op.Coll != algorithms.CollSend && q.op.Coll != algorithms.CollRecv {
+			r = q
+			break
+		}
+	}
+	if r == nil {
 		w.For = now
 		return w
 	}
-	r := c.flight[(c.seq-1)%flightOps]
 	w.Seq, w.Op = r.cseq, r.name
 	switch {
 	case r.finished && r.err == nil:
@@ -139,7 +157,7 @@ func waitsOf(d *wire.Diagnosis, from int) ([]int, bool) {
 
 // stallCause is the cause this rank aborts with on diagnosis d.
 func (c *Comm) stallCause(d *wire.Diagnosis) error {
-	if len(d.Waits) != c.size {
+	if len(d.Waits) != c.size || int(d.From) >= c.size {
 		return fmt.Errorf("%w: %s#%d ran past the %v timeout on rank %d (the root's diagnosis covers %d ranks of %d)",
 			ErrTimeout, d.Stall.Op, d.Stall.Seq, time.Duration(d.Stall.Timeout), d.From, len(d.Waits), c.size)
 	}
@@ -152,7 +170,7 @@ func (c *Comm) stallCause(d *wire.Diagnosis) error {
 	// The end: of the chain from this rank if it waits on someone, else of
 	// the chain from the rank that timed out.
 	chain, cycle := waitsOf(d, c.rank)
-	if len(chain) == 1 && d.Waits[c.rank].State != wire.WaitRunning && int(d.From) != c.rank {
+	if len(chain) == 1 && int(d.From) != c.rank {
 		if from, fc := waitsOf(d, int(d.From)); len(from) > 0 {
 			e.End = from[len(from)-1]
 			if fc {
@@ -165,7 +183,7 @@ func (c *Comm) stallCause(d *wire.Diagnosis) error {
 	if cycle {
 		e.End = -1
 		e.Chain = chain
-		e.What = fmt.Sprintf("the ranks wait on each other in a cycle: %s (did they issue their operations in different orders?)", flight.Arrows(chain))
+		e.What = fmt.Sprintf("the ranks wait on each other in a cycle: %s (did they issue their operations in different orders?)", flight.Arrows(flight.Cycle(chain)))
 	} else {
 		if chain != nil {
 			e.End = chain[len(chain)-1]
@@ -187,7 +205,7 @@ func endWhat(w wire.Wait, s wire.Stall) string {
 	case wire.WaitNoAnswer:
 		return fmt.Sprintf("did not answer the root (silent for %.1f s: its process stopped, deadlocked or swapping?)", for_)
 	case wire.WaitRunning:
-		return fmt.Sprintf("is running %s#%d (for %.1f s) and waits on no rank: %s", w.Op, w.Seq, for_, w.Detail)
+		return fmt.Sprintf("is running %s#%d (for %.1f s) and waits on no rank (%s)", w.Op, w.Seq, for_, w.Detail)
 	}
 	switch {
 	case w.Op == "":

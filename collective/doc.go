@@ -23,16 +23,20 @@
 //     the same element type, count, reduction operator and root. Ranks that
 //     disagree fail with an error wrapping ErrMismatch, or with the
 //     operation's timeout, never with silently wrong data.
-//  2. Operations on one communicator run one at a time in the order they
+//  2. Collectives on one communicator run one at a time in the order they
 //     were issued on that rank, blocking or not. Start* forms return at
 //     once; the operation's buffers belong to goccl until its
 //     Request.Wait returns: do not read its output or change its input
 //     before.
 //  3. Send and Recv match per pair of ranks in issue order and must agree
-//     on the length and type. A Send that does not fit in the connection
-//     (see Send) waits for its Recv, and holds back the sender's later
-//     operations while it does (rule 2): order point-to-point operations so
-//     that they can meet.
+//     on the length and type (a send of no elements is a message too).
+//     On host memory each peer and direction is a lane of its own, beside
+//     the collectives and the other lanes, as MPI's Isend and Irecv: any
+//     set of matched StartSend and StartRecv calls completes whatever
+//     order each rank starts them in. AllToAllv, Gather and Scatter are
+//     built on them; Group issues several together, in the style of
+//     NCCL's ncclGroupStart and ncclGroupEnd. Device sends and receives
+//     keep their stream's order.
 //  4. Each Comm belongs to one rank: in NewLocalGroup, drive each Comm from
 //     its own goroutine, as each rank of a real job is its own process.
 //  5. Close every Comm. Close waits for pending operations; to stop them

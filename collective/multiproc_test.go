@@ -658,6 +658,10 @@ func childMain(scenario string) int {
 		return childFreeze(ctx, c)
 	case "chain":
 		return childChain(ctx, c)
+	case "p2p":
+		return childP2P(ctx, c)
+	case "split":
+		return childSplit(ctx, c)
 	case "kill":
 		victim, _ := strconv.Atoi(os.Getenv("GOCCL_TEST_VICTIM"))
 		count, _ := strconv.Atoi(os.Getenv("GOCCL_TEST_COUNT"))

@@ -144,12 +144,18 @@ func StartAllToAll[T Number](ctx context.Context, c *Comm, send, recv []T) (*Req
 
 // Send sends buf to peer, which must call Recv with a buffer of the same
 // length and type. Sends and receives between a pair of ranks match in the
-// order they were issued; they do not block other pairs, but on each rank
-// every operation runs after the ones issued before it, so a Send waiting
-// for its Recv holds back this rank's later operations. A Send completes
+// order they were issued. On host memory each peer and direction is a lane
+// of its own (as MPI's Isend and Irecv): a send waits only for the sends
+// to the same peer issued before it, never for a receive, a send to
+// another peer or a collective, and any set of matched StartSend and
+// StartRecv calls completes whatever order each rank starts them in.
+// Collectives keep their issue order among themselves. A Send completes
 // without its Recv only while what is in flight to that peer fits in the
 // connection: one message of at most half its slots' bytes (4 × 128 KiB by
-// default), and at most Config.Slots messages in all.
+// default), and at most Config.Slots messages in all. A send of no
+// elements is a message too: its Recv must have no elements either.
+// On device memory (SendDevice, RecvDevice) sends and receives keep
+// issue order, as on a CUDA stream.
 func Send[T Number](ctx context.Context, c *Comm, buf []T, peer int) error {
 	var k call
 	if err := p2pCall(c, "send", algorithms.CollSend, buf, peer, &k); err != nil {

@@ -227,7 +227,7 @@ func chainText(c []int, cycle bool) string {
 		return ""
 	}
 	if cycle {
-		return "; the ranks wait on each other in a cycle: " + Arrows(c)
+		return "; the ranks wait on each other in a cycle: " + Arrows(Cycle(c))
 	}
 	return "; the chain of waits: " + Arrows(c)
 }
@@ -377,6 +377,22 @@ func Chain(from int, next func(rank int) int) (ranks []int, cycle bool) {
 		}
 		r = n
 	}
+}
+
+// Cycle returns the cycle a chain that runs into itself ends in: from
+// the first rank met twice to its second visit ("0 → 1 → 2 → 1" gives
+// "1 → 2 → 1"); a chain without one is returned as it is.
+func Cycle(chain []int) []int {
+	if len(chain) < 2 {
+		return chain
+	}
+	last := chain[len(chain)-1]
+	for i, r := range chain[:len(chain)-1] {
+		if r == last {
+			return chain[i:]
+		}
+	}
+	return chain
 }
 
 // Arrows writes a chain of ranks as "2 → 1 → 0".

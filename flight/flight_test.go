@@ -88,6 +88,8 @@ func TestChain(t *testing.T) {
 	require.Equal(t, []int{2, 1, 0, 3, 1}, c)
 	require.True(t, cyc)
 	require.Equal(t, "2 → 1", Arrows([]int{2, 1}))
+	require.Equal(t, []int{1, 0, 3, 1}, Cycle(c), "the tail before the cycle is left out")
+	require.Equal(t, []int{2, 1}, Cycle([]int{2, 1}))
 }
 
 func TestAnalyzeStuckAndClean(t *testing.T) {

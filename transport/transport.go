@@ -49,11 +49,37 @@ type Caps struct {
 const DeviceChannels = 1 << 16
 
 // MaxChannel is the highest channel number of host operations a
-// communicator uses: collectives on 0 up to 31, point-to-point on the one
-// after its channel count (at most 32). Device operations use the same
-// numbers from DeviceChannels on, and a transport may keep
-// DeviceChannels-1 for itself (the RDMA board).
-const MaxChannel = 32
+// communicator uses: collectives on 0 up to 31, point-to-point on
+// P2PChannel and the one after. Device operations use the same numbers
+// from DeviceChannels on, and a transport may keep DeviceChannels-1 for
+// itself (the RDMA board).
+const MaxChannel = P2PChannel + 1
+
+// P2PChannel carries host point-to-point data from the lower rank of a
+// pair to the higher, P2PChannel+1 from the higher to the lower. Each of
+// their connections is driven by a goroutine of its own, one per peer and
+// direction, so that a rank's sends and receives progress independently
+// (what MPI promises for Isend and Irecv): a transport keeps no state
+// shared among the connections of these channels, and its Progress (see
+// Progresser) has nothing to do for them. Device point-to-point runs in
+// issue order and uses P2PChannel+DeviceChannels.
+const P2PChannel = 32
+
+// Independent reports whether channel ch's connections are each driven
+// by a goroutine of their own (the point-to-point channels).
+func Independent(ch int) bool {
+	c := ch % DeviceChannels
+	return ch < DeviceChannels && (c == P2PChannel || c == P2PChannel+1)
+}
+
+// P2PDataChannel is the channel that carries point-to-point data from
+// rank from to rank to.
+func P2PDataChannel(from, to int) int {
+	if from > to {
+		return P2PChannel + 1
+	}
+	return P2PChannel
+}
 
 // ValidChannel reports whether a peer may ask for a connection on channel
 // ch: the numbers a communicator uses, so that an authenticated peer
@@ -219,7 +245,8 @@ type BoardHolder interface {
 type Progresser interface {
 	// Progress moves, without blocking, what channel ch's connections have
 	// queued, and reports whether any of it still waits, or the first
-	// error. Only channel ch's goroutine calls it.
+	// error. Only channel ch's goroutine calls it; for an Independent
+	// channel it does nothing (each connection's own goroutine moves it).
 	Progress(ch int) (pending bool, err error)
 }
 

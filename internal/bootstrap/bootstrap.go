@@ -127,6 +127,9 @@ type Root struct {
 	shrink   map[uint32]*registration // a shrink in progress: survivors' new registrations, by old rank
 	diag     *diagRound               // a diagnosis being gathered (diagnose)
 	rounds   uint32                   // diagnoses started
+	stalled  bool                     // a stall's diagnosis went out: every rank aborts on it
+	silenced []bool                   // reported (or being reported) as not responding
+	asking   []bool                   // a where-query to the rank is being written
 }
 
 type registration struct {
@@ -181,6 +184,12 @@ func (r *Root) Close() error {
 	r.watching = false // the connections end: the ranks just stop watching
 	for c := range r.conns {
 		c.Close()
+	}
+	if g := r.diag; g != nil {
+		if g.timer != nil {
+			g.timer.Stop()
+		}
+		r.diag = nil // a diagnosis being gathered is dropped
 	}
 	r.mu.Unlock()
 	r.wg.Wait()
@@ -360,7 +369,13 @@ func (r *Root) handle(raw net.Conn) {
 				c.Close()
 				return
 			}
-			w.Rank = info.Rank // a rank speaks for itself only
+			// A rank speaks for itself only, and only of what it can
+			// know: the root's own states (not answering, gone) are not
+			// its to claim.
+			w.Rank, w.For = info.Rank, max(w.For, 0)
+			if w.State > wire.WaitRunning {
+				w.State = wire.WaitIdle
+			}
 			r.answer(binary.BigEndian.Uint32(payload), w)
 		case wire.FrameBye:
 			r.mu.Lock()
@@ -467,10 +482,11 @@ func pingFrame(timeout time.Duration) []byte {
 func (r *Root) silent(i int, now time.Time) {
 	r.mu.Lock()
 	for_ := now.Sub(r.heard[i])
-	if for_ <= r.opts.Heartbeat || r.out[i] {
-		r.mu.Unlock() // it answered meanwhile, or is out already
+	if for_ <= r.opts.Heartbeat || r.out[i] || r.silenced[i] {
+		r.mu.Unlock() // it answered meanwhile, or is out (or being reported) already
 		return
 	}
+	r.silenced[i] = true
 	g := r.regs[i]
 	r.mu.Unlock()
 	a := wire.Abort{Rank: uint32(i), Silent: true,
@@ -524,6 +540,9 @@ func (r *Root) diagnose(d wire.Diagnosis, then func()) {
 		}
 		return
 	}
+	if !d.Silent && r.stalled {
+		return // every rank had the diagnosis of a stall and aborted on it
+	}
 	r.rounds++
 	if !d.Silent {
 		r.log.Warn("goccl: bootstrap root: an operation timed out; asking every rank where it waits", "rank", d.From, "op", d.Stall.Op, "seq", d.Stall.Seq)
@@ -540,16 +559,26 @@ func (r *Root) diagnose(d wire.Diagnosis, then func()) {
 		w := &g.d.Waits[i]
 		w.Rank, w.Peer = uint32(i), -1
 		switch {
+		case r.silenced[i] || (d.Silent && i == int(d.From)):
+			w.State = wire.WaitNoAnswer // reported (or being reported) as not responding
 		case r.out[i] || r.left[i]:
 			w.State = wire.WaitGone
-		case d.Silent && i == int(d.From):
-			w.State = wire.WaitNoAnswer
 		default:
 			w.State = wire.WaitNoAnswer // until it answers
 			g.asked[i] = true
 			g.missing++
+			if r.asking[i] {
+				continue // the last query is still being written: it is not reading
+			}
+			// No deadline (TLS), no lock: a stopped rank may never read.
+			r.asking[i] = true
 			c := reg.conn
-			go c.Write(frame) // no deadline (TLS), no lock: a stopped rank may never read
+			go func() {
+				c.Write(frame)
+				r.mu.Lock()
+				r.asking[i] = false
+				r.mu.Unlock()
+			}()
 		}
 	}
 	r.diag = g
@@ -595,27 +624,28 @@ func (r *Root) finishDiagnosis(g *diagRound) {
 			w.For = int64(now.Sub(r.heard[i]))
 		}
 	}
+	if !g.d.Silent {
+		r.stalled = true
+	}
 	frame := wire.AppendFrame(nil, wire.FrameDiagnosis, g.d.Append(nil))
 	// The ranks that answered first, those in this process after them (one
-	// may exit as soon as it hears, taking the root with it), and last
-	// those that did not answer, whose full sockets may hold a write up.
+	// may exit as soon as it hears, taking the root with it); those that
+	// did not answer from goroutines of their own and without a deadline
+	// (TLS), since their full sockets may hold a write up for good.
 	var to []net.Conn
 	self := uint32(os.Getpid())
-	for _, pass := range []int{0, 1, 2} {
+	for _, local := range []bool{false, true} {
 		for i, reg := range r.regs {
-			if r.out[i] || r.left[i] || (g.d.Silent && i == int(g.d.From)) {
+			if r.out[i] || r.left[i] || r.silenced[i] || (reg.info.PID == self) != local {
 				continue
 			}
-			p := 0
-			switch {
-			case g.d.Waits[i].State == wire.WaitNoAnswer:
-				p = 2
-			case reg.info.PID == self:
-				p = 1
+			if g.d.Waits[i].State == wire.WaitNoAnswer {
+				if !local {
+					go reg.conn.Write(frame)
+				}
+				continue
 			}
-			if p == pass {
-				to = append(to, reg.conn)
-			}
+			to = append(to, reg.conn)
 		}
 	}
 	r.mu.Unlock()
@@ -804,6 +834,8 @@ func (r *Root) sendTableLocked() {
 		r.out = make([]bool, r.nranks)
 		r.heard = make([]time.Time, r.nranks)
 		r.pinging = make([]bool, r.nranks)
+		r.silenced = make([]bool, r.nranks)
+		r.asking = make([]bool, r.nranks)
 		now := time.Now()
 		for i := range r.heard {
 			r.heard[i] = now
@@ -941,10 +973,12 @@ func (w *Watch) read() {
 			return
 		}
 		w.heard.Store(time.Now().UnixNano())
-		if typ == wire.FrameWhere && len(payload) == 4 {
+		if typ == wire.FrameWhere {
 			// Answered from a goroutine, like a ping: the answer reads the
 			// communicator's state, and the reader must not wait on it.
-			go w.answer(payload)
+			if len(payload) == 4 {
+				go w.answer(payload)
+			}
 			continue
 		}
 		if typ != wire.FramePing {

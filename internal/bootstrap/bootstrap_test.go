@@ -585,6 +585,12 @@ func TestManyRanksFromOneAddressJoin(t *testing.T) {
 // same diagnosis, within DiagnosisWait when one is silent and at once
 // when all answer.
 func TestDiagnosis(t *testing.T) {
+	for _, silent := range []bool{false, true} {
+		t.Run(fmt.Sprintf("silent=%v", silent), func(t *testing.T) { testDiagnosis(t, silent) })
+	}
+}
+
+func testDiagnosis(t *testing.T, silent bool) {
 	r, err := StartRoot("127.0.0.1:0", RootOptions{Secret: secret, Version: "v1", Logger: quiet(), Watch: true})
 	require.NoError(t, err)
 	defer r.Close()
@@ -614,7 +620,7 @@ func TestDiagnosis(t *testing.T) {
 		require.NotNil(t, ev.Diagnosis, "rank %d", rank)
 		return ev.Diagnosis
 	}
-	for _, silent := range []bool{false, true} {
+	{
 		watches[2].Stall(silent)
 		start := time.Now()
 		require.NoError(t, watches[0].ReportStall(stall))
@@ -642,6 +648,16 @@ func TestDiagnosis(t *testing.T) {
 			require.Equal(t, wire.WaitRunning, d.Waits[2].State)
 			require.Less(t, took, DiagnosisWait/2, "no waiting when all answer")
 			require.Equal(t, *d, *next(2))
+			// Every rank aborts on a stall's diagnosis: a later report (a
+			// rank spamming them) starts no other round.
+			require.NoError(t, watches[1].ReportStall(stall))
+			got := make(chan Event, 1)
+			go func() { ev, _ := watches[0].Next(); got <- ev }()
+			select {
+			case ev := <-got:
+				t.Fatalf("a second diagnosis: %+v", ev)
+			case <-time.After(300 * time.Millisecond):
+			}
 		}
 	}
 	for _, w := range watches {

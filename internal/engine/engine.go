@@ -105,6 +105,8 @@ type Engine struct {
 	p2pRecv  []uint64
 	runs     []*chanRun // reused per channel
 
+	p2p p2pLanes // host point-to-point, outside Run (p2p.go)
+
 	// What Progress reports, written by Run: the running plan's schedule
 	// and channel count, and each channel's position.
 	curSched    atomic.Pointer[algorithms.Schedule]
@@ -123,6 +125,8 @@ type Engine struct {
 	boardK    boardKernels
 	boardMine []byte       // a copy of the input, in place
 	boardPeer atomic.Int32 // whom a board operation waits for, for Progress
+	// oneShotPeer: whom a one-shot all-reduce waits for (oneshot.go).
+	oneShotPeer atomic.Int32
 }
 
 type schedKey struct {
@@ -346,7 +350,9 @@ func describeMismatch(got, want uint32) string {
 	case g.coll != w.coll || g.typ != w.typ || g.red != w.red:
 		return fmt.Sprintf("it called %s, this rank %s", g.call(), w.call())
 	case g.algo != w.algo || g.channels != w.channels:
-		return fmt.Sprintf("both called %s, but with %v on %d channels against this rank's %v on %d (different settings: GOCCL_ALGO, GOCCL_NCHANNELS?)",
+		// The tuner picks by size: different counts are the likelier
+		// cause, different settings the other.
+		return fmt.Sprintf("both called %s, but it ran %v on %d channels and this rank %v on %d: their counts differ (the algorithm is chosen by size), or their settings do (GOCCL_ALGO, GOCCL_NCHANNELS)",
 			w.call(), g.algo, g.channels, w.algo, w.channels)
 	case g.rest != w.rest:
 		return fmt.Sprintf("both called %s, with a different count, root or slot setting", w.call())
@@ -484,7 +490,8 @@ func (e *Engine) Run(ctx context.Context, op *Op) (Plan, error) {
 	defer e.curSched.Store(nil)
 	if pl.Channels == 1 {
 		if isOneShot(op, &pl) {
-			return pl, e.runs[0].oneShot(ctx, e.rank, e.nranks)
+			e.curSched.Store(&oneShotSched)
+			return pl, e.runs[0].oneShot(ctx, e.rank, e.nranks, &e.oneShotPeer)
 		}
 		return pl, e.runs[0].run(ctx)
 	}
@@ -607,6 +614,13 @@ func (e *Engine) Progress() []Progress {
 	}
 	if s == &boardSched {
 		return e.boardProgress()
+	}
+	if s == &oneShotSched {
+		p := Progress{Channel: 0, Step: 0, Kind: algorithms.SendRecv, Peer: int(e.oneShotPeer.Load())}
+		if e.prog[0].Load() == progDone {
+			p = Progress{Channel: 0, Step: -1, Peer: -1, Done: true}
+		}
+		return []Progress{p}
 	}
 	n := min(int(e.curChannels.Load()), maxProgress)
 	out := make([]Progress, 0, n)

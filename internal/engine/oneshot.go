@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"sync/atomic"
 
 	"github.com/goccl/goccl/algorithms"
 	"github.com/goccl/goccl/memory"
@@ -23,10 +24,15 @@ func isOneShot(op *Op, pl *Plan) bool {
 		op.Coll == algorithms.CollAllReduce && op.Count <= pl.SliceElems
 }
 
-// oneShotStep stands for the exchange in errors and progress reports.
-var oneShotStep = algorithms.Step{Kind: algorithms.SendRecv}
+// oneShotStep stands for the exchange in errors and progress reports,
+// oneShotSched in Engine.Progress, which reports the peer in waitPeer.
+var (
+	oneShotStep  = algorithms.Step{Kind: algorithms.SendRecv}
+	oneShotSched = algorithms.Schedule{Steps: []algorithms.Step{oneShotStep}}
+)
 
-func (x *chanRun) oneShot(ctx context.Context, rank, nranks int) error {
+// oneShot runs the exchange; it keeps the peer it waits on in waitPeer.
+func (x *chanRun) oneShot(ctx context.Context, rank, nranks int, waitPeer *atomic.Int32) error {
 	nb := x.in.Len()
 	x.piece, x.stepI = 0, 0
 	x.prog.Store(1)
@@ -36,6 +42,7 @@ func (x *chanRun) oneShot(ctx context.Context, rank, nranks int) error {
 		// every first post at once.
 		p := (rank + i) % nranks
 		c := x.conns[p]
+		waitPeer.Store(int32(p))
 		b, err := c.Reserve(ctx, nb)
 		if err != nil {
 			return x.fail(&oneShotStep, p, err)
@@ -58,6 +65,7 @@ func (x *chanRun) oneShot(ctx context.Context, rank, nranks int) error {
 	for r := range nranks {
 		src := mine
 		if r != rank {
+			waitPeer.Store(int32(r))
 			in, err := x.recvSlice(ctx, &oneShotStep, x.conns[r], r, 0, nb)
 			if err != nil {
 				return err
@@ -86,6 +94,7 @@ func (x *chanRun) oneShot(ctx context.Context, rank, nranks int) error {
 	if p, err := x.flush(ctx); err != nil {
 		return x.fail(&oneShotStep, p, err)
 	}
+	x.prog.Store(progDone)
 	return nil
 }
 

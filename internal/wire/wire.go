@@ -641,8 +641,14 @@ func ParseDiagnosis(b []byte) (Diagnosis, int, error) {
 		if err != nil {
 			return Diagnosis{}, 0, err
 		}
+		if w.Rank != uint32(i) {
+			return Diagnosis{}, 0, fmt.Errorf("wire: diagnosis entry %d is rank %d's", i, w.Rank)
+		}
 		d.Waits[i] = w
 		off += n
+	}
+	if count > 0 && d.From >= count {
+		return Diagnosis{}, 0, fmt.Errorf("wire: diagnosis from rank %d of %d", d.From, count)
 	}
 	return d, off, nil
 }

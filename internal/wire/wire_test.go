@@ -49,10 +49,10 @@ func samples() []codec {
 		{"stall", &Stall{Seq: 216, Timeout: 5e9, Op: "allreduce"}, wrap(ParseStall)},
 		{"wait", &Wait{Rank: 2, State: WaitRunning, Seq: 216, Peer: 1, For: 5e9, Op: "allreduce", Detail: "channel 0 piece 3 step 2 (recvReduceSend)"}, wrap(ParseWait)},
 		{"wait-idle", &Wait{Rank: 3, State: WaitIdle, Seq: 215, Peer: -1, For: 7, Op: "allreduce", Detail: "done"}, wrap(ParseWait)},
-		{"diagnosis", &Diagnosis{From: 2, Stall: Stall{Seq: 216, Timeout: 5e9, Op: "allreduce"}, Waits: []Wait{
+		{"diagnosis", &Diagnosis{From: 1, Stall: Stall{Seq: 216, Timeout: 5e9, Op: "allreduce"}, Waits: []Wait{
 			{Rank: 0, State: WaitRunning, Seq: 216, Peer: 3}, {Rank: 1, State: WaitNoAnswer, Peer: -1, For: 12e9}}}, wrap(ParseDiagnosis)},
 		{"diagnosis-empty", &Diagnosis{}, wrap(ParseDiagnosis)},
-		{"diagnosis-silent", &Diagnosis{From: 1, Silent: true, Waits: []Wait{{Rank: 0, Peer: 1}}}, wrap(ParseDiagnosis)},
+		{"diagnosis-silent", &Diagnosis{From: 1, Silent: true, Waits: []Wait{{Rank: 0, Peer: 1}, {Rank: 1, State: WaitNoAnswer}}}, wrap(ParseDiagnosis)},
 		{"connsetup", &ConnSetup{From: 1, To: 6, Channel: 2, Socket: 1, NSocks: 4, Flags: ConnTLS}, wrap(ParseConnSetup)},
 		{"sliceheader", &SliceHeader{Op: 1 << 40, Sig: 0xdeadbeef, Msg: 7, Slice: 9, Size: 4096}, wrap(ParseSliceHeader)},
 		{"verbsinfo", &VerbsInfo{LID: 7, MTU: 5, GID: [16]byte{10: 0xff, 11: 0xff, 12: 10, 15: 3}, PSN: 0xabcdef,
@@ -113,6 +113,12 @@ func TestLimits(t *testing.T) {
 	d[len(d)-2] = 0xff
 	_, _, err = ParseDiagnosis(d)
 	require.ErrorIs(t, err, ErrShort)
+	bad := (&Diagnosis{From: 2, Waits: []Wait{{Rank: 0}, {Rank: 1}}}).Append(nil)
+	_, _, err = ParseDiagnosis(bad)
+	require.ErrorContains(t, err, "from rank 2 of 2")
+	bad = (&Diagnosis{Waits: []Wait{{Rank: 1}}}).Append(nil)
+	_, _, err = ParseDiagnosis(bad)
+	require.ErrorContains(t, err, "entry 0 is rank 1's")
 	w := (&Wait{State: WaitGone}).Append(nil)
 	w[4] = 9
 	_, _, err = ParseWait(w)

@@ -68,7 +68,7 @@ type Endpoint struct {
 	mu       sync.Mutex // guards the fields below
 	conns    map[connKey]*conn
 	arriving map[connKey]*arrivingConn // sockets of connections still being dialled
-	outboxes map[int]*outbox           // by channel
+	outboxes map[connKey]*outbox       // by channel (peer -1), by connection on Independent channels
 	closed   bool
 	cause    error
 	done     chan struct{} // closed by Close
@@ -77,6 +77,16 @@ type Endpoint struct {
 }
 
 type connKey struct{ peer, ch int }
+
+// outboxKey is the outbox a connection to peer on channel ch writes
+// through: its channel's, or its own on an Independent channel (whose
+// connections are driven by goroutines of their own).
+func outboxKey(peer, ch int) connKey {
+	if transport.Independent(ch) {
+		return connKey{peer, ch}
+	}
+	return connKey{-1, ch}
+}
 
 // link is a socket set up and ready to carry slices, with its TLS
 // session when the endpoint uses TLS.
@@ -118,7 +128,7 @@ func New(o Options) (*Endpoint, error) {
 		return nil, fmt.Errorf("tcp: need 1..64 sockets, ≥ 2 slots of ≥ 64 bytes: %d sockets, %d slots of %d", o.NSocks, o.Slots, o.SlotSize)
 	}
 	e := &Endpoint{o: o, log: o.Logger, conns: map[connKey]*conn{}, arriving: map[connKey]*arrivingConn{},
-		outboxes: map[int]*outbox{}, done: make(chan struct{}), closing: make(chan struct{})}
+		outboxes: map[connKey]*outbox{}, done: make(chan struct{}), closing: make(chan struct{})}
 	if e.log == nil {
 		e.log = slog.Default()
 	}
@@ -303,10 +313,11 @@ func (e *Endpoint) Connect(ctx context.Context, peer, ch int) (transport.Conn, e
 		return nil, &transport.PeerError{Peer: peer, Op: "connect", Err: err}
 	}
 	e.mu.Lock()
-	ob := e.outboxes[ch]
+	ok := outboxKey(peer, ch)
+	ob := e.outboxes[ok]
 	if ob == nil {
 		ob = &outbox{}
-		e.outboxes[ch] = ob
+		e.outboxes[ok] = ob
 	}
 	e.mu.Unlock()
 	c, err := newConn(e, peer, ob, socks)
@@ -448,8 +459,11 @@ func (e *Endpoint) Close(cause error) error {
 // transports), since this transport's sends move only when the channel's
 // goroutine moves them.
 func (e *Endpoint) Progress(ch int) (pending bool, err error) {
+	if transport.Independent(ch) {
+		return false, nil // each connection's goroutine moves its own
+	}
 	e.mu.Lock()
-	ob := e.outboxes[ch]
+	ob := e.outboxes[connKey{-1, ch}]
 	e.mu.Unlock()
 	if ob == nil {
 		return false, nil

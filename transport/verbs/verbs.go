@@ -42,8 +42,8 @@ type Endpoint struct {
 	mu    sync.Mutex // guards the fields below
 	conns map[connKey]*conn
 	byQPN map[uint32]*conn
-	chans map[int]*chanSet
-	board *board // see JoinBoard
+	chans map[connKey]*chanSet // by channel (peer -1), by connection on Independent channels
+	board *board               // see JoinBoard
 	// leftovers free connections' memory a call still held when Close
 	// tore them down; a later Close calls them.
 	leftovers []func()
@@ -111,7 +111,7 @@ func New(o Options) (*Endpoint, error) {
 			return nil, fmt.Errorf("verbs: %w", err)
 		}
 	}
-	e := &Endpoint{o: o, log: o.Logger, port: port, mrs: newMRCache(port.Ctx), conns: map[connKey]*conn{}, byQPN: map[uint32]*conn{}, chans: map[int]*chanSet{},
+	e := &Endpoint{o: o, log: o.Logger, port: port, mrs: newMRCache(port.Ctx), conns: map[connKey]*conn{}, byQPN: map[uint32]*conn{}, chans: map[connKey]*chanSet{},
 		done: make(chan struct{}), closing: make(chan struct{})}
 	if e.log == nil {
 		e.log = slog.Default()
@@ -263,10 +263,16 @@ func (e *Endpoint) Connect(ctx context.Context, peer, ch int) (transport.Conn, e
 	for _, q := range c.qps {
 		e.byQPN[q.Num()] = c
 	}
-	set := e.chans[ch]
+	// The connections of an Independent channel are each driven by a
+	// goroutine of their own: each is a set of one.
+	sk := connKey{-1, ch}
+	if transport.Independent(ch) {
+		sk.peer = c.peer
+	}
+	set := e.chans[sk]
 	if set == nil {
 		set = &chanSet{}
-		e.chans[ch] = set
+		e.chans[sk] = set
 	}
 	set.mu.Lock()
 	set.conns = append(set.conns, c)

@@ -1,0 +1,270 @@
+package collective
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/goccl/goccl/algorithms"
+	"github.com/goccl/goccl/memory"
+)
+
+// Collectives made of point-to-point operations: uneven all-to-all,
+// gather and scatter (MPI_Alltoallv, MPI_Gather, MPI_Scatter; NCCL builds
+// them from ncclSend and ncclRecv in a group, as here). Each rank starts
+// every send and receive it has, in its lanes (lanes.go), then waits for
+// all: the lanes let them progress in any order.
+
+// Group issues the Start* calls that fn makes on c together, as NCCL's
+// ncclGroupStart and ncclGroupEnd do, and returns once all are issued
+// (with fn's error); each Request is waited as usual.
+//
+// goccl starts every operation when it is issued and runs each host send
+// and receive in a lane of its own peer and direction (see Send), so the
+// sends and receives of a group already progress together, in any order:
+// an all-to-all or a pipeline-parallel exchange written as StartSend and
+// StartRecv calls completes however each rank orders them. Collectives
+// issued in fn keep their order; they are not fused (each is its own
+// operation). Device sends and receives keep their stream order inside a
+// group too. Group may be nested; fn must not wait for the operations it
+// starts.
+func Group(ctx context.Context, c *Comm, fn func() error) error {
+	if c == nil {
+		return &ArgError{Rank: -1, Op: "group", Err: ErrNilComm}
+	}
+	if ctx == nil {
+		return c.argError("group", "nil context")
+	}
+	if fn == nil {
+		return c.argError("group", "nil function")
+	}
+	if cause := c.endCause(); cause != nil {
+		return &OpError{Rank: c.rank, Op: "group", Peer: -1, Err: cause}
+	}
+	return fn()
+}
+
+// AllToAllv sends block j of send (sendCounts[j] elements; the blocks
+// contiguous in rank order) to rank j, and receives block i of recv
+// (recvCounts[i] elements, contiguous likewise) from rank i: MPI_Alltoallv
+// without displacements. Every rank calls it. The ranks first exchange
+// their counts (one small all-gather), so counts that disagree between
+// the two ends of a block are an error on every rank, naming them, and no
+// data moves; the communicator stays usable. A block of zero elements
+// sends nothing.
+func AllToAllv[T Number](ctx context.Context, c *Comm, send []T, sendCounts []int, recv []T, recvCounts []int) error {
+	const name = "alltoallv"
+	if err := checkComm(c, name); err != nil {
+		return err
+	}
+	if ctx == nil {
+		return c.argError(name, "nil context")
+	}
+	n := c.size
+	if len(sendCounts) != n || len(recvCounts) != n {
+		return c.argError(name, "%d send counts and %d receive counts for %d ranks", len(sendCounts), len(recvCounts), n)
+	}
+	sendOff, err := offsets(c, name, "send", sendCounts, len(send))
+	if err != nil {
+		return err
+	}
+	recvOff, err := offsets(c, name, "receive", recvCounts, len(recv))
+	if err != nil {
+		return err
+	}
+	if overlap(asBytes(send[:sendOff[n]]), asBytes(recv[:recvOff[n]])) {
+		return c.argError(name, "send and recv overlap; all-to-all has no in-place form")
+	}
+	// Every rank's counts, so that every rank reaches the same verdict.
+	mine := make([]int64, 2*n)
+	for j := range n {
+		mine[j], mine[n+j] = int64(sendCounts[j]), int64(recvCounts[j])
+	}
+	all := make([]int64, 2*n*n)
+	if err := AllGather(ctx, c, mine, all); err != nil {
+		return err
+	}
+	if err := countsAgree(all, n); err != nil {
+		return &OpError{Rank: c.rank, Op: name, Peer: -1, Err: err}
+	}
+	me := c.rank
+	copy(recv[recvOff[me]:recvOff[me+1]], send[sendOff[me]:sendOff[me+1]])
+	var reqs []*Request
+	for k := 1; k < n; k++ {
+		// Receive from the rank k before, send to the rank k after: every
+		// rank's first send goes to a different rank.
+		from, to := (me+n-k)%n, (me+k)%n
+		if recvCounts[from] > 0 {
+			r, err := startP2P(ctx, c, name, algorithms.CollRecv, recv[recvOff[from]:recvOff[from+1]], from)
+			if err != nil {
+				return errors.Join(err, waitAll(ctx, reqs))
+			}
+			reqs = append(reqs, r)
+		}
+		if sendCounts[to] > 0 {
+			r, err := startP2P(ctx, c, name, algorithms.CollSend, send[sendOff[to]:sendOff[to+1]], to)
+			if err != nil {
+				return errors.Join(err, waitAll(ctx, reqs))
+			}
+			reqs = append(reqs, r)
+		}
+	}
+	return waitAll(ctx, reqs)
+}
+
+// Gather collects every rank's send into recv on root, rank i's at
+// [i*len(send), (i+1)*len(send)): len(recv) == Size()*len(send) on root,
+// and recv may be nil elsewhere. Every rank calls it with sends of one
+// length.
+func Gather[T Number](ctx context.Context, c *Comm, send, recv []T, root int) error {
+	const name = "gather"
+	if err := rootedArgs(c, ctx, name, root); err != nil {
+		return err
+	}
+	if c.rank != root {
+		return sendP2P(ctx, c, name, send, root)
+	}
+	n, m := c.size, len(send)
+	if len(recv) != n*m {
+		return c.argError(name, "recv has %d elements on the root; want Size()×len(send) = %d×%d", len(recv), n, m)
+	}
+	if overlap(asBytes(send), asBytes(recv)) && &send[0] != &recv[root*m] {
+		return c.argError(name, "send overlaps recv other than at this rank's block")
+	}
+	copy(recv[root*m:(root+1)*m], send)
+	var reqs []*Request
+	for k := 1; k < n; k++ {
+		from := (root + k) % n
+		r, err := startP2P(ctx, c, name, algorithms.CollRecv, recv[from*m:(from+1)*m], from)
+		if err != nil {
+			return errors.Join(err, waitAll(ctx, reqs))
+		}
+		reqs = append(reqs, r)
+	}
+	return waitAll(ctx, reqs)
+}
+
+// Scatter sends block i of send on root, [i*len(recv), (i+1)*len(recv)),
+// to rank i's recv: len(send) == Size()*len(recv) on root, and send may be
+// nil elsewhere. Every rank calls it with receives of one length.
+func Scatter[T Number](ctx context.Context, c *Comm, send, recv []T, root int) error {
+	const name = "scatter"
+	if err := rootedArgs(c, ctx, name, root); err != nil {
+		return err
+	}
+	if c.rank != root {
+		return recvP2P(ctx, c, name, recv, root)
+	}
+	n, m := c.size, len(recv)
+	if len(send) != n*m {
+		return c.argError(name, "send has %d elements on the root; want Size()×len(recv) = %d×%d", len(send), n, m)
+	}
+	if overlap(asBytes(send), asBytes(recv)) && &recv[0] != &send[root*m] {
+		return c.argError(name, "recv overlaps send other than at this rank's block")
+	}
+	var reqs []*Request
+	for k := 1; k < n; k++ {
+		to := (root + k) % n
+		r, err := startP2P(ctx, c, name, algorithms.CollSend, send[to*m:(to+1)*m], to)
+		if err != nil {
+			return errors.Join(err, waitAll(ctx, reqs))
+		}
+		reqs = append(reqs, r)
+	}
+	copy(recv, send[root*m:(root+1)*m])
+	return waitAll(ctx, reqs)
+}
+
+func rootedArgs(c *Comm, ctx context.Context, name string, root int) error {
+	if err := checkComm(c, name); err != nil {
+		return err
+	}
+	if ctx == nil {
+		return c.argError(name, "nil context")
+	}
+	if root < 0 || root >= c.size {
+		return c.argError(name, "root %d out of range [0,%d)", root, c.size)
+	}
+	return nil
+}
+
+// offsets returns the prefix sums of counts, checked against a buffer
+// of n elements.
+func offsets(c *Comm, name, what string, counts []int, n int) ([]int, error) {
+	off := make([]int, len(counts)+1)
+	for j, k := range counts {
+		if k < 0 {
+			return nil, c.argError(name, "%s count for rank %d is %d", what, j, k)
+		}
+		off[j+1] = off[j] + k
+	}
+	if off[len(counts)] > n {
+		return nil, c.argError(name, "%s counts add up to %d elements; the buffer has %d", what, off[len(counts)], n)
+	}
+	return off, nil
+}
+
+// countsAgree checks the all-gathered counts (rank i's at [2ni, 2n(i+1)):
+// its send counts, then its receive counts): what i sends to j must be
+// what j expects from i.
+func countsAgree(all []int64, n int) error {
+	var bad []string
+	for i := range n {
+		for j := range n {
+			s, r := all[2*n*i+j], all[2*n*j+n+i]
+			if s != r {
+				bad = append(bad, fmt.Sprintf("rank %d sends %d elements to rank %d, which expects %d", i, s, j, r))
+			}
+		}
+	}
+	if len(bad) == 0 {
+		return nil
+	}
+	more := ""
+	if len(bad) > 3 {
+		more = fmt.Sprintf(" (and %d more)", len(bad)-3)
+		bad = bad[:3]
+	}
+	return fmt.Errorf("%w: the ranks' counts disagree: %s%s", ErrMismatch, strings.Join(bad, "; "), more)
+}
+
+func startP2P[T Number](ctx context.Context, c *Comm, name string, coll algorithms.Collective, buf []T, peer int) (*Request, error) {
+	var k call
+	if err := p2pCall(c, name, coll, buf, peer, &k); err != nil {
+		return nil, err
+	}
+	return c.start(ctx, k)
+}
+
+func sendP2P[T Number](ctx context.Context, c *Comm, name string, buf []T, peer int) error {
+	var k call
+	if err := p2pCall(c, name, algorithms.CollSend, buf, peer, &k); err != nil {
+		return err
+	}
+	return c.run(ctx, &k)
+}
+
+func recvP2P[T Number](ctx context.Context, c *Comm, name string, buf []T, peer int) error {
+	var k call
+	if err := p2pCall(c, name, algorithms.CollRecv, buf, peer, &k); err != nil {
+		return err
+	}
+	return c.run(ctx, &k)
+}
+
+// waitAll waits for every request and returns the first error.
+func waitAll(ctx context.Context, reqs []*Request) error {
+	var first error
+	for _, r := range reqs {
+		if err := r.Wait(ctx); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// overlap reports whether two host byte slices share memory.
+func overlap(a, b []byte) bool {
+	return len(a) > 0 && len(b) > 0 && memory.HostBuffer(a).Overlaps(memory.HostBuffer(b))
+}

@@ -1,0 +1,218 @@
+package collective_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goccl/goccl/collective"
+)
+
+// splitCheck splits c by color (NoColor for a color of -1) and key, and
+// checks the child: its size, this rank's place in it (members by key,
+// then parent rank), and an all-reduce over it and then over the parent.
+func splitCheck(ctx context.Context, c *collective.Comm, colorOf, keyOf func(r int) int) (*collective.Comm, error) {
+	r, n := c.Rank(), c.Size()
+	child, err := c.Split(ctx, colorOf(r), keyOf(r))
+	if err != nil {
+		return nil, err
+	}
+	if colorOf(r) == collective.NoColor {
+		if child != nil {
+			return nil, fmt.Errorf("rank %d: NoColor got a communicator", r)
+		}
+		// Still in the parent's all-reduce below.
+		p := []int64{1}
+		if err := collective.AllReduce(ctx, c, p, p, collective.Sum); err != nil || p[0] != int64(n) {
+			return nil, errors.Join(err, fmt.Errorf("rank %d: parent sum %d after the split", r, p[0]))
+		}
+		return nil, nil
+	}
+	var members []int
+	for q := range n {
+		if colorOf(q) == colorOf(r) {
+			members = append(members, q)
+		}
+	}
+	// By key, then rank (a stable sort by key of ranks in order).
+	for i := 1; i < len(members); i++ {
+		for j := i; j > 0 && keyOf(members[j]) < keyOf(members[j-1]); j-- {
+			members[j], members[j-1] = members[j-1], members[j]
+		}
+	}
+	if child.Size() != len(members) || members[child.Rank()] != r {
+		child.Close()
+		return nil, fmt.Errorf("rank %d: child rank %d of %d, want the place of %d in %v", r, child.Rank(), child.Size(), r, members)
+	}
+	// Each member contributes its parent rank, and its child rank.
+	v := []int64{int64(r), int64(child.Rank())}
+	if err := collective.AllReduce(ctx, child, v, v, collective.Sum); err != nil {
+		child.Close()
+		return nil, err
+	}
+	want := int64(0)
+	for _, q := range members {
+		want += int64(q)
+	}
+	if k := int64(len(members)); v[0] != want || v[1] != k*(k-1)/2 {
+		child.Close()
+		return nil, fmt.Errorf("rank %d: child sum %v, want [%d %d]", r, v, want, k*(k-1)/2)
+	}
+	p := []int64{1}
+	if err := collective.AllReduce(ctx, c, p, p, collective.Sum); err != nil || p[0] != int64(n) {
+		child.Close()
+		return nil, errors.Join(err, fmt.Errorf("rank %d: parent sum %d after the split", r, p[0]))
+	}
+	return child, nil
+}
+
+func TestSplitLocal(t *testing.T) {
+	comms := newGroup(t, 6)
+	errs := runRanks(t, comms, func(r int, c *collective.Comm) error {
+		ctx := context.Background()
+		// Rows of a 2×3 grid, ordered backwards by key; then columns, with
+		// rank 5 left out; then everyone in one, by key 0 (rank order).
+		rows, err := splitCheck(ctx, c, func(q int) int { return q / 3 }, func(q int) int { return -q })
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		cols, err := splitCheck(ctx, c, func(q int) int {
+			if q == 5 {
+				return collective.NoColor
+			}
+			return q % 3
+		}, func(q int) int { return 0 })
+		if err != nil {
+			return err
+		}
+		if cols != nil {
+			defer cols.Close()
+		}
+		all, err := splitCheck(ctx, c, func(int) int { return 7 }, func(int) int { return 0 })
+		if err != nil {
+			return err
+		}
+		defer all.Close()
+		// A child of a child.
+		sub, err := splitCheck(ctx, rows, func(q int) int { return q % 2 }, func(q int) int { return q })
+		if err != nil {
+			return err
+		}
+		defer sub.Close()
+		// Parent and children in turn.
+		for range 3 {
+			for _, cc := range []*collective.Comm{c, rows, all, sub} {
+				v := []float32{1}
+				if err := collective.AllReduce(ctx, cc, v, v, collective.Sum); err != nil || v[0] != float32(cc.Size()) {
+					return errors.Join(err, fmt.Errorf("rank %d: sum %v on a communicator of %d", r, v[0], cc.Size()))
+				}
+			}
+		}
+		return nil
+	})
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+	}
+}
+
+// An abort on a child leaves the parent and the sibling usable.
+func TestSplitFailureStaysInTheChild(t *testing.T) {
+	comms := newGroup(t, 4)
+	errs := runRanks(t, comms, func(r int, c *collective.Comm) error {
+		ctx := context.Background()
+		child, err := c.Split(ctx, r%2, r)
+		if err != nil {
+			return err
+		}
+		defer child.Close()
+		if r%2 == 0 {
+			if r == 0 {
+				child.Abort(errors.New("rank 0 gives up on its child"))
+			}
+			v := make([]float32, 1000)
+			if err := collective.AllReduce(ctx, child, v, v, collective.Sum); !errors.Is(err, collective.ErrAborted) && r == 0 {
+				return fmt.Errorf("rank 0: the aborted child still works: %v", err)
+			} else if r == 2 && err == nil {
+				return fmt.Errorf("rank 2: the all-reduce with an aborted member succeeded")
+			}
+		} else {
+			v := []int64{1}
+			if err := collective.AllReduce(ctx, child, v, v, collective.Sum); err != nil || v[0] != 2 {
+				return errors.Join(err, fmt.Errorf("rank %d: sibling sum %d", r, v[0]))
+			}
+		}
+		v := []int64{1}
+		if err := collective.AllReduce(ctx, c, v, v, collective.Sum); err != nil || v[0] != 4 {
+			return errors.Join(err, fmt.Errorf("rank %d: parent sum %d", r, v[0]))
+		}
+		return nil
+	})
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+	}
+}
+
+func TestSplitBadArguments(t *testing.T) {
+	comms := newGroup(t, 1)
+	_, err := comms[0].Split(context.Background(), -2, 0)
+	require.ErrorIs(t, err, collective.ErrInvalidArgument)
+	var nilComm *collective.Comm
+	_, err = nilComm.Split(context.Background(), 0, 0)
+	require.ErrorIs(t, err, collective.ErrNilComm)
+}
+
+// Between processes: 4 ranks as 2 data-parallel × 2 tensor-parallel
+// groups, both splits used in turn with the parent.
+func TestMultiProcessSplit(t *testing.T) {
+	for _, tr := range transports() {
+		t.Run(tr, func(t *testing.T) {
+			res := spawn(t, "split", gocclEnvs(t, 4, transportEnv(t, tr)...), nil)
+			requireAllOK(t, res)
+			for _, r := range res {
+				require.Contains(t, r.output, "split ok", "rank %d", r.rank)
+			}
+			t.Logf("rank 0: %s", res[0].output)
+		})
+	}
+}
+
+func childSplit(ctx context.Context, c *collective.Comm) int {
+	fail := func(err error) int {
+		fmt.Fprintf(os.Stderr, "FAIL: %v\n", err)
+		return 1
+	}
+	start := time.Now()
+	if err := c.Barrier(ctx); err != nil {
+		return fail(err)
+	}
+	barrier := time.Since(start)
+	start = time.Now()
+	dp, err := splitCheck(ctx, c, func(q int) int { return q % 2 }, func(q int) int { return q })
+	if err != nil {
+		return fail(err)
+	}
+	took := time.Since(start)
+	defer dp.Close()
+	tp, err := splitCheck(ctx, c, func(q int) int { return q / 2 }, func(q int) int { return q })
+	if err != nil {
+		return fail(err)
+	}
+	defer tp.Close()
+	for i := range 5 {
+		for _, cc := range []*collective.Comm{tp, dp, c} {
+			v := make([]float32, 1<<16)
+			v[0] = float32(i)
+			if err := collective.AllReduce(ctx, cc, v, v, collective.Sum); err != nil || v[0] != float32(i*cc.Size()) {
+				return fail(errors.Join(err, fmt.Errorf("sum %v on a communicator of %d", v[0], cc.Size())))
+			}
+		}
+	}
+	fmt.Printf("split ok: barrier %v, split and check %v\n", barrier, took)
+	return 0
+}
