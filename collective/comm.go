@@ -701,5 +701,10 @@ func (c *Comm) Barrier(ctx context.Context) error {
 		return &ArgError{Rank: -1, Op: "barrier", Err: ErrNilComm}
 	}
 	var b [1]uint8
-	return AllReduce(ctx, c, b[:], b[:], Max)
+	var k call
+	if err := allReduceArgs(c, hostArgs(b[:], b[:]), Max, &k); err != nil {
+		return err
+	}
+	k.name = "barrier" // in errors and the flight recorder, as the caller wrote it
+	return c.run(ctx, &k)
 }

@@ -386,3 +386,14 @@ func TestCloseWaitsForPendingOperations(t *testing.T) {
 	noErrors(t, errs)
 	require.Equal(t, []bool{true, true}, done)
 }
+
+// Barrier names itself in errors, not as the all-reduce it runs.
+func TestBarrierNamesItself(t *testing.T) {
+	comms, _ := newNet(t, 2, collective.WithTimeout(200*time.Millisecond))
+	err := comms[0].Barrier(context.Background()) // rank 1 never arrives
+	require.ErrorIs(t, err, collective.ErrTimeout)
+	var oe *collective.OpError
+	require.ErrorAs(t, err, &oe)
+	require.Equal(t, "barrier", oe.Op)
+	require.Contains(t, err.Error(), "barrier#0")
+}

@@ -61,6 +61,12 @@ func (c *Comm) record(reason string, cause error) *flight.Dump {
 		if op.Coll.Reduces() {
 			e.RedOp = Op(op.Red).String()
 		}
+		switch op.Coll {
+		case algorithms.CollSend:
+			e.P2P = "send"
+		case algorithms.CollRecv:
+			e.P2P = "recv"
+		}
 		if op.Count > 0 && op.Coll != algorithms.CollSend && op.Coll != algorithms.CollRecv {
 			if pl, err := c.eng.Plan(&op); err == nil {
 				e.Algo, e.Channels = pl.AlgoName(), pl.Channels

@@ -380,7 +380,7 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	rep := &routedEndpoint{byPeer: make([]transport.Endpoint, nranks)}
 	if nTCP > 0 || nShm == 0 && nVerbs == 0 {
 		tcpPeers[rank] = ln.Addr().String()
-		to := tcp.Options{Rank: rank, NRanks: nranks, Peers: tcpPeers, Secret: id.secret[:], Listener: ln,
+		to := tcp.Options{Rank: rank, ListenersUp: true, NRanks: nranks, Peers: tcpPeers, Secret: id.secret[:], Listener: ln,
 			NSocks: cfg.NSocks, Slots: slots, SlotSize: slotSize, SpinFor: cfg.Spin, TLS: cfg.tls}
 		if reg, ok := dev.(device.Registrar); ok {
 			// Device operations stage their slices in registered memory.
@@ -402,7 +402,7 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	}
 	if nVerbs > 0 {
 		verbsPeers[rank] = vln.Addr().String()
-		vo := verbs.Options{Rank: rank, NRanks: nranks, Peers: verbsPeers, Secret: id.secret[:], Listener: vln, Port: vport,
+		vo := verbs.Options{Rank: rank, ListenersUp: true, NRanks: nranks, Peers: verbsPeers, Secret: id.secret[:], Listener: vln, Port: vport,
 			TC: uint8(cfg.IB.TC), SL: uint8(cfg.IB.SL), QPs: cfg.IB.QPsPerConnection, Slots: slots, SlotSize: slotSize,
 			SpinFor: cfg.Spin, Timeout: uint8(cfg.IB.Timeout), RetryCnt: uint8(cfg.IB.RetryCnt)}
 		// TCP's sends move only while the channel's goroutine moves them,
@@ -449,7 +449,7 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	}
 	if nShm > 0 {
 		here := summarize(table.Peers)[hostID]
-		o := shm.Options{Rank: rank, NRanks: nranks, Peers: shmPeers, Secret: id.secret[:], Listener: shmLn,
+		o := shm.Options{Rank: rank, ListenersUp: true, NRanks: nranks, Peers: shmPeers, Secret: id.secret[:], Listener: shmLn,
 			Slots: slots, SlotSize: slotSize, SpinFor: cfg.Spin, YieldWhenIdle: here.ranks > here.cpus, AllowUIDs: cfg.ShmAllowUIDs}
 		if reg, ok := dev.(device.Registrar); ok {
 			// Device operations reduce straight into the segments, which

@@ -631,6 +631,27 @@ func childMain(scenario string) int {
 		}
 		fmt.Printf("finished 20 steps with %d ranks\n", c.Size())
 		return 0
+	case "earlyclose":
+		// The victim closes its communicator before any operation (the
+		// deferred Close is a second, no-op one); the others' first
+		// operation needs a connection to it and must fail at once.
+		victim, _ := strconv.Atoi(os.Getenv("GOCCL_TEST_VICTIM"))
+		if c.Rank() == victim {
+			c.Close()
+			return 0
+		}
+		time.Sleep(300 * time.Millisecond) // the victim is gone by now
+		start := time.Now()
+		buf := make([]float32, 1<<16)
+		err := collective.AllReduce(ctx, c, buf, buf, collective.Sum)
+		if err == nil {
+			return fail("the all-reduce without rank %d succeeded", victim)
+		}
+		if took := time.Since(start); took > 5*time.Second {
+			return fail("the all-reduce failed after %v: %v", took, err)
+		}
+		fmt.Printf("after %v: %v\n", time.Since(start).Round(time.Millisecond), err)
+		return 0
 	case "idlekill":
 		// Every rank is idle when the victim dies; the others must learn
 		// it from the root within 3 s (their contexts end, naming it).
@@ -791,4 +812,29 @@ func childCheckT[T collective.Number](ctx context.Context, c *collective.Comm, s
 		return fmt.Errorf("rank %d element %d = %v, want %v", r, i, recv[i], want[i])
 	}
 	return nil
+}
+
+// A rank that closes its communicator before its first operation: the
+// others' operations that need it fail at once, naming it, instead of
+// retrying their connection until the timeout (issue 15).
+func TestMultiProcessCloseBeforeFirstOperation(t *testing.T) {
+	for _, tr := range transports() {
+		for _, victim := range []int{0, 2} { // a lower rank dials, a higher one is awaited
+			t.Run(fmt.Sprintf("%s/victim=%d", tr, victim), func(t *testing.T) {
+				res := spawn(t, "earlyclose", gocclEnvs(t, 3, "GOCCL_TRANSPORT="+tr, "GOCCL_TIMEOUT=10m", "GOCCL_TEST_VICTIM="+strconv.Itoa(victim)), nil)
+				requireAllOK(t, res)
+				for _, r := range res {
+					t.Logf("rank %d: %s", r.rank, strings.TrimSpace(r.output))
+					if r.rank != victim {
+						// The root's notice, or (when the victim's process
+						// hosted the root) the root's end, names it; or the
+						// rank learned that another survivor had given up
+						// and left (with no root to say so, its listener is
+						// gone).
+						require.Regexp(t, `rank \d (closed its communicator|has left)|nothing listens at .* any more`, r.output, "rank %d", r.rank)
+					}
+				}
+			})
+		}
+	}
 }

@@ -40,7 +40,12 @@ func (c *Comm) startWatch(w *bootstrap.Watch) {
 			if err != nil {
 				// The root went away (its process ended) or Close closed
 				// the connection: failures travel on the data path only
-				// from now on.
+				// from now on. Under InitFromEnv the root lives in rank
+				// 0's process, so that rank is gone too: nobody can
+				// connect to it any more.
+				if r := c.id.rootRank - 1; r >= 0 && r != c.rank && r < c.size && !c.ended.Load() {
+					c.eng.PeerGone(r, fmt.Errorf("rank %d has left: its process, which hosted the bootstrap root, closed the root's connection (%v)", r, err))
+				}
 				return
 			}
 			if d := ev.Diagnosis; d != nil {
@@ -56,6 +61,14 @@ func (c *Comm) startWatch(w *bootstrap.Watch) {
 				continue
 			}
 			a := ev.Abort
+			if a.Left {
+				// Not a failure: only connections to it can no longer be
+				// made (an operation that needs one fails at once).
+				if int(a.Rank) != c.rank && int(a.Rank) < c.size {
+					c.eng.PeerGone(int(a.Rank), fmt.Errorf("rank %d %s (it left the job before this rank connected to it)", a.Rank, a.Reason))
+				}
+				continue
+			}
 			var cause error
 			switch {
 			case a.Silent && int(a.Rank) == c.rank:

@@ -38,12 +38,16 @@ type Dump struct {
 
 // Entry is one operation.
 type Entry struct {
-	Seq      uint64 `json:"seq"`
-	Op       string `json:"op"`   // allreduce, broadcast, send, ...
-	Type     string `json:"type"` // element type
-	Count    int    `json:"count"`
-	Bytes    int64  `json:"bytes"`
-	Root     int    `json:"root"` // -1 where there is none; the peer of send/recv
+	Seq   uint64 `json:"seq"`
+	Op    string `json:"op"`   // allreduce, broadcast, send, ...
+	Type  string `json:"type"` // element type
+	Count int    `json:"count"`
+	Bytes int64  `json:"bytes"`
+	Root  int    `json:"root"` // -1 where there is none; the peer of send/recv
+	// P2P is "send" or "recv" for point-to-point operations (Op is then
+	// what the caller called: send, recv, alltoallv, gather, scatter),
+	// numbered per peer and direction rather than like collectives.
+	P2P      string `json:"p2p,omitempty"`
 	RedOp    string `json:"redop,omitempty"`
 	Algo     string `json:"algo,omitempty"`
 	Channels int    `json:"channels,omitempty"`
@@ -168,7 +172,8 @@ type Finding struct {
 	// sequence number), "missing" (ranks never issued an operation others
 	// are running), "silent" (ranks that did not finish an operation
 	// wait, along a chain, on a rank that left no dump: stopped or
-	// killed), "stuck" (all issued it, some never finished), "none".
+	// killed), "stuck" (all issued it, some never finished), "p2p" (sends
+	// or receives never finished), "none".
 	Kind    string
 	Seq     uint64
 	Ranks   []int // the ranks at fault: the odd ones out, the absent, the silent, the unfinished
@@ -246,7 +251,7 @@ func Analyze(dumps []*Dump) Finding {
 	for _, d := range dumps {
 		ro := rankOps{rank: d.Rank, ops: map[uint64]Entry{}}
 		for _, e := range d.Ops {
-			if e.Op == "send" || e.Op == "recv" {
+			if e.isP2P() {
 				continue
 			}
 			ro.ops[e.Seq] = e
@@ -356,7 +361,61 @@ func Analyze(dumps []*Dump) Finding {
 		return Finding{Kind: "stuck", Seq: s, Ranks: stuck, Chain: chain,
 			Summary: fmt.Sprintf("every rank issued operation #%d %s; ranks %v did not finish it%s", s, what, stuck, chainText(chain, cycle))}
 	}
+	if f, ok := analyzeP2P(dumps); ok {
+		return f
+	}
 	return Finding{Kind: "none", Summary: "the ranks agree on every recorded operation, and all finished"}
+}
+
+func (e Entry) isP2P() bool { return e.P2P != "" || e.Op == "send" || e.Op == "recv" }
+
+// analyzeP2P reports point-to-point operations that never finished: each
+// rank's oldest one waits on its peer, and the chain of those waits
+// (around a cycle, for a send/recv deadlock).
+func analyzeP2P(dumps []*Dump) (Finding, bool) {
+	oldest := map[int]Entry{}
+	var stuck []int
+	for _, d := range dumps {
+		for _, e := range d.Ops {
+			if e.isP2P() && e.State != Done && e.State != Failed {
+				oldest[d.Rank] = e
+				stuck = append(stuck, d.Rank)
+				break
+			}
+		}
+	}
+	if len(stuck) == 0 {
+		return Finding{}, false
+	}
+	var parts []string
+	for _, r := range stuck {
+		e := oldest[r]
+		dir := e.P2P
+		if dir == "" {
+			dir = e.Op
+		}
+		what := fmt.Sprintf("rank %d's %s #%d %s rank %d (%s×%d, %s)", r, e.Op, e.Seq, map[string]string{"send": "to", "recv": "from"}[dir], e.Root, e.Type, e.Count, e.State)
+		parts = append(parts, what)
+	}
+	next := func(r int) int {
+		if e, ok := oldest[r]; ok {
+			return e.Root
+		}
+		return -1
+	}
+	var best []int
+	var bestCycle bool
+	for _, r := range stuck {
+		c, cyc := Chain(r, next)
+		if len(c) > len(best) {
+			best, bestCycle = c, cyc
+		}
+	}
+	summary := "point-to-point operations never finished: " + strings.Join(parts, "; ") + chainText(best, bestCycle)
+	if bestCycle {
+		summary += " (a send/recv deadlock: each waits for the other to start its half)"
+	}
+	return Finding{Kind: "p2p", Seq: oldest[stuck[0]].Seq, Ranks: stuck, Chain: best, Summary: summary}, true
 }
 
 // Chain follows a chain of waits from rank from: next(r) is the rank r

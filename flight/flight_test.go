@@ -78,6 +78,29 @@ func TestAnalyzeFollowsTheChainOfWaits(t *testing.T) {
 	require.Contains(t, f.Summary, "in a cycle: 0 → 1 → 0")
 }
 
+// A send/recv deadlock: both ranks send first, with messages too large to
+// be buffered; the analyzer no longer takes the unfinished sends for
+// nothing (issue 15).
+func TestAnalyzeSendRecvDeadlock(t *testing.T) {
+	send := func(seq uint64, peer int) Entry {
+		return Entry{Seq: seq, Op: "send", P2P: "send", Type: "float32", Count: 1 << 20, Root: peer, State: Running}
+	}
+	f := Analyze([]*Dump{
+		{Rank: 0, Ops: []Entry{ar(0, 4, Done), send(1, 1)}},
+		{Rank: 1, Ops: []Entry{ar(0, 4, Done), send(1, 0)}},
+	})
+	require.Equal(t, "p2p", f.Kind)
+	require.Contains(t, f.Summary, "rank 0's send #1 to rank 1")
+	require.Contains(t, f.Summary, "a send/recv deadlock")
+	// Named after what the caller called, still point-to-point.
+	e := send(1, 1)
+	e.Op = "alltoallv"
+	r := Entry{Seq: 1, Op: "alltoallv", P2P: "recv", Type: "float32", Count: 4, Root: 0, State: Done}
+	f = Analyze([]*Dump{{Rank: 0, Ops: []Entry{ar(0, 4, Done), e}}, {Rank: 1, Ops: []Entry{ar(0, 4, Done), r}}})
+	require.Equal(t, "p2p", f.Kind, "not compared as collectives #1: %s", f.Summary)
+	require.Contains(t, f.Summary, "rank 0's alltoallv #1 to rank 1")
+}
+
 func TestChain(t *testing.T) {
 	next := map[int]int{0: 3, 1: 0, 2: 1, 3: -1}
 	c, cyc := Chain(2, func(r int) int { return next[r] })

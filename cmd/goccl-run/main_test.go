@@ -233,3 +233,25 @@ func TestFlightRecordersNameTheCulprit(t *testing.T) {
 		})
 	}
 }
+
+// Ctrl-C on a hung job: goccl-run still gathers the recorders and says
+// what they show (issue 15).
+func TestInterruptedJobIsAnalyzed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a goccl program; skipped in -short mode")
+	}
+	job := filepath.Join(t.TempDir(), "flightjob")
+	out, err := exec.Command("go", "build", "-o", job, "./testdata/flightjob").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	dir := t.TempDir()
+	cmd := gocclRun(t, "-np", "3", "-dump", dir, job, "hangforever")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	require.NoError(t, cmd.Start())
+	time.Sleep(2 * time.Second) // ranks 0 and 2 wait in the all-reduce
+	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
+	code := wait(t, cmd)
+	require.Equal(t, 130, code, stderr.String())
+	require.Contains(t, stderr.String(), "flight recorders of 3 ranks in "+dir, stderr.String())
+	require.Contains(t, stderr.String(), "rank(s) [1] never arrived at operation #1", stderr.String())
+}

@@ -379,10 +379,14 @@ func (r *Root) handle(raw net.Conn) {
 			r.answer(binary.BigEndian.Uint32(payload), w)
 		case wire.FrameBye:
 			r.mu.Lock()
+			first := !r.left[info.Rank]
 			r.left[info.Rank] = true
 			r.out[info.Rank] = true
 			r.checkShrinkLocked()
 			r.mu.Unlock()
+			if first {
+				r.tellLeft(int(info.Rank))
+			}
 		case wire.FrameShrink:
 			ni, _, err := wire.ParsePeerInfo(payload)
 			if err != nil {
@@ -676,6 +680,27 @@ func (r *Root) relay(a wire.Abort) {
 			}
 			writeWithin(g.conn, frame, time.Second) // a rank that is gone already just misses it
 		}
+	}
+}
+
+// tellLeft tells the ranks still here that rank left: a rank that closes
+// its communicator before another ever connected to it would otherwise
+// leave that one retrying until its operation's timeout. From goroutines
+// and without holding the lock: a stopped rank's full socket must not
+// hold the root up.
+func (r *Root) tellLeft(rank int) {
+	a := wire.Abort{Rank: uint32(rank), Left: true, Reason: "closed its communicator"}
+	frame := wire.AppendFrame(nil, wire.FrameAbort, a.Append(nil))
+	r.mu.Lock()
+	var to []net.Conn
+	for i, g := range r.regs {
+		if i != rank && g != nil && !r.out[i] {
+			to = append(to, g.conn)
+		}
+	}
+	r.mu.Unlock()
+	for _, c := range to {
+		go writeWithin(c, frame, time.Second) // a rank that is gone already just misses it
 	}
 }
 

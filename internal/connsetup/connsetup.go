@@ -21,6 +21,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/goccl/goccl/internal/handshake"
@@ -184,6 +185,12 @@ type Dialer struct {
 	Timeout time.Duration
 	// Done ends the retries (the endpoint is closing).
 	Done <-chan struct{}
+	// ListenersUp: every peer's listener was up before this end learned
+	// its address (the bootstrap announces a rank once its listeners
+	// are), so a refused connection means the peer's endpoint has closed
+	// (it exited or closed its communicator) and Dial fails at once
+	// instead of retrying until its context ends.
+	ListenersUp bool
 }
 
 // Permanent marks an error of a Then function that retrying will not
@@ -198,14 +205,18 @@ func (p *permanentError) Unwrap() error { return p.err }
 // Dial connects to addr and sets the connection up as s says: it
 // authenticates, sends s, waits for the acknowledgement, then runs then
 // (if set) under the same deadline. It retries, backing off up to half a
-// second, while the peer's listener is not up yet or the attempt fails
-// on the way, until ctx ends; a wrong secret, a refusal and a permanent
-// error of then end it at once.
+// second, while the peer's listener is not up yet or an attempt fails on
+// the way, until ctx ends; a wrong secret, a refusal and a permanent
+// error of then end it at once, and so does a listener that is not there
+// (connection refused) when d.ListenersUp.
 func (d *Dialer) Dial(ctx context.Context, addr string, s wire.ConnSetup, then func(c net.Conn) error) (net.Conn, error) {
 	backoff := 5 * time.Millisecond
 	for {
 		nd := net.Dialer{Timeout: d.Timeout}
 		c, err := nd.DialContext(ctx, d.Network, addr)
+		if d.ListenersUp && errors.Is(err, syscall.ECONNREFUSED) {
+			return nil, fmt.Errorf("%w: nothing listens at %s any more (the peer closed its communicator or exited)", err, addr)
+		}
 		if err == nil {
 			err = handshake.Bounded(ctx, c, d.Timeout, func() error {
 				if err := handshake.Client(c, d.Secret, d.Purpose, func() (wire.FrameType, []byte) {

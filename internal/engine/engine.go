@@ -105,7 +105,8 @@ type Engine struct {
 	p2pRecv  []uint64
 	runs     []*chanRun // reused per channel
 
-	p2p p2pLanes // host point-to-point, outside Run (p2p.go)
+	p2p  p2pLanes // host point-to-point, outside Run (p2p.go)
+	gone goneSet  // peers that left (PeerGone)
 
 	// What Progress reports, written by Run: the running plan's schedule
 	// and channel count, and each channel's position.
@@ -582,12 +583,72 @@ func (e *Engine) connect(ctx context.Context, peer, ch int) (transport.Conn, err
 	if c := e.conns[k]; c != nil {
 		return c, nil
 	}
-	c, err := e.ep.Connect(ctx, peer, ch)
+	c, err := e.dial(ctx, peer, ch)
 	if err != nil {
 		return nil, err
 	}
 	e.conns[k] = c
 	return c, nil
+}
+
+// goneSet is the peers that have left (PeerGone), and the connections
+// being set up to each, to fail when it goes.
+type goneSet struct {
+	mu      sync.Mutex
+	err     map[int]error
+	waiting map[int]map[*int]context.CancelCauseFunc
+}
+
+// PeerGone tells the engine that peer has left for good (it closed its
+// communicator: the bootstrap root says so): a connection being set up
+// to it fails with err at once, and so does every later one. A connection
+// already up stays as it is: the transport drains it, then reports the
+// peer closed.
+func (e *Engine) PeerGone(peer int, err error) {
+	g := &e.gone
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.err == nil {
+		g.err = map[int]error{}
+	}
+	if g.err[peer] != nil {
+		return
+	}
+	g.err[peer] = err
+	for _, cancel := range g.waiting[peer] {
+		cancel(err)
+	}
+}
+
+// dial connects to peer on channel ch, failing at once if the peer has
+// gone or goes meanwhile.
+func (e *Engine) dial(ctx context.Context, peer, ch int) (transport.Conn, error) {
+	g := &e.gone
+	g.mu.Lock()
+	if err := g.err[peer]; err != nil {
+		g.mu.Unlock()
+		return nil, &transport.PeerError{Peer: peer, Op: "connect", Err: err}
+	}
+	cctx, cancel := context.WithCancelCause(ctx)
+	id := new(int)
+	if g.waiting == nil {
+		g.waiting = map[int]map[*int]context.CancelCauseFunc{}
+	}
+	if g.waiting[peer] == nil {
+		g.waiting[peer] = map[*int]context.CancelCauseFunc{}
+	}
+	g.waiting[peer][id] = cancel
+	g.mu.Unlock()
+	c, err := e.ep.Connect(cctx, peer, ch)
+	g.mu.Lock()
+	delete(g.waiting[peer], id)
+	gone := g.err[peer]
+	g.mu.Unlock()
+	cancel(nil)
+	if err != nil && gone != nil && ctx.Err() == nil {
+		return nil, &transport.PeerError{Peer: peer, Op: "connect", Err: gone}
+	}
+	return c, err
 }
 
 // maxProgress bounds the channels Progress reports.

@@ -85,7 +85,7 @@ func (e *Engine) RunP2P(ctx context.Context, op *Op) (Plan, error) {
 		from, to = peer, e.rank
 	}
 	if l.conn == nil {
-		c, err := e.ep.Connect(ctx, peer, transport.P2PDataChannel(from, to))
+		c, err := e.dial(ctx, peer, transport.P2PDataChannel(from, to))
 		if err != nil {
 			return Plan{Seq: seq}, &StepError{Channel: 0, Step: -1, Peer: peer, Err: err}
 		}

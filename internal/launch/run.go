@@ -54,7 +54,8 @@ type Options struct {
 	// DefaultGrace.
 	Grace time.Duration
 	// DumpSignal, when not zero, is sent to every rank still running when
-	// another fails, DumpWait before they are stopped, so that they can
+	// another fails or the job is interrupted (ctx ends), DumpWait before
+	// they are stopped, so that they can
 	// write diagnostics (goccl's flight recorder dumps on SIGUSR1).
 	DumpSignal syscall.Signal
 	DumpWait   time.Duration
@@ -234,7 +235,9 @@ func (j *job) run(ctx context.Context) error {
 	stop := func(cause error) {
 		result = cause
 		stopping = true
-		if j.o.DumpSignal != 0 && done != nil && ctx.Err() == nil {
+		// Interrupted too: a job stopped with Ctrl-C because it hung is
+		// the one whose recorders say why.
+		if j.o.DumpSignal != 0 && done != nil {
 			for _, c := range j.cmds {
 				c.Process.Signal(j.o.DumpSignal) // ranks that have exited just refuse it
 			}

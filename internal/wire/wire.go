@@ -442,6 +442,9 @@ type Abort struct {
 	// Silent: the rank stopped answering the root's heartbeat (its
 	// process is stopped, deadlocked or swapping); Reason says how long.
 	Silent bool
+	// Left: the rank closed its communicator (said goodbye); not a
+	// failure, but nobody can connect to it any more.
+	Left   bool
 	Reason string
 }
 
@@ -451,6 +454,8 @@ func (a *Abort) Append(b []byte) []byte {
 	b = binary.BigEndian.AppendUint32(b, a.Rank)
 	kind := byte(0)
 	switch {
+	case a.Left:
+		kind = 3
 	case a.Silent:
 		kind = 2
 	case a.Died:
@@ -468,9 +473,9 @@ func ParseAbort(b []byte) (Abort, int, error) {
 	if len(b) < 5 {
 		return Abort{}, 0, ErrShort
 	}
-	a := Abort{Rank: binary.BigEndian.Uint32(b), Died: b[4] == 1, Silent: b[4] == 2}
-	if b[4] > 2 {
-		return Abort{}, 0, fmt.Errorf("wire: abort kind %d, want 0, 1 or 2", b[4])
+	a := Abort{Rank: binary.BigEndian.Uint32(b), Died: b[4] == 1, Silent: b[4] == 2, Left: b[4] == 3}
+	if b[4] > 3 {
+		return Abort{}, 0, fmt.Errorf("wire: abort kind %d, want 0 to 3", b[4])
 	}
 	s, n, err := parseString(b[5:])
 	if err != nil {

@@ -46,6 +46,7 @@ func samples() []codec {
 		{"reject", &Reject{Reason: "protocol version 2, want 1"}, wrap(ParseReject)},
 		{"abort", &Abort{Rank: 3, Died: true, Reason: "rank 3 lost its GPU"}, wrap(ParseAbort)},
 		{"silent", &Abort{Rank: 1, Silent: true, Reason: "stopped responding 10.2 s ago"}, wrap(ParseAbort)},
+		{"left", &Abort{Rank: 2, Left: true, Reason: "closed its communicator"}, wrap(ParseAbort)},
 		{"stall", &Stall{Seq: 216, Timeout: 5e9, Op: "allreduce"}, wrap(ParseStall)},
 		{"wait", &Wait{Rank: 2, State: WaitRunning, Seq: 216, Peer: 1, For: 5e9, Op: "allreduce", Detail: "channel 0 piece 3 step 2 (recvReduceSend)"}, wrap(ParseWait)},
 		{"wait-idle", &Wait{Rank: 3, State: WaitIdle, Seq: 215, Peer: -1, For: 7, Op: "allreduce", Detail: "done"}, wrap(ParseWait)},

@@ -66,4 +66,8 @@ type Options struct {
 	// keeps GPU traffic in pinned host memory the same way). Nil: the
 	// endpoint carries host operations only.
 	Device device.Registrar
+	// ListenersUp: every peer's listener is up before this endpoint is
+	// made (as the bootstrap guarantees), so a refused connection means
+	// the peer has closed and Connect fails at once (connsetup.Dialer).
+	ListenersUp bool
 }

@@ -116,7 +116,7 @@ func New(o Options) (*Endpoint, error) {
 	}
 	e.acc = connsetup.Acceptor{Name: "shm", Rank: o.Rank, Secret: o.Secret, Purpose: wire.PurposeShm, Timeout: setupTimeout,
 		Log: e.log, Vet: e.vetPeer, Check: e.checkSetup, Serve: e.serveIncoming}
-	e.dialer = connsetup.Dialer{Network: "unix", Secret: o.Secret, Purpose: wire.PurposeShm, Timeout: setupTimeout, Done: e.done}
+	e.dialer = connsetup.Dialer{Network: "unix", Secret: o.Secret, Purpose: wire.PurposeShm, Timeout: setupTimeout, Done: e.done, ListenersUp: o.ListenersUp}
 	e.acc.Start(o.Listener)
 	return e, nil
 }

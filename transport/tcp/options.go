@@ -44,4 +44,8 @@ type Options struct {
 	// kernels write what goes out and read what came in there directly
 	// (memory.Mapped). Nil: the endpoint carries host operations only.
 	Device device.Registrar
+	// ListenersUp: every peer's listener is up before this endpoint is
+	// made (as the bootstrap guarantees), so a refused connection means
+	// the peer has closed and Connect fails at once (connsetup.Dialer).
+	ListenersUp bool
 }

@@ -134,7 +134,7 @@ func New(o Options) (*Endpoint, error) {
 	}
 	e.acc = connsetup.Acceptor{Name: "tcp", Rank: o.Rank, Secret: o.Secret, Purpose: wire.PurposeData, Timeout: setupTimeout,
 		Log: e.log, Check: e.checkSetup, Serve: e.serveIncoming}
-	e.dialer = connsetup.Dialer{Network: "tcp", Secret: o.Secret, Purpose: wire.PurposeData, Timeout: setupTimeout, Done: e.done}
+	e.dialer = connsetup.Dialer{Network: "tcp", Secret: o.Secret, Purpose: wire.PurposeData, Timeout: setupTimeout, Done: e.done, ListenersUp: o.ListenersUp}
 	e.acc.Start(o.Listener)
 	return e, nil
 }

@@ -70,4 +70,8 @@ type Options struct {
 	// NoFlush skips the flush read that GPUDirect RDMA needs below compute
 	// capability 9.0 (NCCL_GDR_FLUSH_DISABLE).
 	NoFlush bool
+	// ListenersUp: every peer's listener is up before this endpoint is
+	// made (as the bootstrap guarantees), so a refused connection means
+	// the peer has closed and Connect fails at once (connsetup.Dialer).
+	ListenersUp bool
 }

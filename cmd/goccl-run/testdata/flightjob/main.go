@@ -18,7 +18,10 @@ func main() {
 	ctx := context.Background()
 	// A stopped rank is named by the heartbeat, long before a timeout.
 	opts := []collective.Option{collective.WithTimeout(2 * time.Second)}
-	if os.Args[1] == "stop" {
+	switch os.Args[1] {
+	case "hangforever": // until goccl-run is interrupted
+		opts = []collective.Option{collective.WithTimeout(time.Hour)}
+	case "stop":
 		opts = []collective.Option{collective.WithTimeout(time.Minute), collective.WithHeartbeatTimeout(1500 * time.Millisecond)}
 	}
 	c, err := collective.InitFromEnv(ctx, opts...)
@@ -33,7 +36,7 @@ func main() {
 		os.Exit(1)
 	}
 	switch {
-	case c.Rank() == 1 && os.Args[1] == "hang":
+	case c.Rank() == 1 && (os.Args[1] == "hang" || os.Args[1] == "hangforever"):
 		time.Sleep(time.Hour)
 	case c.Rank() == 1 && os.Args[1] == "stop":
 		syscall.Kill(os.Getpid(), syscall.SIGSTOP)
