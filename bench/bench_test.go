@@ -291,6 +291,25 @@ func TestParseTableReadsThePeersOutput(t *testing.T) {
 	require.Len(t, rows, 2)
 	require.Equal(t, 9, rows[1].OutOfPlace.Iters)
 	require.InDelta(t, 53602.32, rows[1].OutOfPlace.TimeUs, 1e-9)
+	// mpirun --tag-output, and nccl-tests' older layout without the root
+	// column (issue 15).
+	tagged := `[1,0]<stdout>:#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
+[1,0]<stdout>:     1048576        262144     float     sum      -1    41.10   25.51   44.65      0    40.95   25.61   44.81      0
+`
+	rows, err = ParseTable(strings.NewReader(tagged))
+	require.NoError(t, err)
+	require.Len(t, rows, 1)
+	require.InDelta(t, 44.81, rows[0].InPlace.BusBW, 1e-9)
+	old := `#       size         count    type   redop     time   algbw   busbw  error     time   algbw   busbw  error
+           8             2   float     sum    16.21    0.00    0.00  0e+00    15.97    0.00    0.00  0e+00
+   134217728      33554432   float     sum   1544.2   86.92  162.97  4e-07   1544.0   86.93  162.99  4e-07
+`
+	rows, err = ParseTable(strings.NewReader(old))
+	require.NoError(t, err)
+	require.Len(t, rows, 2)
+	require.Equal(t, -1, rows[1].Root)
+	require.InDelta(t, 162.99, rows[1].InPlace.BusBW, 1e-9)
+	require.Equal(t, "sum", rows[1].RedOp)
 	_, err = ParseTable(strings.NewReader("# nothing here\nhello\n"))
 	require.Error(t, err)
 }

@@ -9,16 +9,19 @@ import (
 	"strings"
 )
 
-// launcherPrefix is what goccl-run and goccl-perf -np put before each
-// line of a rank's output.
-var launcherPrefix = regexp.MustCompile(`^\[\d+\] ?`)
+// launcherPrefix is what launchers put before each line of a rank's
+// output: "[1] " (goccl-run, goccl-perf -np), "[1,0]<stdout>:" (Open
+// MPI's mpirun --tag-output), "[0] " (MPICH's -prepend-rank).
+var launcherPrefix = regexp.MustCompile(`^\[\d+(,\d+)*\](<std(out|err)>:)? ?`)
 
 // ParseTable reads the result rows of a text table: goccl-perf's and
 // nccl-tests' layout (13 fields: size count type redop root, then time
-// algbw busbw #wrong out of place and in place), or the baseline tools'
-// in ../shared/baselines (9 fields: size count type redop iters time algbw
-// busbw #wrong). Comment lines (#) and other text are skipped; a "[rank] "
-// prefix is removed. It fails when no row is found.
+// algbw busbw #wrong out of place and in place), nccl-tests' older one
+// without the root column (12 fields, as in many published logs), or the
+// baseline tools' in ../shared/baselines (9 fields: size count type redop
+// iters time algbw busbw #wrong). Comment lines (#) and other text are
+// skipped; a launcher's prefix ("[rank] ", mpirun --tag-output's
+// "[1,0]<stdout>:") is removed. It fails when no row is found.
 func ParseTable(r io.Reader) ([]Row, error) {
 	var rows []Row
 	sc := bufio.NewScanner(r)
@@ -31,6 +34,10 @@ func ParseTable(r io.Reader) ([]Row, error) {
 			continue
 		}
 		f := strings.Fields(t)
+		if len(f) == 12 {
+			// The older layout: no root column.
+			f = append(f[:4:4], append([]string{"-1"}, f[4:]...)...)
+		}
 		if len(f) != 13 && len(f) != 9 {
 			continue
 		}

@@ -176,50 +176,46 @@ type IBConfig struct {
 type Option func(*settings)
 
 type settings struct {
-	cfg     Config
+	// set holds what each option sets, in the order given: applied over
+	// the environment, so options win. An option is one function that
+	// names its field once (no list of field names to keep in step).
+	set     []func(*Config)
 	devices []Device
-	set     map[string]bool // fields set by options, which win over the environment
 	lookup  func(string) (string, bool)
 }
 
-func (s *settings) mark(f string) {
-	if s.set == nil {
-		s.set = map[string]bool{}
-	}
-	s.set[f] = true
-}
+// with records that an option sets a field.
+func (s *settings) with(f func(*Config)) { s.set = append(s.set, f) }
 
 // WithAlgorithm forces the all-reduce algorithm.
 func WithAlgorithm(a algorithms.Algorithm) Option {
-	return func(s *settings) { s.cfg.Algorithm = a; s.mark("Algorithm") }
+	return func(s *settings) { s.with(func(c *Config) { c.Algorithm = a }) }
 }
 
 // WithChannels forces the channel count.
 func WithChannels(n int) Option {
-	return func(s *settings) { s.cfg.Channels = n; s.mark("Channels") }
+	return func(s *settings) { s.with(func(c *Config) { c.Channels = n }) }
 }
 
 // WithMaxChannels bounds the tuner's channel count.
 func WithMaxChannels(n int) Option {
-	return func(s *settings) { s.cfg.MaxChannels = n; s.mark("MaxChannels") }
+	return func(s *settings) { s.with(func(c *Config) { c.MaxChannels = n }) }
 }
 
 // WithChunkSize forces the pipelining block size in bytes.
 func WithChunkSize(b int64) Option {
-	return func(s *settings) { s.cfg.ChunkSize = b; s.mark("ChunkSize") }
+	return func(s *settings) { s.with(func(c *Config) { c.ChunkSize = b }) }
 }
 
 // WithTimeout sets the per-operation timeout.
 func WithTimeout(d time.Duration) Option {
-	return func(s *settings) { s.cfg.Timeout = d; s.mark("Timeout") }
+	return func(s *settings) { s.with(func(c *Config) { c.Timeout = d }) }
 }
 
 // WithSlots shapes the in-process transport's connections.
 func WithSlots(slots, slotSize int) Option {
 	return func(s *settings) {
-		s.cfg.Slots, s.cfg.SlotSize = slots, slotSize
-		s.mark("Slots")
-		s.mark("SlotSize")
+		s.with(func(c *Config) { c.Slots, c.SlotSize = slots, slotSize })
 	}
 }
 
@@ -227,51 +223,51 @@ func WithSlots(slots, slotSize int) Option {
 // heartbeat unanswered before the others are told it stopped responding
 // (Config.HeartbeatTimeout; negative: no heartbeat).
 func WithHeartbeatTimeout(d time.Duration) Option {
-	return func(s *settings) { s.cfg.HeartbeatTimeout = d; s.mark("HeartbeatTimeout") }
+	return func(s *settings) { s.with(func(c *Config) { c.HeartbeatTimeout = d }) }
 }
 
 // WithInitTimeout bounds Init and InitFromEnv when their context has no
 // deadline.
 func WithInitTimeout(d time.Duration) Option {
-	return func(s *settings) { s.cfg.InitTimeout = d; s.mark("InitTimeout") }
+	return func(s *settings) { s.with(func(c *Config) { c.InitTimeout = d }) }
 }
 
 // WithNSocks sets the number of TCP sockets per connection.
 func WithNSocks(n int) Option {
-	return func(s *settings) { s.cfg.NSocks = n; s.mark("NSocks") }
+	return func(s *settings) { s.with(func(c *Config) { c.NSocks = n }) }
 }
 
 // WithSocketIfname chooses network interfaces (NCCL_SOCKET_IFNAME syntax).
 func WithSocketIfname(spec string) Option {
-	return func(s *settings) { s.cfg.SocketIfname = spec; s.mark("SocketIfname") }
+	return func(s *settings) { s.with(func(c *Config) { c.SocketIfname = spec }) }
 }
 
 // WithSpin sets how long waits poll before they sleep (negative: never).
 func WithSpin(d time.Duration) Option {
-	return func(s *settings) { s.cfg.Spin = d; s.mark("Spin") }
+	return func(s *settings) { s.with(func(c *Config) { c.Spin = d }) }
 }
 
 // WithTransport chooses the transport between processes: "auto", "tcp"
 // or "shm" (see Config.Transport).
 func WithTransport(t string) Option {
-	return func(s *settings) { s.cfg.Transport = t; s.mark("Transport") }
+	return func(s *settings) { s.with(func(c *Config) { c.Transport = t }) }
 }
 
 // WithDebugDump names the directory the flight recorder is written to on
 // a timeout or an abort, and on SIGUSR1 (see Config.DebugDump).
 func WithDebugDump(dir string) Option {
-	return func(s *settings) { s.cfg.DebugDump = dir; s.mark("DebugDump") }
+	return func(s *settings) { s.with(func(c *Config) { c.DebugDump = dir }) }
 }
 
 // WithHostID overrides the host identity.
 func WithHostID(id string) Option {
-	return func(s *settings) { s.cfg.HostID = id; s.mark("HostID") }
+	return func(s *settings) { s.with(func(c *Config) { c.HostID = id }) }
 }
 
 // WithTLSFiles turns on mutual TLS with this rank's certificate and key
 // and the job's CA (PEM files; see Config.TLSCert).
 func WithTLSFiles(cert, key, ca string) Option {
-	return func(s *settings) { s.cfg.TLSCert, s.cfg.TLSKey, s.cfg.TLSCA = cert, key, ca; s.mark("TLS") }
+	return func(s *settings) { s.with(func(c *Config) { c.TLSCert, c.TLSKey, c.TLSCA = cert, key, ca }) }
 }
 
 // WithDevice binds communicators to GPUs, for the collectives on device
@@ -283,15 +279,19 @@ func WithDevice(devs ...Device) Option {
 	return func(s *settings) { s.devices = devs }
 }
 
-// WithConfig sets every field of c (zero fields mean defaults, and win over
-// the environment).
+// WithConfig sets every field of c: they win over the environment, and
+// zero fields mean defaults, except DebugLevel, which is taken as it is
+// (its zero value is slog.LevelInfo; slog.LevelWarn is the default).
 func WithConfig(c Config) Option {
 	return func(s *settings) {
-		s.cfg = c
-		for _, f := range []string{"Algorithm", "Channels", "MaxChannels", "ChunkSize", "Timeout", "Slots", "SlotSize",
-			"InitTimeout", "NSocks", "SocketIfname", "HostID", "Spin", "Transport", "DebugDump", "TLS"} {
-			s.mark(f)
-		}
+		s.with(func(cfg *Config) {
+			subsys := cfg.debugSubsys // from the environment: Config cannot set it
+			*cfg = c
+			if cfg.debugSubsys == nil {
+				cfg.debugSubsys = subsys
+			}
+			cfg.devices, cfg.tls = nil, nil // set by WithDevice, and made below
+		})
 	}
 }
 
@@ -353,41 +353,8 @@ func resolve(opts []Option) (Config, func(string) (string, bool), error) {
 	if err != nil {
 		return Config{}, nil, err
 	}
-	for f := range s.set {
-		switch f {
-		case "Algorithm":
-			cfg.Algorithm = s.cfg.Algorithm
-		case "Channels":
-			cfg.Channels = s.cfg.Channels
-		case "MaxChannels":
-			cfg.MaxChannels = s.cfg.MaxChannels
-		case "ChunkSize":
-			cfg.ChunkSize = s.cfg.ChunkSize
-		case "Timeout":
-			cfg.Timeout = s.cfg.Timeout
-		case "Slots":
-			cfg.Slots = s.cfg.Slots
-		case "SlotSize":
-			cfg.SlotSize = s.cfg.SlotSize
-		case "InitTimeout":
-			cfg.InitTimeout = s.cfg.InitTimeout
-		case "HeartbeatTimeout":
-			cfg.HeartbeatTimeout = s.cfg.HeartbeatTimeout
-		case "NSocks":
-			cfg.NSocks = s.cfg.NSocks
-		case "SocketIfname":
-			cfg.SocketIfname = s.cfg.SocketIfname
-		case "HostID":
-			cfg.HostID = s.cfg.HostID
-		case "Spin":
-			cfg.Spin = s.cfg.Spin
-		case "Transport":
-			cfg.Transport = s.cfg.Transport
-		case "DebugDump":
-			cfg.DebugDump = s.cfg.DebugDump
-		case "TLS":
-			cfg.TLSCert, cfg.TLSKey, cfg.TLSCA = s.cfg.TLSCert, s.cfg.TLSKey, s.cfg.TLSCA
-		}
+	for _, f := range s.set {
+		f(&cfg)
 	}
 	if err := cfg.validate(); err != nil {
 		return Config{}, nil, err

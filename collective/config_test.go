@@ -2,6 +2,7 @@ package collective_test
 
 import (
 	"errors"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -147,4 +148,33 @@ func TestHeartbeatTimeoutFromEnvironment(t *testing.T) {
 		require.Equal(t, want, comms[0].Config().HeartbeatTimeout, "GOCCL_HEARTBEAT_TIMEOUT=%q", v)
 		comms[0].Close()
 	}
+}
+
+// WithConfig sets every field, DebugLevel and the newer ones included
+// (issue 15: it used to keep a list of field names, which DebugLevel and
+// the heartbeat were missing from); options win over the environment, in
+// the order given.
+func TestWithConfigSetsEveryField(t *testing.T) {
+	want := collective.Config{DebugLevel: slog.LevelDebug, HeartbeatTimeout: 7 * time.Second, Timeout: time.Minute,
+		Insecure: true, ShmAllowUIDs: []int{1234}, HostID: "h1", Spin: time.Millisecond, DebugDump: t.TempDir(),
+		IB: collective.IBConfig{TC: 106, SL: 3}}
+	comms, err := collective.NewLocalGroup(1, env(map[string]string{"GOCCL_DEBUG": "TRACE", "GOCCL_TIMEOUT": "5s"}), collective.WithConfig(want))
+	require.NoError(t, err)
+	got := comms[0].Config()
+	comms[0].Close()
+	require.Equal(t, slog.LevelDebug, got.DebugLevel)
+	require.Equal(t, 7*time.Second, got.HeartbeatTimeout)
+	require.Equal(t, time.Minute, got.Timeout, "the option wins over GOCCL_TIMEOUT")
+	require.True(t, got.Insecure)
+	require.Equal(t, []int{1234}, got.ShmAllowUIDs)
+	require.Equal(t, "h1", got.HostID)
+	require.Equal(t, 106, got.IB.TC)
+	require.Equal(t, 3, got.IB.SL)
+	require.Equal(t, want.DebugDump, got.DebugDump)
+	// A later option wins over WithConfig.
+	comms, err = collective.NewLocalGroup(1, collective.WithEnv(nil), collective.WithConfig(want), collective.WithTimeout(time.Hour))
+	require.NoError(t, err)
+	require.Equal(t, time.Hour, comms[0].Config().Timeout)
+	require.Equal(t, slog.LevelDebug, comms[0].Config().DebugLevel)
+	comms[0].Close()
 }
