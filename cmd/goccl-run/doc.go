@@ -2,8 +2,6 @@
 // program, one rank each, like `torchrun --standalone` or `mpirun -np` on
 // a single machine.
 //
-//	goccl-run -np N [-grace D] [--] PROGRAM [ARGS...]
-//
 // Each rank gets GOCCL_RANK, GOCCL_WORLD_SIZE, GOCCL_LOCAL_RANK,
 // GOCCL_LOCAL_SIZE, GOCCL_ROOT (127.0.0.1 and a free port) and a fresh
 // GOCCL_SECRET, which collective.InitFromEnv reads. Every line a rank
@@ -13,7 +11,12 @@
 // goccl-run waits for every rank. When it receives SIGINT or SIGTERM, or
 // when a rank exits non-zero or is killed by a signal, it sends SIGTERM to
 // every rank's process group (so processes a rank started get it too) and
-// SIGKILL -grace later (default 3s). It never leaves a rank running.
+// SIGKILL -grace later (default 3s). It never leaves a rank running. With
+// -keep-going a failed rank does not stop the others: they can Shrink
+// their communicator and run to their end (the exit status is still the
+// failed rank's).
+//
+//	goccl-run -np N [-grace D] [-keep-going] [--] PROGRAM [ARGS...]
 //
 // Exit status: 0 when every rank exited 0; otherwise, after printing
 // "goccl-run: " and what happened to stderr, the exit status of the first

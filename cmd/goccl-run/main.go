@@ -16,14 +16,16 @@ import (
 	"github.com/goccl/goccl/internal/launch"
 )
 
-const usageText = `usage: goccl-run -np N [-grace D] [--] PROGRAM [ARGS...]
+const usageText = `usage: goccl-run -np N [-grace D] [-keep-going] [--] PROGRAM [ARGS...]
 
 Starts N processes of PROGRAM on this host, one goccl rank each, with
 GOCCL_RANK, GOCCL_WORLD_SIZE, GOCCL_LOCAL_RANK, GOCCL_LOCAL_SIZE,
 GOCCL_ROOT (127.0.0.1 and a free port) and a fresh GOCCL_SECRET set.
 Every output line is prefixed with "[rank] ". SIGINT and SIGTERM reach the
 ranks as SIGTERM; when a rank fails, the others are stopped the same way,
-and SIGKILL follows after the grace period.
+and SIGKILL follows after the grace period; with -keep-going they are left
+to run, so that a job can Shrink its communicator and finish without the
+failed rank.
 
 Each rank writes its flight recorder (its last operations) to the -dump
 directory when its communicator aborts or times out; when a rank fails,
@@ -60,6 +62,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	dumpDir := fs.String("dump", "", "directory for the ranks' flight recorders (GOCCL_DEBUG_DUMP); default: $GOCCL_DEBUG_DUMP, else a temporary one kept only if the job fails")
 	analyze := fs.String("analyze", "", "analyze the flight recorders in this directory and exit (no job is run)")
 	grace := fs.Duration("grace", launch.DefaultGrace, "how long ranks have to exit after SIGTERM before SIGKILL")
+	keepGoing := fs.Bool("keep-going", false, "when a rank fails, leave the others running (so that they can Shrink their communicator and finish without it); the exit status is still the failed rank's")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), usageText)
 		fs.PrintDefaults()
@@ -125,6 +128,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		Grace:      *grace,
 		DumpSignal: syscall.SIGUSR1,
 		DumpWait:   500 * time.Millisecond,
+		KeepGoing:  *keepGoing,
 	})
 	if err == nil {
 		if temp {

@@ -255,3 +255,19 @@ func TestInterruptedJobIsAnalyzed(t *testing.T) {
 	require.Contains(t, stderr.String(), "flight recorders of 3 ranks in "+dir, stderr.String())
 	require.Contains(t, stderr.String(), "rank(s) [1] never arrived at operation #1", stderr.String())
 }
+
+// -keep-going: a rank dies, the others Shrink and finish (issue 15).
+func TestKeepGoingLetsTheSurvivorsShrink(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a goccl program; skipped in -short mode")
+	}
+	job := filepath.Join(t.TempDir(), "flightjob")
+	out, err := exec.Command("go", "build", "-o", job, "./testdata/flightjob").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	code, stdout, stderr := result(t, gocclRun(t, "-np", "3", "-keep-going", job, "shrink"))
+	require.Equal(t, 7, code, stderr)
+	require.Contains(t, stderr, "rank 1 of 3")
+	for _, r := range []int{0, 2} {
+		require.Contains(t, stdout, fmt.Sprintf("rank %d: went on as rank %d of 2 (sum 2)", r, r/2), stdout+stderr)
+	}
+}

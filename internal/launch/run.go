@@ -59,6 +59,12 @@ type Options struct {
 	// write diagnostics (goccl's flight recorder dumps on SIGUSR1).
 	DumpSignal syscall.Signal
 	DumpWait   time.Duration
+	// KeepGoing leaves the other ranks running when one fails, so that
+	// they can Shrink their communicator and finish without it (as
+	// torchrun's elastic agent lets a job outlive a worker). Run waits
+	// for every rank and returns the first failure; an interrupt (ctx)
+	// still stops them all.
+	KeepGoing bool
 }
 
 // ExitError is Run's error when a rank failed: the first rank, by time, to
@@ -260,14 +266,24 @@ func (j *job) run(ctx context.Context) error {
 			killC = nil
 		case x := <-j.exits:
 			running--
+			var failure error
 			switch {
 			case stopping:
 				// Ended by our signal, or failing because its peers were.
 			case x.state == nil:
-				stop(fmt.Errorf("waiting for rank %d of %d (%s): %w", x.rank, j.o.NP, j.o.Program, x.err))
+				failure = fmt.Errorf("waiting for rank %d of %d (%s): %w", x.rank, j.o.NP, j.o.Program, x.err)
 			case !x.state.Success():
 				code, sig := exitStatus(x.state)
-				stop(&ExitError{Rank: x.rank, Size: j.o.NP, Program: j.o.Program, Code: code, Signal: sig})
+				failure = &ExitError{Rank: x.rank, Size: j.o.NP, Program: j.o.Program, Code: code, Signal: sig}
+			}
+			switch {
+			case failure == nil:
+			case j.o.KeepGoing:
+				if result == nil {
+					result = failure // the survivors go on
+				}
+			default:
+				stop(failure)
 			}
 		}
 	}

@@ -82,6 +82,13 @@ func child(mode string) int {
 		fmt.Println("ready")
 		time.Sleep(childSleep)
 		return 0
+	case "failfast": // rank 1 fails at once, the others finish later
+		if rank == 1 {
+			return 3
+		}
+		time.Sleep(500 * time.Millisecond)
+		fmt.Println("finished after rank 1 failed")
+		return 0
 	case "killself":
 		if rank == 0 {
 			syscall.Kill(os.Getpid(), syscall.SIGKILL)
@@ -323,6 +330,22 @@ func TestRunFailingRankStopsTheOthers(t *testing.T) {
 	// The other ranks sleep for childSleep unless stopped.
 	require.Less(t, time.Since(start), testTimeout)
 	require.Contains(t, o.Stderr.(*watchBuffer).String(), "[1] failing\n")
+}
+
+// With KeepGoing the others run to their end: the first failure is
+// still the result.
+func TestRunKeepGoingLeavesTheOthersRunning(t *testing.T) {
+	o := testOptions(t, 3, "failfast")
+	o.KeepGoing = true
+	out := newWatchBuffer()
+	o.Stdout = out
+	err := await(t, runAsync(context.Background(), o))
+	var ee *ExitError
+	require.ErrorAs(t, err, &ee)
+	require.Equal(t, 1, ee.Rank)
+	for _, r := range []int{0, 2} {
+		require.Contains(t, out.String(), fmt.Sprintf("[%d] finished after rank 1 failed\n", r))
+	}
 }
 
 func TestRunRankKilledBySignal(t *testing.T) {

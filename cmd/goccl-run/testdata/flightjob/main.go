@@ -38,6 +38,26 @@ func main() {
 	switch {
 	case c.Rank() == 1 && (os.Args[1] == "hang" || os.Args[1] == "hangforever"):
 		time.Sleep(time.Hour)
+	case os.Args[1] == "shrink": // rank 1 dies; the others go on without it
+		if c.Rank() == 1 {
+			os.Exit(7)
+		}
+		err = collective.AllReduce(ctx, c, buf, buf, collective.Sum)
+		if err == nil {
+			err = fmt.Errorf("the all-reduce without rank 1 succeeded")
+			break
+		}
+		nc, serr := c.Shrink(ctx)
+		if serr != nil {
+			err = serr
+			break
+		}
+		v := []int64{1}
+		err = collective.AllReduce(ctx, nc, v, v, collective.Sum)
+		if err == nil {
+			fmt.Printf("rank %d: went on as rank %d of %d (sum %d)\n", c.Rank(), nc.Rank(), nc.Size(), v[0])
+		}
+		nc.Close()
 	case c.Rank() == 1 && os.Args[1] == "stop":
 		syscall.Kill(os.Getpid(), syscall.SIGSTOP)
 	case c.Rank() == 1 && os.Args[1] == "mismatch":
