@@ -143,7 +143,7 @@ func Train(ctx context.Context, c *collective.Comm, cfg Config) (Result, error) 
 	}
 	rank := c.Rank()
 	m := newModel(cfg.Hidden, cfg.Bucket, rand.New(rand.NewPCG(uint64(rank)+1, 7))) // different on each rank...
-	for _, p := range m.params() { // ...until rank 0's weights are broadcast, as DDP does
+	for _, p := range m.params() {                                                  // ...until rank 0's weights are broadcast, as DDP does
 		if err := collective.Broadcast(ctx, c, p, p, 0); err != nil {
 			return Result{}, err
 		}
