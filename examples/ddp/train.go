@@ -142,8 +142,10 @@ func Train(ctx context.Context, c *collective.Comm, cfg Config) (Result, error) 
 		return Result{}, fmt.Errorf("ddp: steps %d, batch %d, hidden %d, bucket %d bytes: want them all positive (a bucket of at least 8 bytes)", cfg.Steps, cfg.Batch, cfg.Hidden, cfg.Bucket)
 	}
 	rank := c.Rank()
-	m := newModel(cfg.Hidden, cfg.Bucket, rand.New(rand.NewPCG(uint64(rank)+1, 7))) // different on each rank...
-	for _, p := range m.params() {                                                  // ...until rank 0's weights are broadcast, as DDP does
+	// Initial weights differ on each rank, until rank 0's are broadcast,
+	// as DDP does.
+	m := newModel(cfg.Hidden, cfg.Bucket, rand.New(rand.NewPCG(uint64(rank)+1, 7)))
+	for _, p := range m.params() {
 		if err := collective.Broadcast(ctx, c, p, p, 0); err != nil {
 			return Result{}, err
 		}
