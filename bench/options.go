@@ -75,11 +75,13 @@ var typeNames = map[collective.DataType]string{
 	collective.Int8: "int8", collective.Uint8: "uint8", collective.Int32: "int32", collective.Uint32: "uint32",
 	collective.Int64: "int64", collective.Uint64: "uint64", collective.Float16Type: "half",
 	collective.Float32: "float", collective.Float64: "double", collective.BFloat16Type: "bfloat16",
+	collective.Float8E4M3Type: "f8e4m3", collective.Float8E5M2Type: "f8e5m2",
 }
 
 // AllTypes is what -d all runs, in nccl-tests' order.
 var AllTypes = []collective.DataType{collective.Int8, collective.Uint8, collective.Int32, collective.Uint32,
-	collective.Int64, collective.Uint64, collective.Float16Type, collective.Float32, collective.Float64, collective.BFloat16Type}
+	collective.Int64, collective.Uint64, collective.Float16Type, collective.Float32, collective.Float64, collective.BFloat16Type,
+	collective.Float8E4M3Type, collective.Float8E5M2Type}
 
 // AllOps is what -o all runs.
 var AllOps = []collective.Op{collective.Sum, collective.Prod, collective.Max, collective.Min, collective.Avg}

@@ -131,6 +131,10 @@ func runType(ctx context.Context, c *collective.Comm, o Options, t collective.Da
 		return sweepType[float64](ctx, c, o, sink, st, rows, wrong)
 	case collective.BFloat16Type:
 		return sweepType[collective.BFloat16](ctx, c, o, sink, st, rows, wrong)
+	case collective.Float8E4M3Type:
+		return sweepType[collective.Float8E4M3](ctx, c, o, sink, st, rows, wrong)
+	case collective.Float8E5M2Type:
+		return sweepType[collective.Float8E5M2](ctx, c, o, sink, st, rows, wrong)
 	}
 	return rows, fmt.Errorf("bench: invalid data type %v", t)
 }

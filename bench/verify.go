@@ -136,6 +136,14 @@ func typedFor[T collective.Number]() any {
 		return floating(func(v float64) collective.BFloat16 { return collective.BFloat16From(float32(v)) },
 			func(v collective.BFloat16) float64 { return float64(v.Float32()) },
 			func(v collective.BFloat16) uint64 { return uint64(v) })
+	case collective.Float8E4M3Type:
+		return floating(func(v float64) collective.Float8E4M3 { return collective.Float8E4M3From(float32(v)) },
+			func(v collective.Float8E4M3) float64 { return float64(v.Float32()) },
+			func(v collective.Float8E4M3) uint64 { return uint64(v) })
+	case collective.Float8E5M2Type:
+		return floating(func(v float64) collective.Float8E5M2 { return collective.Float8E5M2From(float32(v)) },
+			func(v collective.Float8E5M2) float64 { return float64(v.Float32()) },
+			func(v collective.Float8E5M2) uint64 { return uint64(v) })
 	}
 	panic("bench: unknown element type")
 }

@@ -178,7 +178,10 @@ func (c *Comm) checkDeviceArgs(name string, send, recv memory.Buffer, t DataType
 		return c.argError(name, "device buffers on a communicator without a device (make it WithDevice)")
 	}
 	if !t.Valid() {
-		return c.argError(name, "element type %v is not one of the ten", t)
+		return c.argError(name, "element type %v is not one of the twelve", t)
+	}
+	if t == Float8E4M3Type || t == Float8E5M2Type {
+		return c.argError(name, "%v on device memory: goccl has no CUDA kernels for the float8 types yet (host slices of them work)", t)
 	}
 	if s == nil {
 		return c.argError(name, "nil stream")

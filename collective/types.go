@@ -23,15 +23,20 @@ const (
 	Float32
 	Float64
 	BFloat16Type
+	// Float8E4M3Type and Float8E5M2Type are the OCP 8-bit floats
+	// (NCCL 2.24's ncclFloat8e4m3 and ncclFloat8e5m2).
+	Float8E4M3Type
+	Float8E5M2Type
 )
 
-// The 16-bit float types are named Float16Type and BFloat16Type because
-// Float16 and BFloat16 are the element types themselves.
+// The 16- and 8-bit float types are named Float16Type and so on because
+// Float16, BFloat16, Float8E4M3 and Float8E5M2 are the element types
+// themselves.
 
 func (t DataType) kernel() kernels.Type { return kernels.Type(t) }
 
-// Valid reports whether t is one of the ten element types.
-func (t DataType) Valid() bool { return t >= Int8 && t <= BFloat16Type }
+// Valid reports whether t is one of the twelve element types.
+func (t DataType) Valid() bool { return t >= Int8 && t <= Float8E5M2Type }
 
 // Size returns the size of one element in bytes (0 if t is not Valid).
 func (t DataType) Size() int {
@@ -98,11 +103,38 @@ func (b BFloat16) Float32() float32 { return half.BF16ToF32(uint16(b)) }
 
 func (b BFloat16) String() string { return fmt.Sprint(b.Float32()) }
 
+// Float8E4M3 is an OCP FP8 E4M3 value (1 sign, 4 exponent and 3 fraction
+// bits), held as its bits. It has no infinities: its range is ±448, and
+// conversions saturate there.
+type Float8E4M3 uint8
+
+// Float8E4M3From rounds f to the nearest Float8E4M3 (ties to even); a
+// value beyond ±448, and an infinity, becomes ±448; NaN stays NaN.
+func Float8E4M3From(f float32) Float8E4M3 { return Float8E4M3(half.F32ToE4M3(f)) }
+
+// Float32 returns x as a float32 (exactly).
+func (x Float8E4M3) Float32() float32 { return half.E4M3ToF32(uint8(x)) }
+
+func (x Float8E4M3) String() string { return fmt.Sprint(x.Float32()) }
+
+// Float8E5M2 is an OCP FP8 E5M2 value (1 sign, 5 exponent and 2 fraction
+// bits, with infinities), held as its bits; its range is ±57344.
+type Float8E5M2 uint8
+
+// Float8E5M2From rounds f to the nearest Float8E5M2 (ties to even);
+// beyond ±57344 it becomes ±Inf; NaN stays NaN.
+func Float8E5M2From(f float32) Float8E5M2 { return Float8E5M2(half.F32ToE5M2(f)) }
+
+// Float32 returns x as a float32 (exactly).
+func (x Float8E5M2) Float32() float32 { return half.E5M2ToF32(uint8(x)) }
+
+func (x Float8E5M2) String() string { return fmt.Sprint(x.Float32()) }
+
 // Number is the set of element types collectives accept. The types are
 // exact (no ~): the element type decides the arithmetic, so a type merely
 // based on one of these would be ambiguous.
 type Number interface {
-	int8 | uint8 | int32 | uint32 | int64 | uint64 | Float16 | float32 | float64 | BFloat16
+	int8 | uint8 | int32 | uint32 | int64 | uint64 | Float16 | float32 | float64 | BFloat16 | Float8E4M3 | Float8E5M2
 }
 
 // TypeOf returns the DataType of T.
@@ -128,6 +160,10 @@ func TypeOf[T Number]() DataType {
 		return Float64
 	case *BFloat16:
 		return BFloat16Type
+	case *Float8E4M3:
+		return Float8E4M3Type
+	case *Float8E5M2:
+		return Float8E5M2Type
 	}
 	panic("unreachable")
 }

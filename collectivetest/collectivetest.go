@@ -124,11 +124,13 @@ func Run(t testing.TB, n int, fn Func, opts ...Option) {
 			}
 		}
 		mu.Unlock()
-		for _, c := range comms {
-			c.Abort(fmt.Errorf("collectivetest: the %v deadline passed", o.timeout))
+		if len(late) > 0 {
+			for _, c := range comms {
+				c.Abort(fmt.Errorf("collectivetest: the %v deadline passed", o.timeout))
+			}
+			t.Errorf("collectivetest: ranks %s had not returned after %v", strings.Join(late, ", "), o.timeout)
 		}
-		t.Errorf("collectivetest: ranks %s had not returned after %v", strings.Join(late, ", "), o.timeout)
-		<-all // aborted: their operations fail now
+		<-all // aborted: their operations fail now (or all returned just then)
 	}
 	for _, c := range comms {
 		if err := c.Close(); err != nil {

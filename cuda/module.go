@@ -116,7 +116,7 @@ func (st *devState) loadModule(image []byte, arch string) (*module, error) {
 	if m.copy, err = lookup(ptx.CopyName); err != nil {
 		return fail(err)
 	}
-	for t := kernels.Type(0); t.Valid(); t++ {
+	for t := kernels.Type(0); ptx.HasKernels(t); t++ {
 		if int(t) >= maxTypes {
 			return fail(fmt.Errorf("cuda: kernel table too small for type %v", t))
 		}

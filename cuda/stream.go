@@ -152,6 +152,9 @@ func (s *Stream) Reduce(dst, dst2, a, b memory.Buffer, t kernels.Type, op kernel
 	if uint64(div) > math.MaxUint32 {
 		return fmt.Errorf("cuda: Reduce with div %d: the kernels take a 32-bit divisor", div)
 	}
+	if !ptx.HasKernels(t) {
+		return fmt.Errorf("cuda: Reduce of %v: goccl has no CUDA kernels for it yet", t)
+	}
 	n, es := dst.Len(), t.Size()
 	has2 := dst2.Len() > 0
 	for _, x := range []struct {
@@ -198,6 +201,9 @@ func (s *Stream) Post(dst, src memory.Buffer, t kernels.Type, div int) error {
 	}
 	if uint64(div) > math.MaxUint32 {
 		return fmt.Errorf("cuda: Post with div %d: the kernels take a 32-bit divisor", div)
+	}
+	if !ptx.HasKernels(t) {
+		return fmt.Errorf("cuda: Post of %v: goccl has no CUDA kernels for it yet", t)
 	}
 	n := dst.Len()
 	if err := s.kernelBuffer(call, "dst", dst); err != nil {

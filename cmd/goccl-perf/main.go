@@ -82,7 +82,7 @@ func run(args []string) int {
 		warmup   = fs.Int("w", 5, "untimed warmup iterations per size and placement")
 		checkN   = fs.Int("c", 1, "check each result this many times (0: no checking)")
 		ops      = fs.String("o", "sum", "reduction: sum, prod, min, max, avg, a comma-separated list, or all")
-		types    = fs.String("d", "float", "data type: int8, uint8, int32, uint32, int64, uint64, half, float, double, bfloat16, a list, or all")
+		types    = fs.String("d", "float", "data type: int8, uint8, int32, uint32, int64, uint64, half, float, double, bfloat16, f8e4m3, f8e5m2, a list, or all")
 		root     = fs.String("r", "0", "root of broadcast and reduce, or all (-1) for every rank in turn")
 		blocking = fs.Int("z", 1, "1: each operation completes before the next starts; 0: start them asynchronously, wait once")
 		agg      = fs.Int("a", 1, "how the ranks' times combine: 0 rank 0, 1 average, 2 minimum, 3 maximum")

@@ -65,8 +65,8 @@ func TestEveryTypeAndOperatorOnThreeRanks(t *testing.T) {
 	out, errs, code := perf(t, "-np", "3", "-b", "8", "-e", "4M", "-f", "16", "-d", "all", "-o", "all", "-c", "1")
 	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", out, errs)
 	rs := rows(out)
-	// 10 types × 5 operators × 5 sizes (8 B ... 512 KiB).
-	require.Len(t, rs, 250, out)
+	// 12 types × 5 operators × 5 sizes (8 B ... 512 KiB).
+	require.Len(t, rs, 300, out)
 	for _, f := range rs {
 		require.Len(t, f, 13, "row %v", f)
 		require.Equal(t, "0", f[8], "out-of-place #wrong in %v", f)

@@ -127,6 +127,13 @@ func ReduceName(t kernels.Type, op kernels.Op) string {
 	return "goccl_reduce_" + typeNames[t] + "_" + opNames[op]
 }
 
+// HasKernels reports whether the modules have kernels for elements of
+// type t: every type but the float8 ones, which have none yet (goccl
+// refuses float8 collectives on device memory).
+func HasKernels(t kernels.Type) bool {
+	return t.Valid() && int(t) < len(typeNames) && typeNames[t] != ""
+}
+
 // PostName returns the entry point of the division kernel for elements of
 // type t ("goccl_post_f32"), or "" if t is not Valid.
 func PostName(t kernels.Type) string {

@@ -848,9 +848,18 @@ func (r *Root) sendTableLocked() {
 		// stops.
 		frame = append(frame, pingFrame(r.opts.Heartbeat)...)
 	}
-	for _, g := range r.regs {
-		if err := writeWithin(g.conn, frame, HandshakeTimeout); err != nil {
-			r.log.Warn("goccl: bootstrap root could not send the table", "rank", g.info.Rank, "err", err)
+	// The ranks in this process last: one of them may return from Init,
+	// close its communicator and exit at once, taking the root (and the
+	// tables not yet written) with it.
+	self := uint32(os.Getpid())
+	for _, local := range []bool{false, true} {
+		for _, g := range r.regs {
+			if (g.info.PID == self) != local {
+				continue
+			}
+			if err := writeWithin(g.conn, frame, HandshakeTimeout); err != nil {
+				r.log.Warn("goccl: bootstrap root could not send the table", "rank", g.info.Rank, "err", err)
+			}
 		}
 	}
 	if r.opts.Watch {

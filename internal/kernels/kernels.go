@@ -20,14 +20,16 @@ const (
 	Float32
 	Float64
 	BFloat16
+	Float8E4M3 // OCP FP8 E4M3 (saturating, no infinities)
+	Float8E5M2 // OCP FP8 E5M2
 	numTypes
 )
 
-var typeSizes = [numTypes]int{1, 1, 4, 4, 8, 8, 2, 4, 8, 2}
+var typeSizes = [numTypes]int{1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1}
 
 var typeNames = [numTypes]string{
 	"int8", "uint8", "int32", "uint32", "int64", "uint64",
-	"float16", "float32", "float64", "bfloat16",
+	"float16", "float32", "float64", "bfloat16", "float8e4m3", "float8e5m2",
 }
 
 // Size returns the size of one element in bytes, or 0 if t is not Valid.
@@ -111,8 +113,9 @@ func mustValid(t Type, op Op) {
 // type t (for Avg: the sum). The choice between assembly and portable code
 // is made here, once, so the returned Func does no dispatch per call.
 //
-// Integer types wrap around. Float16 and BFloat16 are widened to float32,
-// combined, and rounded back to nearest even. Min and Max on floating-point
+// Integer types wrap around. Float16, BFloat16 and the float8 types are
+// widened to float32, combined, and rounded back to nearest even (E4M3
+// saturating at ±448). Min and Max on floating-point
 // types return NaN when either element is NaN; for elements that compare
 // equal (-0 and +0) either may be returned.
 //

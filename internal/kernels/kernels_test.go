@@ -32,7 +32,7 @@ func newRand(t testing.TB) *rand.Rand {
 	return rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 }
 
-var allTypes = []Type{Int8, Uint8, Int32, Uint32, Int64, Uint64, Float16, Float32, Float64, BFloat16}
+var allTypes = []Type{Int8, Uint8, Int32, Uint32, Int64, Uint64, Float16, Float32, Float64, BFloat16, Float8E4M3, Float8E5M2}
 var allOps = []Op{Sum, Prod, Min, Max, Avg}
 
 // path selects the assembly or the portable kernels for the rest of the
@@ -97,7 +97,7 @@ func put(t Type, b []byte, i int, v uint64) {
 }
 
 func isFloat(t Type) bool {
-	return t == Float16 || t == Float32 || t == Float64 || t == BFloat16
+	return t == Float16 || t == Float32 || t == Float64 || t == BFloat16 || t == Float8E4M3 || t == Float8E5M2
 }
 
 func isSigned(t Type) bool { return t == Int8 || t == Int32 || t == Int64 }
@@ -109,6 +109,10 @@ func toF64(t Type, v uint64) float64 {
 		return float64(half.F16ToF32(uint16(v)))
 	case BFloat16:
 		return float64(half.BF16ToF32(uint16(v)))
+	case Float8E4M3:
+		return float64(half.E4M3ToF32(uint8(v)))
+	case Float8E5M2:
+		return float64(half.E5M2ToF32(uint8(v)))
 	case Float32:
 		return float64(math.Float32frombits(uint32(v)))
 	default:
@@ -123,6 +127,10 @@ func fromF32(t Type, f float32) uint64 {
 		return uint64(half.F32ToF16(f))
 	case BFloat16:
 		return uint64(half.F32ToBF16(f))
+	case Float8E4M3:
+		return uint64(half.F32ToE4M3(f))
+	case Float8E5M2:
+		return uint64(half.F32ToE5M2(f))
 	default:
 		return uint64(math.Float32bits(f))
 	}
@@ -224,7 +232,7 @@ func refPost(t Type, n int, v uint64) uint64 {
 	switch t {
 	case Float64:
 		return math.Float64bits(math.Float64frombits(v) / float64(n))
-	case Float32, Float16, BFloat16:
+	case Float32, Float16, BFloat16, Float8E4M3, Float8E5M2:
 		return fromF32(t, float32(toF64(t, v))/float32(n))
 	}
 	if isSigned(t) {
@@ -270,6 +278,10 @@ func makeSpecials(t Type) []uint64 {
 		return []uint64{0x0000, 0x8000, 0x7f80, 0xff80, 0x7fc0, 0xffc0, 0x7f81, 0x7f7f, 0xff7f, 0x0001, 0x8001, 0x007f, 0x3f80, 0xbf80}
 	case Float32:
 		return []uint64{0, 0x8000_0000, 0x7f80_0000, 0xff80_0000, 0x7fc0_0000, 0xffc0_0000, 0x7f80_0001, 0x7f7f_ffff, 0xff7f_ffff, 1, 0x8000_0001, 0x3f80_0000}
+	case Float8E4M3: // ±0, NaN, ±448, smallest subnormal, 1
+		return []uint64{0x00, 0x80, 0x7f, 0xff, 0x7e, 0xfe, 0x01, 0x81, 0x38, 0xb8}
+	case Float8E5M2: // ±0, ±Inf, NaN, ±57344, smallest subnormal, 1
+		return []uint64{0x00, 0x80, 0x7c, 0xfc, 0x7e, 0xfe, 0x7b, 0xfb, 0x01, 0x81, 0x3c, 0xbc}
 	case Float64:
 		return []uint64{0, 1 << 63, 0x7ff0 << 48, 0xfff0 << 48, 0x7ff8 << 48, 0xfff8 << 48, 0x7ff0<<48 | 1, math.Float64bits(math.MaxFloat64), 1, math.Float64bits(-1)}
 	}
@@ -573,6 +585,12 @@ func TestAsmAvailable(t *testing.T) {
 	for _, tp := range allTypes {
 		for _, op := range []Op{Sum, Min, Max} {
 			f := archReduce(tp, op)
+			if tp == Float8E4M3 || tp == Float8E5M2 {
+				// The float8 types run the portable kernels (a table
+				// lookup to widen, one rounding back): not vectorised yet.
+				require.Nil(t, f)
+				continue
+			}
 			if hasAsm() {
 				require.NotNilf(t, f, "no assembly for %v %v", tp, op)
 			} else {
@@ -621,16 +639,16 @@ func bytesOf[T any](s []T) []byte {
 }
 
 func TestTypeOpNames(t *testing.T) {
-	sizes := []int{1, 1, 4, 4, 8, 8, 2, 4, 8, 2}
-	names := []string{"int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64", "bfloat16"}
+	sizes := []int{1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1}
+	names := []string{"int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64", "bfloat16", "float8e4m3", "float8e5m2"}
 	for i, tp := range allTypes {
 		require.True(t, tp.Valid())
 		require.Equal(t, sizes[i], tp.Size())
 		require.Equal(t, names[i], tp.String())
 	}
-	require.False(t, Type(10).Valid())
-	require.Equal(t, 0, Type(10).Size())
-	require.Equal(t, "Type(10)", Type(10).String())
+	require.False(t, Type(12).Valid())
+	require.Equal(t, 0, Type(12).Size())
+	require.Equal(t, "Type(12)", Type(12).String())
 	for i, op := range allOps {
 		require.True(t, op.Valid())
 		require.Equal(t, []string{"sum", "prod", "min", "max", "avg"}[i], op.String())
@@ -640,7 +658,7 @@ func TestTypeOpNames(t *testing.T) {
 }
 
 func TestPanics(t *testing.T) {
-	require.Panics(t, func() { Reduce(Type(10), Sum) })
+	require.Panics(t, func() { Reduce(Type(12), Sum) })
 	require.Panics(t, func() { Reduce(Float32, Op(5)) })
 	require.Panics(t, func() { ReduceFinal(Float32, Avg, 0) })
 	require.Panics(t, func() { Post(Int32, Avg, -1) })

@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"sync"
 	"unsafe"
 
 	"github.com/goccl/goccl/internal/half"
@@ -43,6 +44,95 @@ var portable = [numTypes][Avg]Func{
 	Float32:  {sumGo[float32], prodGo[float32], minGo[float32], maxGo[float32]},
 	Float64:  {sumGo[float64], prodGo[float64], minGo[float64], maxGo[float64]},
 	BFloat16: {sumBF16Go, prodBF16Go, minBF16Go, maxBF16Go},
+	Float8E4M3: {fp8Op(e4m3, func(a, b float32) float32 { return a + b }), fp8Op(e4m3, func(a, b float32) float32 { return a * b }),
+		fp8Op(e4m3, func(a, b float32) float32 { return min(a, b) }), fp8Op(e4m3, func(a, b float32) float32 { return max(a, b) })},
+	Float8E5M2: {fp8Op(e5m2, func(a, b float32) float32 { return a + b }), fp8Op(e5m2, func(a, b float32) float32 { return a * b }),
+		fp8Op(e5m2, func(a, b float32) float32 { return min(a, b) }), fp8Op(e5m2, func(a, b float32) float32 { return max(a, b) })},
+}
+
+// fp8 is one 8-bit float format's conversions.
+type fp8 struct {
+	to   func(float32) uint8
+	from *[256]float32
+}
+
+var (
+	e4m3 = fp8{half.F32ToE4M3, half.E4M3Table()}
+	e5m2 = fp8{half.F32ToE5M2, half.E5M2Table()}
+)
+
+// fp8Op is a kernel on 8-bit floats: each result is the float8 nearest to
+// the float32 operation on the two operands widened, as on a GPU that
+// widens (NCCL does). With 256 values per operand the whole operation is
+// a table of 65536 results, made on first use (64 KiB per type and
+// operator): one load per element. Computing each element (widen, combine,
+// round back through round8's branches) measured 17 ns per element, a
+// tenth of float16's speed; the table is as fast as int8's sum.
+func fp8Op(f fp8, op func(a, b float32) float32) Func {
+	table := sync.OnceValue(func() *[1 << 16]uint8 {
+		var t [1 << 16]uint8
+		for i := range t {
+			t[i] = f.to(op(f.from[i>>8], f.from[i&0xff]))
+		}
+		return &t
+	})
+	return func(dst, a, b []byte) {
+		t := table()
+		a, b = a[:len(dst)], b[:len(dst)]
+		for i := range dst {
+			dst[i] = t[uint16(a[i])<<8|uint16(b[i])]
+		}
+	}
+}
+
+// fp8Tables caches Avg's tables by format and n (a communicator's size):
+// ReduceFinal and Post are asked for them at every operation.
+var fp8Tables sync.Map // fp8Key → *[1 << 16]uint8 (Avg) or *[256]uint8 (Post)
+
+type fp8Key struct {
+	format *[256]float32 // by its decoding table
+	n      int
+	post   bool
+}
+
+func avgFP8(f fp8, n int) Func {
+	k := fp8Key{f.from, n, false}
+	v, ok := fp8Tables.Load(k)
+	if !ok {
+		div := float32(n)
+		var t [1 << 16]uint8
+		for i := range t {
+			t[i] = f.to((f.from[i>>8] + f.from[i&0xff]) / div)
+		}
+		v, _ = fp8Tables.LoadOrStore(k, &t)
+	}
+	t := v.(*[1 << 16]uint8)
+	return func(dst, a, b []byte) {
+		a, b = a[:len(dst)], b[:len(dst)]
+		for i := range dst {
+			dst[i] = t[uint16(a[i])<<8|uint16(b[i])]
+		}
+	}
+}
+
+func postFP8(f fp8, n int) func(dst, src []byte) {
+	k := fp8Key{f.from, n, true}
+	v, ok := fp8Tables.Load(k)
+	if !ok {
+		div := float32(n)
+		var t [256]uint8
+		for i := range t {
+			t[i] = f.to(f.from[i] / div)
+		}
+		v, _ = fp8Tables.LoadOrStore(k, &t)
+	}
+	t := v.(*[256]uint8)
+	return func(dst, src []byte) {
+		src = src[:len(dst)]
+		for i := range dst {
+			dst[i] = t[src[i]]
+		}
+	}
 }
 
 func sumGo[T number](dst, a, b []byte) {
@@ -259,6 +349,10 @@ func portableAvg(t Type, n int) Func {
 		return avgFloat[float64](n)
 	case BFloat16:
 		return avgBF16(n)
+	case Float8E4M3:
+		return avgFP8(e4m3, n)
+	case Float8E5M2:
+		return avgFP8(e5m2, n)
 	}
 	panic("unreachable")
 }
@@ -342,6 +436,10 @@ func portablePost(t Type, n int) func(dst, src []byte) {
 		return postFloat[float64](n)
 	case BFloat16:
 		return postBF16(n)
+	case Float8E4M3:
+		return postFP8(e4m3, n)
+	case Float8E5M2:
+		return postFP8(e5m2, n)
 	}
 	panic("unreachable")
 }
