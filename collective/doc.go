@@ -84,7 +84,16 @@
 // a goroutine of its own, so a rank busy computing between collectives is
 // never reported. The survivors can then call Shrink, which
 // makes a new communicator of the ranks still there (the root's process
-// must be one of them), numbered in their old order.
+// must be one of them), numbered in their old order; under goccl-run,
+// -keep-going leaves them running when a rank dies.
+//
+// # Sub-communicators
+//
+// Comm.Split makes communicators of subsets of the ranks (data-parallel
+// and tensor-parallel groups, say), each a full communicator with a
+// bootstrap of its own; a failure in one does not abort the others.
+// Package collectivetest runs a function on N ranks, in process or in N
+// processes, for the tests of code built on goccl.
 //
 // # Diagnostics
 //
