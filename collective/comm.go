@@ -22,8 +22,10 @@ import (
 
 // Comm is one rank's handle on a communicator: a fixed group of ranks that
 // run collectives together. Its methods and the collectives are safe for
-// concurrent use, but operations run one at a time, in the order they were
-// issued (see the package documentation for what that asks of callers).
+// concurrent use, but collectives run one at a time, in the order they
+// were issued; host sends and receives run in a lane per peer and
+// direction, beside them (see the package documentation for what that
+// asks of callers).
 type Comm struct {
 	rank, size int
 	cfg        Config
@@ -74,6 +76,7 @@ type Comm struct {
 	splits    uint64         // Splits so far (guarded by mu): every rank counts them alike
 	family    *localFamily   // a local group's meeting place for Split; nil between processes
 	wg        sync.WaitGroup // goroutines of asynchronous operations
+	ops       sync.WaitGroup // operations issued and not finished (Close waits for them)
 
 	// The watchdog enforces Config.Timeout without a timer per operation:
 	// the operation in flight (one at a time) publishes its Request in op,
@@ -366,16 +369,10 @@ func (c *Comm) Close() error {
 	}
 	c.mu.Lock()
 	c.closed = true
-	tails := []*Request{c.tail}
-	for _, r := range c.lanes {
-		tails = append(tails, r)
-	}
 	c.mu.Unlock()
-	for _, t := range tails {
-		if t != nil {
-			<-c.doneChan(t)
-		}
-	}
+	// Every operation issued, not only the last of each order: one that
+	// gave up waiting for its predecessor finishes before it.
+	c.ops.Wait()
 	c.wg.Wait()
 	c.mu.Lock()
 	select {
@@ -405,8 +402,9 @@ func (c *Comm) Close() error {
 	return err
 }
 
-// Request is an operation started asynchronously. Operations complete in
-// the order they were issued.
+// Request is an operation started asynchronously. Collectives complete in
+// the order they were issued, and so do the sends (and the receives) of
+// one pair of ranks; different lanes complete in any order.
 type Request struct {
 	c     *Comm
 	name  string
@@ -446,6 +444,7 @@ func (c *Comm) doneChan(r *Request) <-chan struct{} {
 }
 
 func (c *Comm) finish(r *Request, err error) {
+	defer c.ops.Done()
 	c.mu.Lock()
 	r.err = err
 	r.finished = true
@@ -577,6 +576,7 @@ func (c *Comm) issue(ctx context.Context, k *call, async bool) (r, prev *Request
 		r.cseq = r.seq
 	}
 	*slot = r
+	c.ops.Add(1) // under c.mu, before closed can be set: Close waits for it
 	r.lane = nil
 	if l := laneOf(k); l != nil {
 		// Host point-to-point: after the last operation of its lane only.
@@ -651,7 +651,7 @@ func (c *Comm) exec(ctx context.Context, k *call, r *Request, prev *Request) err
 		pl, err = c.eng.RunP2P(lctx, &k.op)
 		if err != nil && ctx.Err() == nil && lctx.Err() != nil {
 			err = &timeoutError{op: k.name, seq: r.seq, d: c.cfg.Timeout, bytes: k.op.Bytes(c.size),
-				progress: []engine.Progress{{Channel: transport.P2PChannel, Step: 0, Kind: laneKind(r.lane), Peer: r.lane.peer}}}
+				progress: []engine.Progress{{Channel: laneChannel(c.rank, r.lane), Step: 0, Kind: laneKind(r.lane), Peer: r.lane.peer}}}
 		}
 		cancel()
 	} else {
@@ -677,6 +677,9 @@ func (c *Comm) exec(ctx context.Context, k *call, r *Request, prev *Request) err
 	if errors.As(err, &se) {
 		e.Peer = se.Peer
 		e.Where = fmt.Sprintf("channel %d piece %d step %d (%v)", se.Channel, se.Piece, se.Step, se.Kind)
+		if se.Step < 0 {
+			e.Where = fmt.Sprintf("channel %d, connecting", se.Channel)
+		}
 		e.Err = se.Err
 	}
 	var pe *transport.PeerError

@@ -29,7 +29,8 @@
 //     Request.Wait returns: do not read its output or change its input
 //     before.
 //  3. Send and Recv match per pair of ranks in issue order and must agree
-//     on the length and type (a send of no elements is a message too).
+//     on the length and type (on host memory a send of no elements is a
+//     message too).
 //     On host memory each peer and direction is a lane of its own, beside
 //     the collectives and the other lanes, as MPI's Isend and Irecv: any
 //     set of matched StartSend and StartRecv calls completes whatever

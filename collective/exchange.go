@@ -203,10 +203,10 @@ func offsets(c *Comm, name, what string, counts []int, n int) ([]int, error) {
 		if k < 0 {
 			return nil, c.argError(name, "%s count for rank %d is %d", what, j, k)
 		}
+		if k > n-off[j] { // checked before adding: a huge count must not wrap around
+			return nil, c.argError(name, "%s counts add up to more than the buffer's %d elements (at rank %d's, %d)", what, n, j, k)
+		}
 		off[j+1] = off[j] + k
-	}
-	if off[len(counts)] > n {
-		return nil, c.argError(name, "%s counts add up to %d elements; the buffer has %d", what, off[len(counts)], n)
 	}
 	return off, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -93,7 +94,8 @@ func TestAllToAllvBadArguments(t *testing.T) {
 	}{
 		{collective.AllToAllv(ctx, c, buf, []int{1}, buf, []int{1, 1}), "1 send counts and 2 receive counts for 2 ranks"},
 		{collective.AllToAllv(ctx, c, buf, []int{1, -1}, make([]float32, 2), []int{1, 1}), "send count for rank 1 is -1"},
-		{collective.AllToAllv(ctx, c, buf, []int{5, 5}, make([]float32, 10), []int{5, 5}), "send counts add up to 10 elements; the buffer has 8"},
+		{collective.AllToAllv(ctx, c, buf, []int{5, 5}, make([]float32, 10), []int{5, 5}), "send counts add up to more than the buffer's 8 elements (at rank 1's, 5)"},
+		{collective.AllToAllv(ctx, c, buf, []int{math.MaxInt, 2}, make([]float32, 10), []int{5, 5}), "more than the buffer's 8 elements"},
 		{collective.AllToAllv(ctx, c, buf, []int{2, 2}, buf[2:], []int{2, 2}), "overlap"},
 	} {
 		require.ErrorIs(t, tc.err, collective.ErrInvalidArgument)

@@ -3,6 +3,7 @@ package collective
 import (
 	"github.com/goccl/goccl/algorithms"
 	"github.com/goccl/goccl/memory"
+	"github.com/goccl/goccl/transport"
 )
 
 // Point-to-point lanes. Operations on a communicator run one at a time
@@ -34,6 +35,14 @@ func laneOf(k *call) *laneKey {
 		return nil
 	}
 	return &laneKey{peer: op.Root, recv: op.Coll == algorithms.CollRecv}
+}
+
+// laneChannel is the channel a lane's data travels on.
+func laneChannel(rank int, l *laneKey) int {
+	if l.recv {
+		return transport.P2PDataChannel(l.peer, rank)
+	}
+	return transport.P2PDataChannel(rank, l.peer)
 }
 
 func laneKind(l *laneKey) algorithms.Kind {

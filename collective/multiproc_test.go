@@ -631,6 +631,30 @@ func childMain(scenario string) int {
 		}
 		fmt.Printf("finished 20 steps with %d ranks\n", c.Size())
 		return 0
+	case "sendleave":
+		// Rank 0 sends and leaves at once; rank 1 receives after it has
+		// gone: what was sent must still arrive (a Send completes without
+		// its Recv while it fits in the connection).
+		buf := make([]float32, 256)
+		if c.Rank() == 0 {
+			for i := range buf {
+				buf[i] = float32(i)
+			}
+			if err := collective.Send(ctx, c, buf, 1); err != nil {
+				return fail("send: %v", err)
+			}
+			c.Close()
+			return 0
+		}
+		time.Sleep(700 * time.Millisecond)
+		if err := collective.Recv(ctx, c, buf, 0); err != nil {
+			return fail("recv after the sender left: %v", err)
+		}
+		if buf[255] != 255 {
+			return fail("received %v", buf[255])
+		}
+		fmt.Println("received what the departed rank sent")
+		return 0
 	case "earlyclose":
 		// The victim closes its communicator before any operation (the
 		// deferred Close is a second, no-op one); the others' first
@@ -836,5 +860,18 @@ func TestMultiProcessCloseBeforeFirstOperation(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// What a rank sent before it closed its communicator still arrives at a
+// receiver that connects after it has gone (review of issue 15's Left
+// notices).
+func TestMultiProcessSendThenLeave(t *testing.T) {
+	for _, tr := range transports() {
+		t.Run(tr, func(t *testing.T) {
+			res := spawn(t, "sendleave", gocclEnvs(t, 2, "GOCCL_TRANSPORT="+tr, "GOCCL_TIMEOUT=1m"), nil)
+			requireAllOK(t, res)
+			require.Contains(t, res[1].output, "received what the departed rank sent")
+		})
 	}
 }

@@ -152,10 +152,10 @@ func StartAllToAll[T Number](ctx context.Context, c *Comm, send, recv []T) (*Req
 // Collectives keep their issue order among themselves. A Send completes
 // without its Recv only while what is in flight to that peer fits in the
 // connection: one message of at most half its slots' bytes (4 × 128 KiB by
-// default), and at most Config.Slots messages in all. A send of no
-// elements is a message too: its Recv must have no elements either.
-// On device memory (SendDevice, RecvDevice) sends and receives keep
-// issue order, as on a CUDA stream.
+// default), and at most Config.Slots messages in all. On host memory a
+// send of no elements is a message too: its Recv must have no elements
+// either. On device memory (SendDevice, RecvDevice) sends and receives
+// keep issue order, as on a CUDA stream, and a zero count is a no-op.
 func Send[T Number](ctx context.Context, c *Comm, buf []T, peer int) error {
 	var k call
 	if err := p2pCall(c, "send", algorithms.CollSend, buf, peer, &k); err != nil {

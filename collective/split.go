@@ -200,8 +200,21 @@ func (c *Comm) splitLocal(ctx context.Context, seq uint64, color int, members []
 	f.mu.Unlock()
 	select {
 	case <-s.ready:
-	case <-ctx.Done():
-		return nil, fmt.Errorf("goccl: rank %d: split: waiting for the other members of color %d: %w", c.rank, color, context.Cause(ctx))
+	default:
+		select {
+		case <-s.ready:
+		case <-ctx.Done():
+			f.mu.Lock()
+			built := s.comms != nil || s.err != nil
+			if !built {
+				s.joined-- // the others still wait for this rank, or give up too
+			}
+			f.mu.Unlock()
+			if built && s.err == nil {
+				s.comms[rank].Close() // made just as this rank gave up: nobody else holds it
+			}
+			return nil, fmt.Errorf("goccl: rank %d: split: waiting for the other members of color %d: %w", c.rank, color, context.Cause(ctx))
+		}
 	}
 	if s.err != nil {
 		return nil, s.err

@@ -76,8 +76,12 @@ func newOptions(t testing.TB, opts []Option) options {
 	o := options{timeout: DefaultTimeout}
 	if d, ok := t.(interface{ Deadline() (time.Time, bool) }); ok {
 		if dl, ok := d.Deadline(); ok {
-			o.timeout = min(o.timeout, time.Until(dl)-5*time.Second)
+			// Leave the test time to report, but never less than a second.
+			o.timeout = max(min(o.timeout, time.Until(dl)-5*time.Second), time.Second)
 		}
+	}
+	if v, err := time.ParseDuration(os.Getenv(envTimeout)); err == nil && v > 0 {
+		o.timeout = v // a rank's process: its parent's deadline
 	}
 	for _, f := range opts {
 		f(&o)
@@ -88,8 +92,8 @@ func newOptions(t testing.TB, opts []Option) options {
 // Run runs fn on n ranks of a communicator made in this process
 // (collective.NewLocalGroup), each on its own goroutine, and fails t with
 // every rank's error. A rank that has not returned by the deadline fails
-// the test too, naming it; the communicators are then aborted, and
-// closed when the test ends.
+// the test too, naming it; the communicators are then aborted (so that
+// their operations fail). Run closes them before it returns.
 func Run(t testing.TB, n int, fn Func, opts ...Option) {
 	t.Helper()
 	o := newOptions(t, opts)
@@ -130,7 +134,14 @@ func Run(t testing.TB, n int, fn Func, opts ...Option) {
 			}
 			t.Errorf("collectivetest: ranks %s had not returned after %v", strings.Join(late, ", "), o.timeout)
 		}
-		<-all // aborted: their operations fail now (or all returned just then)
+		select {
+		case <-all: // aborted: their operations fail now (or all returned just then)
+		case <-time.After(10 * time.Second):
+			// A function that waits on neither ctx nor the communicator:
+			// leave it running rather than hang the test.
+			t.Errorf("collectivetest: ranks %s still had not returned 10 s after the abort (does the function ignore ctx?)", strings.Join(late, ", "))
+			return
+		}
 	}
 	for _, c := range comms {
 		if err := c.Close(); err != nil {
@@ -146,7 +157,8 @@ func Run(t testing.TB, n int, fn Func, opts ...Option) {
 
 // Environment of a rank process.
 const (
-	envTest = "GOCCL_COLLECTIVETEST" // the test a child runs, by name
+	envTest    = "GOCCL_COLLECTIVETEST"         // the test a child runs, by name
+	envTimeout = "GOCCL_COLLECTIVETEST_TIMEOUT" // and its deadline
 )
 
 // RunProcesses runs fn on n ranks, each in a process of its own: it
@@ -181,7 +193,7 @@ func RunProcesses(t testing.TB, n int, fn Func, opts ...Option) {
 	var wg sync.WaitGroup
 	for r := range n {
 		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run="+runPattern(t.Name()), "-test.count=1")
-		cmd.Env = append(os.Environ(), envTest+"="+t.Name(), "GOCCL_RANK="+strconv.Itoa(r), "GOCCL_WORLD_SIZE="+strconv.Itoa(n),
+		cmd.Env = append(os.Environ(), envTest+"="+t.Name(), envTimeout+"="+o.timeout.String(), "GOCCL_RANK="+strconv.Itoa(r), "GOCCL_WORLD_SIZE="+strconv.Itoa(n),
 			"GOCCL_ROOT=127.0.0.1:"+strconv.Itoa(port), "GOCCL_SECRET="+hex.EncodeToString(sec[:]))
 		cmd.Env = append(cmd.Env, o.env...)
 		var out strings.Builder

@@ -62,7 +62,8 @@ const MaxChannel = P2PChannel + 1
 // (what MPI promises for Isend and Irecv): a transport keeps no state
 // shared among the connections of these channels, and its Progress (see
 // Progresser) has nothing to do for them. Device point-to-point runs in
-// issue order and uses P2PChannel+DeviceChannels.
+// issue order, on the channel after a communicator's collective ones
+// (plus DeviceChannels).
 const P2PChannel = 32
 
 // Independent reports whether channel ch's connections are each driven

@@ -700,7 +700,10 @@ func (r *Root) tellLeft(rank int) {
 	}
 	r.mu.Unlock()
 	for _, c := range to {
-		go writeWithin(c, frame, time.Second) // a rank that is gone already just misses it
+		// No deadline (one that expires breaks a TLS connection for
+		// good), no lock: a rank that is gone already just misses it, and
+		// Close closes the connection under a write that never ends.
+		go c.Write(frame)
 	}
 }
 

@@ -330,11 +330,15 @@ func (p *Pending[V]) Await(ctx context.Context, k Key, done <-chan struct{}) (V,
 	p.mu.Unlock()
 	var zero V
 	select {
-	case <-s.ready:
-	case <-ctx.Done():
-		return zero, fmt.Errorf("waiting for rank %d to connect (channel %d): %w", k.Peer, k.Ch, context.Cause(ctx))
-	case <-done:
-		return zero, transport.ErrClosed
+	case <-s.ready: // arrived already: taken even when ctx has ended (a peer that sent, then left)
+	default:
+		select {
+		case <-s.ready:
+		case <-ctx.Done():
+			return zero, fmt.Errorf("waiting for rank %d to connect (channel %d): %w", k.Peer, k.Ch, context.Cause(ctx))
+		case <-done:
+			return zero, transport.ErrClosed
+		}
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()

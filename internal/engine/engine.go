@@ -26,7 +26,9 @@ type Config struct {
 	// ChunkBytes forces the pipelining block size (0: the link model's).
 	ChunkBytes int64
 	// MaxChannels bounds the channel count; channel ids 0..MaxChannels-1
-	// carry collectives and MaxChannels carries point-to-point operations.
+	// carry collectives, MaxChannels device point-to-point (in issue
+	// order), and transport.P2PChannel and the one after host
+	// point-to-point (in lanes).
 	MaxChannels int
 	// Link is the tuner's model of the links.
 	Link algorithms.LinkModel
@@ -84,8 +86,9 @@ const maxCachedSpans = 64
 
 // Engine runs one rank's operations through a transport endpoint. Run is
 // called by one goroutine at a time (the communicator serialises
-// operations); the engine starts a goroutine per extra channel for the
-// duration of an operation and none otherwise.
+// collectives); RunP2P by one per lane, beside Run (p2p.go). The engine
+// starts a goroutine per extra channel for the duration of an operation
+// and none otherwise.
 type Engine struct {
 	rank, nranks int
 	ep           transport.Endpoint
@@ -627,7 +630,7 @@ func (e *Engine) dial(ctx context.Context, peer, ch int) (transport.Conn, error)
 	g.mu.Lock()
 	if err := g.err[peer]; err != nil {
 		g.mu.Unlock()
-		return nil, &transport.PeerError{Peer: peer, Op: "connect", Err: err}
+		return e.arrived(ctx, peer, ch, err)
 	}
 	cctx, cancel := context.WithCancelCause(ctx)
 	id := new(int)
@@ -646,9 +649,22 @@ func (e *Engine) dial(ctx context.Context, peer, ch int) (transport.Conn, error)
 	g.mu.Unlock()
 	cancel(nil)
 	if err != nil && gone != nil && ctx.Err() == nil {
-		return nil, &transport.PeerError{Peer: peer, Op: "connect", Err: gone}
+		return e.arrived(ctx, peer, ch, gone)
 	}
 	return c, err
+}
+
+// arrived returns a connection that peer, which has gone, made before it
+// left: it still carries what the peer sent (Connect with an ended
+// context collects one that has arrived). Without one, the connection
+// fails with gone: only waiting for it is hopeless.
+func (e *Engine) arrived(ctx context.Context, peer, ch int, gone error) (transport.Conn, error) {
+	cctx, cancel := context.WithCancelCause(ctx)
+	cancel(gone)
+	if c, err := e.ep.Connect(cctx, peer, ch); err == nil {
+		return c, nil
+	}
+	return nil, &transport.PeerError{Peer: peer, Op: "connect", Err: gone}
 }
 
 // maxProgress bounds the channels Progress reports.

@@ -84,16 +84,20 @@ func (e *Engine) RunP2P(ctx context.Context, op *Op) (Plan, error) {
 	if recv {
 		from, to = peer, e.rank
 	}
+	ch := transport.P2PDataChannel(from, to)
 	if l.conn == nil {
-		c, err := e.dial(ctx, peer, transport.P2PDataChannel(from, to))
+		c, err := e.dial(ctx, peer, ch)
 		if err != nil {
-			return Plan{Seq: seq}, &StepError{Channel: 0, Step: -1, Peer: peer, Err: err}
+			return Plan{Seq: seq}, &StepError{Channel: ch, Step: -1, Peer: peer, Err: err}
 		}
 		l.conn = c
 		l.x.conns[peer] = c
 	}
 	if op.Count == 0 {
-		return e.emptyMessage(ctx, l, op, seq)
+		l.prog.Store(1) // waiting at step 0, for P2PWaits
+		pl, err := e.emptyMessage(ctx, l, op, seq, ch)
+		l.prog.Store(progDone)
+		return pl, err
 	}
 	pl, err := e.Plan(op)
 	if err != nil {
@@ -102,20 +106,23 @@ func (e *Engine) RunP2P(ctx context.Context, op *Op) (Plan, error) {
 	pl.Seq = seq
 	l.x.connBase = transport.P2PChannel
 	l.x.setup(e, op, &pl, 0, false)
+	l.x.ch = ch // in errors: the channel the lane's data travels on
 	l.prog.Store(0)
-	return pl, l.x.run(ctx)
+	err = l.x.run(ctx)
+	l.prog.Store(progDone) // done, or failed: no longer waiting either way
+	return pl, err
 }
 
 // emptyMessage sends or receives the one empty slice of a zero-element
 // operation.
-func (e *Engine) emptyMessage(ctx context.Context, l *lane, op *Op, seq uint64) (Plan, error) {
+func (e *Engine) emptyMessage(ctx context.Context, l *lane, op *Op, seq uint64, ch int) (Plan, error) {
 	ap := algorithms.Plan{Algo: algorithms.P2P, Channels: 1}
 	pl := Plan{Plan: ap, Seq: seq, Sig: signature(op, ap, 0, 0)}
 	peer := op.Root
 	tag := transport.Tag{Op: seq, Sig: pl.Sig}
 	kind := algorithms.Send
 	fail := func(err error) error {
-		return &StepError{Channel: 0, Piece: 0, Step: 0, Kind: kind, Peer: peer, Err: err}
+		return &StepError{Channel: ch, Piece: 0, Step: 0, Kind: kind, Peer: peer, Err: err}
 	}
 	if op.Coll == algorithms.CollSend {
 		if _, err := l.conn.Reserve(ctx, 0); err != nil {
@@ -159,7 +166,11 @@ func (e *Engine) P2PWaits() []Progress {
 		if k.recv {
 			kind = algorithms.Recv
 		}
-		out = append(out, Progress{Channel: transport.P2PChannel, Piece: int(v >> 32), Step: int(v&0xffffffff) - 1, Kind: kind, Peer: k.peer})
+		from, to := e.rank, k.peer
+		if k.recv {
+			from, to = k.peer, e.rank
+		}
+		out = append(out, Progress{Channel: transport.P2PDataChannel(from, to), Piece: int(v >> 32), Step: int(v&0xffffffff) - 1, Kind: kind, Peer: k.peer})
 	}
 	return out
 }
