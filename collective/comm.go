@@ -67,16 +67,18 @@ type Comm struct {
 	opLog    *slog.Logger // TRACE per operation, nil when off
 
 	// The bootstrap watch (watch.go); nil in a local group.
-	rootWatch *bootstrap.Watch
-	watchExit chan struct{}
-	shrunk    chan *wire.Table // a shrink's new table, from the watcher
-	id        UniqueID         // the job (its secret), for Shrink
-	lookup    func(string) (string, bool)
-	told      sync.Once      // the root is told of this rank's abort once (see silence)
-	splits    uint64         // Splits so far (guarded by mu): every rank counts them alike
-	family    *localFamily   // a local group's meeting place for Split; nil between processes
-	wg        sync.WaitGroup // goroutines of asynchronous operations
-	ops       sync.WaitGroup // operations issued and not finished (Close waits for them)
+	rootWatch  *bootstrap.Watch
+	watchExit  chan struct{}
+	shrunk     chan *wire.Table // a shrink's new table, from the watcher
+	id         UniqueID         // the job (its secret), for Shrink
+	lookup     func(string) (string, bool)
+	told       sync.Once      // the root is told of this rank's abort once (see silence)
+	splits     uint64         // Splits so far (guarded by mu): every rank counts them alike
+	premul     map[Op]float64 // PreMulSum operators (guarded by mu), by Op
+	premulNext int
+	family     *localFamily   // a local group's meeting place for Split; nil between processes
+	wg         sync.WaitGroup // goroutines of asynchronous operations
+	ops        sync.WaitGroup // operations issued and not finished (Close waits for them)
 
 	// The watchdog enforces Config.Timeout without a timer per operation:
 	// the operation in flight (one at a time) publishes its Request in op,
@@ -498,6 +500,9 @@ func (r *Request) Err() error {
 type call struct {
 	name string
 	op   engine.Op
+	// A PreMulSum (premulsum.go): the input is multiplied by scale first.
+	premul bool
+	scale  float64
 }
 
 func (c *Comm) argError(name, format string, args ...any) error {
@@ -641,6 +646,13 @@ func (c *Comm) exec(ctx context.Context, k *call, r *Request, prev *Request) err
 	// which fails every wait in the transports at once, so no context per
 	// operation needs to merge the caller's with the communicator's.
 	r.start.Store(c.since())
+	if k.premul {
+		if err := k.preScale(); err != nil {
+			e := opErr(err)
+			c.abort(e)
+			return e
+		}
+	}
 	var pl engine.Plan
 	var err error
 	if r.lane != nil {

@@ -210,6 +210,9 @@ func (c *Comm) startDevice(ctx context.Context, name string, send, recv memory.B
 	if err := mk(bufferArgs(t, send, recv), &k); err != nil {
 		return nil, err
 	}
+	if k.premul {
+		return nil, c.argError(name, "a PreMulSum on device memory: goccl has no kernel for it yet (host slices work)")
+	}
 	// The memory rules are the engine's: buffers and slots the device
 	// reaches.
 	if err := c.eng.CheckMemory(&k.op, true); err != nil {

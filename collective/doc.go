@@ -174,7 +174,8 @@
 // truncate toward zero, as NCCL). Float16, BFloat16 and the OCP float8
 // types (Float8E4M3, saturating at ±448, and Float8E5M2) are reduced in
 // float32 and rounded back after each step; float8 works on host memory
-// only for now. Min and Max propagate NaN. The
+// only for now. Comm.PreMulSum makes NCCL's pre-multiplied sum: each
+// rank's input times its own scalar, summed (host memory only). Min and Max propagate NaN. The
 // reduction order depends on the algorithm, so floating-point results may
 // differ in the last bits between algorithms, but never between ranks:
 // every rank ends with the same bits.

@@ -5,7 +5,6 @@ import (
 
 	"github.com/goccl/goccl/algorithms"
 	"github.com/goccl/goccl/internal/engine"
-	"github.com/goccl/goccl/internal/kernels"
 	"github.com/goccl/goccl/memory"
 )
 
@@ -200,13 +199,6 @@ func checkComm(c *Comm, name string) error {
 	return nil
 }
 
-func (c *Comm) checkOp(name string, op Op) error {
-	if !op.Valid() {
-		return c.argError(name, "reduction operator %v is not Sum, Prod, Min, Max or Avg", op)
-	}
-	return nil
-}
-
 func (c *Comm) checkRoot(name string, root int) error {
 	if root < 0 || root >= c.size {
 		return c.argError(name, "root %d out of range [0,%d)", root, c.size)
@@ -251,9 +243,6 @@ func allReduceArgs(c *Comm, a args, op Op, k *call) error {
 	if err := checkComm(c, name); err != nil {
 		return err
 	}
-	if err := c.checkOp(name, op); err != nil {
-		return err
-	}
 	ns, nr := a.lens()
 	if ns != nr {
 		return c.argError(name, "len(send) = %d but len(recv) = %d; they must be equal", ns, nr)
@@ -262,16 +251,12 @@ func allReduceArgs(c *Comm, a args, op Op, k *call) error {
 	if k.op.In.Overlaps(k.op.Out) && !k.op.In.Same(k.op.Out) {
 		return c.argError(name, "send and recv overlap without being the same slice")
 	}
-	k.op.Red = kernels.Op(op)
-	return nil
+	return c.setRed(name, op, k)
 }
 
 func reduceScatterArgs(c *Comm, a args, op Op, k *call) error {
 	const name = "reducescatter"
 	if err := checkComm(c, name); err != nil {
-		return err
-	}
-	if err := c.checkOp(name, op); err != nil {
 		return err
 	}
 	ns, nr := a.lens()
@@ -284,8 +269,7 @@ func reduceScatterArgs(c *Comm, a args, op Op, k *call) error {
 			return c.argError(name, "recv overlaps send but is not send[rank*len(recv):(rank+1)*len(recv)]")
 		}
 	}
-	k.op.Red = kernels.Op(op)
-	return nil
+	return c.setRed(name, op, k)
 }
 
 func allGatherArgs(c *Comm, a args, k *call) error {
@@ -333,9 +317,6 @@ func reduceArgs(c *Comm, a args, op Op, root int, k *call) error {
 	if err := checkComm(c, name); err != nil {
 		return err
 	}
-	if err := c.checkOp(name, op); err != nil {
-		return err
-	}
 	if err := c.checkRoot(name, root); err != nil {
 		return err
 	}
@@ -349,9 +330,8 @@ func reduceArgs(c *Comm, a args, op Op, root int, k *call) error {
 	if k.op.In.Overlaps(k.op.Out) && !k.op.In.Same(k.op.Out) {
 		return c.argError(name, "send and recv overlap without being the same slice")
 	}
-	k.op.Red = kernels.Op(op)
 	k.op.Root = root
-	return nil
+	return c.setRed(name, op, k)
 }
 
 func allToAllArgs(c *Comm, a args, k *call) error {

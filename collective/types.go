@@ -72,6 +72,9 @@ const (
 func (o Op) Valid() bool { return o >= Sum && o <= Avg }
 
 func (o Op) String() string {
+	if o >= premulOpBase {
+		return fmt.Sprintf("premulsum#%d", int(o-premulOpBase))
+	}
 	if !o.Valid() {
 		return fmt.Sprintf("Op(%d)", int(o))
 	}
