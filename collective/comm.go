@@ -67,14 +67,19 @@ type Comm struct {
 	opLog    *slog.Logger // TRACE per operation, nil when off
 
 	// The bootstrap watch (watch.go); nil in a local group.
-	rootWatch  *bootstrap.Watch
-	watchExit  chan struct{}
-	shrunk     chan *wire.Table // a shrink's new table, from the watcher
-	id         UniqueID         // the job (its secret), for Shrink
-	lookup     func(string) (string, bool)
-	told       sync.Once      // the root is told of this rank's abort once (see silence)
-	splits     uint64         // Splits so far (guarded by mu): every rank counts them alike
-	premul     map[Op]float64 // PreMulSum operators (guarded by mu), by Op
+	rootWatch *bootstrap.Watch
+	watchExit chan struct{}
+	shrunk    chan *wire.Table // a shrink's new table, from the watcher
+	id        UniqueID         // the job (its secret), for Shrink
+	lookup    func(string) (string, bool)
+	told      sync.Once      // the root is told of this rank's abort once (see silence)
+	splits    uint64         // Splits so far (guarded by mu): every rank counts them alike
+	premul    map[Op]float64 // PreMulSum operators (guarded by mu), by Op
+	// In a Group (guarded by mu): its nesting, and the all-reduces held
+	// back to be fused (fuse.go).
+	grouping   int
+	held       []fused
+	heldBytes  int
 	premulNext int
 	family     *localFamily   // a local group's meeting place for Split; nil between processes
 	wg         sync.WaitGroup // goroutines of asynchronous operations
@@ -522,8 +527,20 @@ func (c *Comm) run(ctx context.Context, k *call) error {
 	return err
 }
 
-// start issues an asynchronous operation and runs it in a goroutine.
+// start issues an asynchronous operation and runs it in a goroutine. In
+// a Group, a small all-reduce is held back to be fused (fuse.go), and
+// anything else lets what is held go first.
 func (c *Comm) start(ctx context.Context, k call) (*Request, error) {
+	if ctx != nil {
+		if r, held, err := c.hold(ctx, &k); held {
+			return r, err
+		}
+	}
+	return c.startNow(ctx, k)
+}
+
+// startNow is start without holding k back.
+func (c *Comm) startNow(ctx context.Context, k call) (*Request, error) {
 	r, prev, err := c.issue(ctx, &k, true)
 	if err != nil {
 		return nil, err
@@ -548,6 +565,13 @@ func (c *Comm) issue(ctx context.Context, k *call, async bool) (r, prev *Request
 		done = make(chan struct{}) // the caller will wait on it
 	}
 	c.mu.Lock()
+	if len(c.held) > 0 && laneOf(k) == nil {
+		// A collective while a group holds all-reduces back: they go
+		// first, so that the order is every rank's alike.
+		c.mu.Unlock()
+		c.flushHeld()
+		c.mu.Lock()
+	}
 	if c.closed {
 		c.mu.Unlock()
 		return nil, nil, &ArgError{Rank: c.rank, Op: name, Err: ErrClosed}

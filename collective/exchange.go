@@ -24,11 +24,15 @@ import (
 // and receive in a lane of its own peer and direction (see Send), so the
 // sends and receives of a group already progress together, in any order:
 // an all-to-all or a pipeline-parallel exchange written as StartSend and
-// StartRecv calls completes however each rank orders them. Collectives
-// issued in fn keep their order; they are not fused (each is its own
-// operation). Device sends and receives keep their stream order inside a
+// StartRecv calls completes however each rank orders them. Small
+// StartAllReduce calls on host memory (up to 1 MiB together) with the
+// same type and operator are held back and run as one all-reduce of their
+// concatenation when the group ends, or when another operation is issued
+// (which keeps the order of everything else): one round of latency for
+// all of them. While fn runs, this holds for Start calls on c from any
+// goroutine. Device sends and receives keep their stream order inside a
 // group too. Group may be nested; fn must not wait for the operations it
-// starts.
+// starts (an all-reduce held back would never finish).
 func Group(ctx context.Context, c *Comm, fn func() error) error {
 	if c == nil {
 		return &ArgError{Rank: -1, Op: "group", Err: ErrNilComm}
@@ -42,7 +46,18 @@ func Group(ctx context.Context, c *Comm, fn func() error) error {
 	if cause := c.endCause(); cause != nil {
 		return &OpError{Rank: c.rank, Op: "group", Peer: -1, Err: cause}
 	}
-	return fn()
+	c.mu.Lock()
+	c.grouping++
+	c.mu.Unlock()
+	err := fn()
+	c.mu.Lock()
+	c.grouping--
+	outer := c.grouping == 0
+	c.mu.Unlock()
+	if outer {
+		c.flushHeld() // the small all-reduces held back, fused
+	}
+	return err
 }
 
 // AllToAllv sends block j of send (sendCounts[j] elements; the blocks

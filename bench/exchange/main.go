@@ -8,7 +8,9 @@
 //     possible);
 //   - AllToAllv of uneven blocks (rank i sends rank j a block of
 //     (0.5 + ((i+2j) mod 5)/4) × the mean, so the largest is 1.5×) against
-//     AllToAll with every block padded to the largest.
+//     AllToAll with every block padded to the largest;
+//   - eight all-reduces of 8 bytes started one by one against the same
+//     in a Group, which fuses them into one.
 //
 // Run it under goccl-run, one rank per process:
 //
@@ -110,6 +112,35 @@ func run(ctx context.Context, c *collective.Comm, count, reps, iters int) error 
 		}
 	}
 	frac := float64(n-1) / float64(n)
+	small := make([][]float32, 8) // a step's biases and norms: 8 all-reduces of 2 floats
+	for i := range small {
+		small[i] = make([]float32, 2)
+	}
+	smalls := func(grouped bool) func(ctx context.Context) error {
+		return func(ctx context.Context) error {
+			var reqs []*collective.Request
+			issue := func() error {
+				for _, v := range small {
+					q, err := collective.StartAllReduce(ctx, c, v, v, collective.Sum)
+					if err != nil {
+						return err
+					}
+					reqs = append(reqs, q)
+				}
+				return nil
+			}
+			var err error
+			if grouped {
+				err = collective.Group(ctx, c, issue)
+			} else {
+				err = issue()
+			}
+			for _, q := range reqs {
+				err = errors.Join(err, q.Wait(ctx))
+			}
+			return err
+		}
+	}
 	forms := []form{
 		{"shift, even/odd order", float64(4 * count), shift(false)},
 		{"shift, receive first, grouped", float64(4 * count), shift(true)},
@@ -119,6 +150,8 @@ func run(ctx context.Context, c *collective.Comm, count, reps, iters int) error 
 		{"alltoall, padded to the largest", frac * float64(4*largest*n), func(ctx context.Context) error {
 			return collective.AllToAll(ctx, c, ps, pr)
 		}},
+		{"8 all-reduces of 8 B, one by one", 64, smalls(false)},
+		{"8 all-reduces of 8 B in a Group", 64, smalls(true)},
 	}
 	// Warm up, and size the rounds.
 	if iters == 0 {
@@ -162,7 +195,8 @@ func run(ctx context.Context, c *collective.Comm, count, reps, iters int) error 
 			m := median(times[k])
 			fmt.Printf("  %-34s %12.1f %10.2f\n", f.name, m*1e6, f.bytes/m/1e9)
 		}
-		fmt.Printf("# grouped/ordered time %.2f; alltoallv/padded time %.2f\n", median(times[1])/median(times[0]), median(times[2])/median(times[3]))
+		fmt.Printf("# grouped/ordered time %.2f; alltoallv/padded time %.2f; fused/separate small all-reduces time %.2f\n",
+			median(times[1])/median(times[0]), median(times[2])/median(times[3]), median(times[5])/median(times[4]))
 	}
 	return nil
 }

@@ -1,0 +1,83 @@
+package collective_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+
+	"github.com/goccl/goccl/collective"
+	"github.com/goccl/goccl/collectivetest"
+)
+
+// Small all-reduces in a Group run fused: the three float32 sums as one
+// operation, the two int64 maxima as another, the last float32 sum alone
+// (it follows another kind); results as if each had run by itself; a
+// broadcast issued in the group lets what is held go first.
+func TestGroupFusesSmallAllReduces(t *testing.T) {
+	collectivetest.Run(t, 3, func(ctx context.Context, c *collective.Comm) error {
+		r := c.Rank()
+		f := [][]float32{make([]float32, 5), make([]float32, 100), make([]float32, 1)}
+		g := [][]int64{{int64(r), int64(-r)}, {int64(10 * r)}}
+		last := []float32{float32(r)}
+		for i, v := range f {
+			for j := range v {
+				v[j] = float32(r + i + j)
+			}
+		}
+		b := []int32{int32(r)}
+		var reqs []*collective.Request
+		start := func(q *collective.Request, err error) error {
+			reqs = append(reqs, q)
+			return err
+		}
+		err := collective.Group(ctx, c, func() error {
+			for _, v := range f {
+				if err := start(collective.StartAllReduce(ctx, c, v, v, collective.Sum)); err != nil {
+					return err
+				}
+			}
+			for _, v := range g {
+				if err := start(collective.StartAllReduce(ctx, c, v, v, collective.Max)); err != nil {
+					return err
+				}
+			}
+			if err := start(collective.StartAllReduce(ctx, c, last, last, collective.Sum)); err != nil {
+				return err
+			}
+			return start(collective.StartBroadcast(ctx, c, b, b, 1))
+		})
+		if err != nil {
+			return err
+		}
+		for _, q := range reqs {
+			if err := q.Wait(ctx); err != nil {
+				return err
+			}
+		}
+		for i, v := range f {
+			for j := range v {
+				if want := float32(3*(i+j) + 3); v[j] != want {
+					return fmt.Errorf("rank %d: sum %d element %d is %v, want %v", r, i, j, v[j], want)
+				}
+			}
+		}
+		if g[0][0] != 2 || g[0][1] != 0 || g[1][0] != 20 || last[0] != 3 || b[0] != 1 {
+			return fmt.Errorf("rank %d: %v %v %v %v", r, g, last, b, f[2])
+		}
+		// Three all-reduces and the broadcast were issued, not seven.
+		var buf bytes.Buffer
+		if err := c.DebugDump(&buf); err != nil {
+			return err
+		}
+		var d struct{ Ops []struct{ Op string } }
+		if err := json.Unmarshal(buf.Bytes(), &d); err != nil {
+			return err
+		}
+		if len(d.Ops) != 4 {
+			return fmt.Errorf("rank %d: %d operations recorded, want 3 fused all-reduces and a broadcast: %+v", r, len(d.Ops), d.Ops)
+		}
+		return nil
+	})
+}
