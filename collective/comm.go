@@ -377,6 +377,9 @@ func (c *Comm) Close() error {
 	c.mu.Lock()
 	c.closed = true
 	c.mu.Unlock()
+	// All-reduces a Group still holds (Close from another goroutine while
+	// it runs) fail with ErrClosed rather than wait forever.
+	c.flushHeld()
 	// Every operation issued, not only the last of each order: one that
 	// gave up waiting for its predecessor finishes before it.
 	c.ops.Wait()

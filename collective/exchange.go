@@ -49,15 +49,16 @@ func Group(ctx context.Context, c *Comm, fn func() error) error {
 	c.mu.Lock()
 	c.grouping++
 	c.mu.Unlock()
-	err := fn()
-	c.mu.Lock()
-	c.grouping--
-	outer := c.grouping == 0
-	c.mu.Unlock()
-	if outer {
-		c.flushHeld() // the small all-reduces held back, fused
-	}
-	return err
+	defer func() { // even if fn panics: nothing stays held
+		c.mu.Lock()
+		c.grouping--
+		outer := c.grouping == 0
+		c.mu.Unlock()
+		if outer {
+			c.flushHeld() // the small all-reduces held back, fused
+		}
+	}()
+	return fn()
 }
 
 // AllToAllv sends block j of send (sendCounts[j] elements; the blocks
