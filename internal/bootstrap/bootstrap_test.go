@@ -486,18 +486,7 @@ func TestHeartbeatReportsASilentRank(t *testing.T) {
 	require.NoError(t, err)
 	defer r.Close()
 	const n = 3
-	watches := make([]*Watch, n)
-	var wg sync.WaitGroup
-	for rank := range n {
-		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			var err error
-			_, watches[rank], err = JoinWatch(ctx, r.Addr().String(), secret, info(rank, n))
-			require.NoError(t, err)
-		})
-	}
-	wg.Wait()
+	watches := joinWatches(t, r, n)
 	watches[1].Stall(true) // rank 1 is "stopped"
 	type note struct {
 		a  *wire.Abort
@@ -605,18 +594,7 @@ func testDiagnosis(t *testing.T, silent bool) {
 	require.NoError(t, err)
 	defer r.Close()
 	const n = 3
-	watches := make([]*Watch, n)
-	var wg sync.WaitGroup
-	for rank := range n {
-		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			var err error
-			_, watches[rank], err = JoinWatch(ctx, r.Addr().String(), secret, info(rank, n))
-			require.NoError(t, err)
-		})
-	}
-	wg.Wait()
+	watches := joinWatches(t, r, n)
 	for rank, w := range watches {
 		w.SetWhere(func() wire.Wait {
 			// Rank 1 claims to be rank 2: the root knows better.
@@ -673,4 +651,22 @@ func testDiagnosis(t *testing.T, silent bool) {
 	for _, w := range watches {
 		w.Bye()
 	}
+}
+
+// joinWatches joins n ranks to r in watch mode, at once.
+func joinWatches(t *testing.T, r *Root, n int) []*Watch {
+	t.Helper()
+	watches := make([]*Watch, n)
+	var wg sync.WaitGroup
+	for rank := range n {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			var err error
+			_, watches[rank], err = JoinWatch(ctx, r.Addr().String(), secret, info(rank, n))
+			require.NoError(t, err)
+		})
+	}
+	wg.Wait()
+	return watches
 }
