@@ -60,6 +60,9 @@ func (c *Comm) record(reason string, cause error) *flight.Dump {
 		}
 		if op.Coll.Reduces() {
 			e.RedOp = Op(op.Red).String()
+			if op.PreMul {
+				e.RedOp = "premulsum"
+			}
 		}
 		switch op.Coll {
 		case algorithms.CollSend:

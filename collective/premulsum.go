@@ -25,8 +25,8 @@ const premulOpBase = 16
 // PreMulSum returns an operator for c's AllReduce, ReduceScatter and
 // Reduce (and their Start forms) that sums every rank's input multiplied
 // by its rank's scalar: each rank passes its own (they may differ), and
-// every rank must use such an operator where the others do (mixing it
-// with Sum is not detected: both run as sums). The operator is valid on
+// every rank must use such an operator where the others do (a rank that
+// sums plainly against one that pre-multiplies is a mismatch, ErrMismatch). The operator is valid on
 // c only, until DestroyOp. On integer types the scalar is converted to
 // the type and multiplies with wrap-around; on the 16- and 8-bit floats
 // the product is computed in float32 and rounded once.
@@ -64,7 +64,7 @@ func (c *Comm) DestroyOp(op Op) error {
 // a built-in one, or Sum with this rank's scalar for a PreMulSum.
 func (c *Comm) setRed(name string, op Op, k *call) error {
 	if op.Valid() {
-		k.op.Red, k.premul = kernels.Op(op), false
+		k.op.Red, k.premul, k.op.PreMul = kernels.Op(op), false, false
 		return nil
 	}
 	if op >= premulOpBase {
@@ -72,7 +72,7 @@ func (c *Comm) setRed(name string, op Op, k *call) error {
 		s, ok := c.premul[op]
 		c.mu.Unlock()
 		if ok {
-			k.op.Red, k.premul, k.scale = kernels.Sum, true, s
+			k.op.Red, k.premul, k.scale, k.op.PreMul = kernels.Sum, true, s, true
 			return nil
 		}
 		return c.argError(name, "reduction operator %v was not made by this communicator's PreMulSum, or was destroyed", op)

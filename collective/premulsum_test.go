@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -70,6 +71,27 @@ func TestPreMulSum(t *testing.T) {
 		}
 		return c.DestroyOp(op)
 	})
+}
+
+// A rank that pre-multiplies against one that sums plainly: a mismatch,
+// named, not a silently different result.
+func TestPreMulSumAgainstSum(t *testing.T) {
+	comms, _ := newNet(t, 2, collective.WithTimeout(time.Minute))
+	errs := runRanks(t, comms, func(r int, c *collective.Comm) error {
+		op := collective.Sum
+		if r == 0 {
+			var err error
+			if op, err = c.PreMulSum(0.5); err != nil {
+				return err
+			}
+		}
+		v := make([]float32, 1000)
+		return collective.AllReduce(context.Background(), c, v, v, op)
+	})
+	for r, err := range errs {
+		require.ErrorIs(t, err, collective.ErrMismatch, "rank %d", r)
+	}
+	require.Contains(t, errs[0].Error()+errs[1].Error(), "premulsum")
 }
 
 func TestPreMulSumArguments(t *testing.T) {

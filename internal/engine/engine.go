@@ -56,7 +56,14 @@ type Op struct {
 	// every device stream of the operation waits for it before it touches
 	// them. Nil: they are ready now.
 	Ready device.Event
+	// PreMul marks a pre-multiplied sum (its input scaled by the caller,
+	// Red Sum): the signature says so, so that a rank that sums plainly
+	// against one that pre-multiplies is a mismatch.
+	PreMul bool
 }
+
+// sigPreMul is the operator field of a pre-multiplied sum's signature.
+const sigPreMul = 5
 
 // Plan is how an operation runs.
 type Plan struct {
@@ -143,14 +150,15 @@ type connKey struct{ peer, ch int }
 
 // planKey is what a plan, and the signature in it, depend on.
 type planKey struct {
-	coll  algorithms.Collective
-	typ   kernels.Type
-	red   kernels.Op
-	count int
-	root  int
+	coll   algorithms.Collective
+	typ    kernels.Type
+	red    kernels.Op
+	count  int
+	root   int
+	premul bool
 }
 
-func keyOf(op *Op) planKey { return planKey{op.Coll, op.Type, op.Red, op.Count, op.Root} }
+func keyOf(op *Op) planKey { return planKey{op.Coll, op.Type, op.Red, op.Count, op.Root, op.PreMul} }
 
 // maxPlans bounds the plan cache; it is cleared when full.
 const maxPlans = 256
@@ -312,6 +320,8 @@ func signature(op *Op, pl algorithms.Plan, pieces, slice int) uint32 {
 	}
 	if !coll.Reduces() {
 		red = 0
+	} else if op.PreMul {
+		red = sigPreMul
 	}
 	h := uint32(2166136261)
 	for _, v := range []uint64{uint64(op.Count), uint64(root), uint64(pieces), uint64(slice)} {
@@ -341,7 +351,10 @@ func decodeSig(s uint32) sigFields {
 
 func (f sigFields) call() string {
 	s := fmt.Sprintf("%v(%v", f.coll, f.typ)
-	if f.coll.Reduces() {
+	switch {
+	case f.coll.Reduces() && f.red == sigPreMul:
+		s += ", premulsum"
+	case f.coll.Reduces():
 		s += ", " + f.red.String()
 	}
 	return s + ")"
