@@ -632,25 +632,19 @@ func (r *Root) finishDiagnosis(g *diagRound) {
 		r.stalled = true
 	}
 	frame := wire.AppendFrame(nil, wire.FrameDiagnosis, g.d.Append(nil))
-	// The ranks that answered first, those in this process after them (one
-	// may exit as soon as it hears, taking the root with it); those that
-	// did not answer from goroutines of their own and without a deadline
-	// (TLS), since their full sockets may hold a write up for good.
+	// The ranks that answered in turn, this process's last; those that did
+	// not answer from goroutines of their own and without a deadline (TLS),
+	// since their full sockets may hold a write up for good.
 	var to []net.Conn
-	self := uint32(os.Getpid())
-	for _, local := range []bool{false, true} {
-		for i, reg := range r.regs {
-			if r.out[i] || r.left[i] || r.silenced[i] || (reg.info.PID == self) != local {
-				continue
-			}
-			if g.d.Waits[i].State == wire.WaitNoAnswer {
-				if !local {
-					go reg.conn.Write(frame)
-				}
-				continue
-			}
-			to = append(to, reg.conn)
+	for _, i := range r.localLastLocked() {
+		if r.out[i] || r.left[i] || r.silenced[i] {
+			continue
 		}
+		if g.d.Waits[i].State == wire.WaitNoAnswer {
+			go r.regs[i].conn.Write(frame)
+			continue
+		}
+		to = append(to, r.regs[i].conn)
 	}
 	r.mu.Unlock()
 	for _, c := range to {
@@ -670,17 +664,28 @@ func (r *Root) relay(a wire.Abort) {
 	}
 	r.left[a.Rank] = true
 	frame := wire.AppendFrame(nil, wire.FrameAbort, a.Append(nil))
-	// Ranks in this process last: one of them may exit as soon as it hears
-	// the news, taking the root (and the notices not yet sent) with it.
-	self := uint32(os.Getpid())
-	for _, local := range []bool{false, true} {
-		for i, g := range r.regs {
-			if i == int(a.Rank) || g == nil || (g.info.PID == self) != local {
-				continue
-			}
-			writeWithin(g.conn, frame, time.Second) // a rank that is gone already just misses it
+	for _, i := range r.localLastLocked() {
+		if i != int(a.Rank) {
+			writeWithin(r.regs[i].conn, frame, time.Second) // a rank that is gone already just misses it
 		}
 	}
+}
+
+// localLastLocked returns the registered ranks with those of this process
+// last: one of them may exit as soon as it hears from the root (the table,
+// a notice, a diagnosis), taking the root and what it has not sent yet
+// with it.
+func (r *Root) localLastLocked() []int {
+	self := uint32(os.Getpid())
+	order := make([]int, 0, len(r.regs))
+	for _, local := range []bool{false, true} {
+		for i, g := range r.regs {
+			if g != nil && (g.info.PID == self) == local {
+				order = append(order, i)
+			}
+		}
+	}
+	return order
 }
 
 // tellLeft tells the ranks still here that rank left: a rank that closes
@@ -851,18 +856,10 @@ func (r *Root) sendTableLocked() {
 		// stops.
 		frame = append(frame, pingFrame(r.opts.Heartbeat)...)
 	}
-	// The ranks in this process last: one of them may return from Init,
-	// close its communicator and exit at once, taking the root (and the
-	// tables not yet written) with it.
-	self := uint32(os.Getpid())
-	for _, local := range []bool{false, true} {
-		for _, g := range r.regs {
-			if (g.info.PID == self) != local {
-				continue
-			}
-			if err := writeWithin(g.conn, frame, HandshakeTimeout); err != nil {
-				r.log.Warn("goccl: bootstrap root could not send the table", "rank", g.info.Rank, "err", err)
-			}
+	for _, i := range r.localLastLocked() {
+		g := r.regs[i]
+		if err := writeWithin(g.conn, frame, HandshakeTimeout); err != nil {
+			r.log.Warn("goccl: bootstrap root could not send the table", "rank", g.info.Rank, "err", err)
 		}
 	}
 	if r.opts.Watch {
