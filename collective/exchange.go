@@ -124,7 +124,7 @@ func AllToAllv[T Number](ctx context.Context, c *Comm, send []T, sendCounts []in
 		}
 		if sendCounts[to] > 0 {
 			// The send runs on this goroutine: one goroutine fewer.
-			if err := sendP2P(ctx, c, name, send[sendOff[to]:sendOff[to+1]], to); err != nil {
+			if err := runP2P(ctx, c, name, algorithms.CollSend, send[sendOff[to]:sendOff[to+1]], to); err != nil {
 				return errors.Join(err, waitAll(ctx, reqs))
 			}
 		}
@@ -145,7 +145,7 @@ func Gather[T Number](ctx context.Context, c *Comm, send, recv []T, root int) er
 		return err
 	}
 	if c.rank != root {
-		return sendP2P(ctx, c, name, send, root)
+		return runP2P(ctx, c, name, algorithms.CollSend, send, root)
 	}
 	n, m := c.size, len(send)
 	if len(recv) != n*m {
@@ -176,7 +176,7 @@ func Scatter[T Number](ctx context.Context, c *Comm, send, recv []T, root int) e
 		return err
 	}
 	if c.rank != root {
-		return recvP2P(ctx, c, name, recv, root)
+		return runP2P(ctx, c, name, algorithms.CollRecv, recv, root)
 	}
 	n, m := c.size, len(recv)
 	if len(send) != n*m {
@@ -249,30 +249,6 @@ func countsAgree(all []int64, n int) error {
 		bad = bad[:3]
 	}
 	return fmt.Errorf("%w: the ranks' counts disagree: %s%s", ErrMismatch, strings.Join(bad, "; "), more)
-}
-
-func startP2P[T Number](ctx context.Context, c *Comm, name string, coll algorithms.Collective, buf []T, peer int) (*Request, error) {
-	var k call
-	if err := p2pCall(c, name, coll, buf, peer, &k); err != nil {
-		return nil, err
-	}
-	return c.start(ctx, k)
-}
-
-func sendP2P[T Number](ctx context.Context, c *Comm, name string, buf []T, peer int) error {
-	var k call
-	if err := p2pCall(c, name, algorithms.CollSend, buf, peer, &k); err != nil {
-		return err
-	}
-	return c.run(ctx, &k)
-}
-
-func recvP2P[T Number](ctx context.Context, c *Comm, name string, buf []T, peer int) error {
-	var k call
-	if err := p2pCall(c, name, algorithms.CollRecv, buf, peer, &k); err != nil {
-		return err
-	}
-	return c.run(ctx, &k)
 }
 
 // waitAll waits for every request and returns the first error.

@@ -156,35 +156,38 @@ func StartAllToAll[T Number](ctx context.Context, c *Comm, send, recv []T) (*Req
 // either. On device memory (SendDevice, RecvDevice) sends and receives
 // keep issue order, as on a CUDA stream, and a zero count is a no-op.
 func Send[T Number](ctx context.Context, c *Comm, buf []T, peer int) error {
-	var k call
-	if err := p2pCall(c, "send", algorithms.CollSend, buf, peer, &k); err != nil {
-		return err
-	}
-	return c.run(ctx, &k)
+	return runP2P(ctx, c, "send", algorithms.CollSend, buf, peer)
 }
 
 // StartSend is the asynchronous form of Send.
 func StartSend[T Number](ctx context.Context, c *Comm, buf []T, peer int) (*Request, error) {
-	var k call
-	if err := p2pCall(c, "send", algorithms.CollSend, buf, peer, &k); err != nil {
-		return nil, err
-	}
-	return c.start(ctx, k)
+	return startP2P(ctx, c, "send", algorithms.CollSend, buf, peer)
 }
 
 // Recv receives into buf what peer sends with Send.
 func Recv[T Number](ctx context.Context, c *Comm, buf []T, peer int) error {
+	return runP2P(ctx, c, "recv", algorithms.CollRecv, buf, peer)
+}
+
+// StartRecv is the asynchronous form of Recv.
+func StartRecv[T Number](ctx context.Context, c *Comm, buf []T, peer int) (*Request, error) {
+	return startP2P(ctx, c, "recv", algorithms.CollRecv, buf, peer)
+}
+
+// runP2P and startP2P issue a send or receive under name (what the caller
+// called: send, recv, or a collective built of them, in errors and the
+// flight recorder).
+func runP2P[T Number](ctx context.Context, c *Comm, name string, coll algorithms.Collective, buf []T, peer int) error {
 	var k call
-	if err := p2pCall(c, "recv", algorithms.CollRecv, buf, peer, &k); err != nil {
+	if err := p2pCall(c, name, coll, buf, peer, &k); err != nil {
 		return err
 	}
 	return c.run(ctx, &k)
 }
 
-// StartRecv is the asynchronous form of Recv.
-func StartRecv[T Number](ctx context.Context, c *Comm, buf []T, peer int) (*Request, error) {
+func startP2P[T Number](ctx context.Context, c *Comm, name string, coll algorithms.Collective, buf []T, peer int) (*Request, error) {
 	var k call
-	if err := p2pCall(c, "recv", algorithms.CollRecv, buf, peer, &k); err != nil {
+	if err := p2pCall(c, name, coll, buf, peer, &k); err != nil {
 		return nil, err
 	}
 	return c.start(ctx, k)

@@ -206,18 +206,28 @@ func chainAt(rs []rankOps, s uint64) ([]int, bool) {
 			}
 		}
 	}
+	var waiting []int
+	for _, r := range rs {
+		if next[r.rank] >= 0 {
+			waiting = append(waiting, r.rank)
+		}
+	}
+	return longestChain(waiting, func(q int) int {
+		if n, ok := next[q]; ok {
+			return n
+		}
+		return -1 // no dump: the end
+	})
+}
+
+// longestChain is the longest of the chains of waits from the ranks in
+// from (the first of them when several are as long), and whether it runs
+// into a cycle.
+func longestChain(from []int, next func(int) int) ([]int, bool) {
 	var best []int
 	var bestCycle bool
-	for _, r := range rs {
-		if next[r.rank] < 0 {
-			continue
-		}
-		c, cyc := Chain(r.rank, func(q int) int {
-			if n, ok := next[q]; ok {
-				return n
-			}
-			return -1 // no dump: the end
-		})
+	for _, r := range from {
+		c, cyc := Chain(r, next)
 		if len(c) > len(best) {
 			best, bestCycle = c, cyc
 		}
@@ -403,14 +413,7 @@ func analyzeP2P(dumps []*Dump) (Finding, bool) {
 		}
 		return -1
 	}
-	var best []int
-	var bestCycle bool
-	for _, r := range stuck {
-		c, cyc := Chain(r, next)
-		if len(c) > len(best) {
-			best, bestCycle = c, cyc
-		}
-	}
+	best, bestCycle := longestChain(stuck, next)
 	summary := "point-to-point operations never finished: " + strings.Join(parts, "; ") + chainText(best, bestCycle)
 	if bestCycle {
 		summary += " (a send/recv deadlock: each waits for the other to start its half)"
