@@ -91,6 +91,7 @@ type Comm struct {
 	// Close, aborts the communicator when that operation has run too long.
 	op        atomic.Pointer[Request]
 	timedOut  atomic.Pointer[timeoutError] // this rank's timeout, while the root diagnoses it
+	asked     atomic.Int64                 // when (since bornNano) this rank last told the root where it waits; 0: never
 	bornNano  int64                        // runtime nanotime at creation: the base of Request.start
 	stopWatch chan struct{}                // closed by Close
 	watchDone chan struct{}                // closed when the watchdog has returned
@@ -393,8 +394,12 @@ func (c *Comm) Close() error {
 	c.mu.Unlock()
 	<-c.watchDone
 	unregisterDump(c)
-	c.leaveWatch()
+	// The connections close before the root hears goodbye: a process
+	// frozen between the two is then still watched (the heartbeat names
+	// it), where the other order left its peers waiting on connections
+	// it would never close, until their operation timed out.
 	c.ep.Close(nil)
+	c.leaveWatch()
 	c.cancel(ErrClosed)
 	c.ended.Store(true)
 	var err error
@@ -724,6 +729,18 @@ func (c *Comm) exec(ctx context.Context, k *call, r *Request, prev *Request) err
 	var pe *transport.PeerError
 	if e.Peer < 0 && errors.As(err, &pe) {
 		e.Peer = pe.Peer
+	}
+	if context.Cause(c.ctx) == nil && c.diagnosing() {
+		// The root is comparing where the ranks wait, and a neighbour
+		// that got its diagnosis first has aborted: this rank's own
+		// diagnosis is on its way and says more than the neighbour's
+		// abort (its chain of waits, from this rank).
+		t := time.NewTimer(bootstrap.DiagnosisWait + time.Second)
+		select {
+		case <-c.ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
 	}
 	if cause := context.Cause(c.ctx); cause != nil {
 		// Aborted (by Abort, the watchdog or another operation) while

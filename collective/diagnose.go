@@ -8,6 +8,7 @@ import (
 
 	"github.com/goccl/goccl/algorithms"
 	"github.com/goccl/goccl/flight"
+	"github.com/goccl/goccl/internal/bootstrap"
 	"github.com/goccl/goccl/internal/wire"
 )
 
@@ -87,6 +88,7 @@ func (e *StallError) Unwrap() error { return ErrTimeout }
 func (c *Comm) where() wire.Wait {
 	w := wire.Wait{Rank: uint32(c.rank), Peer: -1}
 	now := c.since()
+	c.asked.Store(max(now, 1))
 	if r := c.op.Load(); r != nil {
 		w.State, w.Seq, w.Op = wire.WaitRunning, r.cseq, r.name
 		w.For = now - r.start.Load()
@@ -153,6 +155,14 @@ func waitsOf(d *wire.Diagnosis, from int) ([]int, bool) {
 		}
 		return int(w.Peer)
 	})
+}
+
+// diagnosing reports whether the root asked this rank where it waits
+// recently enough that the diagnosis (or a silent rank's notice) may
+// still be coming.
+func (c *Comm) diagnosing() bool {
+	a := c.asked.Load()
+	return a != 0 && time.Duration(c.since()-a) < bootstrap.DiagnosisWait+time.Second
 }
 
 // stallCause is the cause this rank aborts with on diagnosis d.

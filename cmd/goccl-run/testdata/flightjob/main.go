@@ -59,7 +59,11 @@ func main() {
 		}
 		nc.Close()
 	case c.Rank() == 1 && os.Args[1] == "stop":
+		// kill returns before the stop reaches this thread (another
+		// thread takes the signal and stops the others): without the
+		// sleep, this rank sometimes went on to Close first.
 		syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+		time.Sleep(time.Hour)
 	case c.Rank() == 1 && os.Args[1] == "mismatch":
 		err = collective.Broadcast(ctx, c, buf, buf, 0)
 	default:
