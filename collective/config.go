@@ -124,6 +124,14 @@ type Config struct {
 	// may, so that ranks of one job on one host running as different
 	// users need it on every rank.
 	ShmAllowUIDs []int
+	// ShmCMA says whether a shared-memory receiver of a broadcast or an
+	// all-gather copies slices straight out of the sender's memory
+	// (process_vm_readv, one copy where slots take two; GOCCL_SHM_CMA):
+	// "auto" (or "") where this host's kernel copies fast enough for it
+	// to pay, measured once per process; "on" or "off" regardless. The
+	// kernel refuses it between processes that may not ptrace each other;
+	// then slots carry everything, as with "off".
+	ShmCMA string
 	// Insecure lets InitFromEnv start a job that has no GOCCL_SECRET:
 	// its connections are then checked for protocol version and job, but
 	// not authenticated (GOCCL_INSECURE=1; logged at WARN). For trusted
@@ -329,6 +337,7 @@ const (
 	EnvTLSCA        = "GOCCL_TLS_CA"         // PEM: the CA that signed every rank's certificate
 	EnvInsecure     = "GOCCL_INSECURE"       // 1: InitFromEnv runs without GOCCL_SECRET, unauthenticated
 	EnvShmAllowUIDs = "GOCCL_SHM_ALLOW_UIDS" // uids, comma-separated, whose processes may join this rank's shared memory
+	EnvShmCMA       = "GOCCL_SHM_CMA"        // auto, on or off: the receiver's single copy (process_vm_readv)
 
 	EnvIBHCA      = "GOCCL_IB_HCA"                // NCCL_IB_HCA's syntax: mlx5_0:1,mlx5_1 / ^mlx5_1 / =mlx5_0
 	EnvIBGIDIndex = "GOCCL_IB_GID_INDEX"          // a GID table index
@@ -487,6 +496,14 @@ func fromEnv(lookup func(string) (string, bool)) (Config, error) {
 				return c, bad(EnvShmAllowUIDs, v, "a comma-separated list of numeric uids")
 			}
 			c.ShmAllowUIDs = append(c.ShmAllowUIDs, uid)
+		}
+	}
+	if v, ok := lookup(EnvShmCMA); ok && v != "" {
+		switch strings.ToLower(strings.TrimSpace(v)) {
+		case "auto", "on", "off":
+			c.ShmCMA = strings.ToLower(strings.TrimSpace(v))
+		default:
+			return c, bad(EnvShmCMA, v, "auto, on or off")
 		}
 	}
 	// On/off switches: 1, true or yes sets them; 0, false or no leaves

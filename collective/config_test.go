@@ -61,6 +61,7 @@ func TestInvalidEnvironmentIsAnError(t *testing.T) {
 		"GOCCL_NET_GDR_LEVEL":     "nearby",
 		"GOCCL_GDR_FLUSH_DISABLE": "maybe",
 		"GOCCL_SHM_ALLOW_UIDS":    "1000,root",
+		"GOCCL_SHM_CMA":           "sometimes",
 		"GOCCL_INSECURE":          "sure",
 		"GOCCL_HEARTBEAT_TIMEOUT": "-5s",
 	} {

@@ -114,7 +114,7 @@
 // Config, set with Options, has a zero value meaning defaults. The
 // environment variables GOCCL_ALGO, GOCCL_NCHANNELS, GOCCL_MAX_NCHANNELS,
 // GOCCL_CHUNK_SIZE, GOCCL_TIMEOUT, GOCCL_INIT_TIMEOUT, GOCCL_NSOCKS,
-// GOCCL_SOCKET_IFNAME, GOCCL_HOSTID, GOCCL_SPIN, GOCCL_TRANSPORT,
+// GOCCL_SOCKET_IFNAME, GOCCL_HOSTID, GOCCL_SPIN, GOCCL_SHM_CMA, GOCCL_TRANSPORT,
 // GOCCL_DEBUG, GOCCL_DEBUG_SUBSYS, GOCCL_DEBUG_DUMP and GOCCL_TLS_CERT,
 // GOCCL_TLS_KEY, GOCCL_TLS_CA are read once, when a communicator is made;
 // options override them; an invalid value is an error. The launchers'

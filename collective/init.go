@@ -450,7 +450,8 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	if nShm > 0 {
 		here := summarize(table.Peers)[hostID]
 		o := shm.Options{Rank: rank, ListenersUp: true, NRanks: nranks, Peers: shmPeers, Secret: id.secret[:], Listener: shmLn,
-			Slots: slots, SlotSize: slotSize, SpinFor: cfg.Spin, YieldWhenIdle: here.ranks > here.cpus, AllowUIDs: cfg.ShmAllowUIDs}
+			Slots: slots, SlotSize: slotSize, SpinFor: cfg.Spin, YieldWhenIdle: here.ranks > here.cpus, AllowUIDs: cfg.ShmAllowUIDs,
+			CMA: map[string]shm.CMAMode{"on": shm.CMAOn, "off": shm.CMAOff}[cfg.ShmCMA]}
 		if reg, ok := dev.(device.Registrar); ok {
 			// Device operations reduce straight into the segments, which
 			// the GPU reaches once registered.

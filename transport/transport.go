@@ -188,8 +188,28 @@ type DirectReceiver interface {
 type DirectSender interface {
 	// PostFrom queues src as the next outgoing slice, to be sent from src
 	// itself: src must stay valid and unchanged until Flush returns. It
-	// replaces a Reserve/Post pair and does not wait for a free slot.
-	PostFrom(src memory.Buffer, tag Tag) error
+	// replaces a Reserve/Post pair. A transport that queues (TCP) does not
+	// wait for a free slot; one whose receiver reads src itself (see
+	// PeerCopier) waits for one, bounded by ctx.
+	PostFrom(ctx context.Context, src memory.Buffer, tag Tag) error
+}
+
+// PeerCopier is implemented by connections whose PostFrom leaves the
+// copy to the receiver: it reads the slice straight out of the sender's
+// memory (shared memory's cross-memory attach, process_vm_readv, as Open
+// MPI's vader BTL does), so a slice moves with one copy instead of two,
+// into the slot and out of it. That pays only where the receiver lands
+// the slice in its output (DirectReceiver); a receiver that reduces would
+// copy it into a slot first. So the engine sends with PostFrom on such a
+// connection only in collectives whose receives all land (broadcast,
+// all-gather), and only when PeerCopies says so for the operation's size.
+type PeerCopier interface {
+	// PeerCopies reports whether an operation of opBytes bytes should
+	// move its slices by the receiver's copy: whether the size is one
+	// where that pays, and whether the receiver can read the sender's
+	// memory (as the receiver found it: send says which end asks). Both
+	// Wait and WaitInto take slices sent either way.
+	PeerCopies(opBytes int64, send bool) bool
 }
 
 // Flusher is implemented by connections whose posted slices may still be

@@ -31,6 +31,11 @@ type chanRun struct {
 	sig            uint32
 	aliased        bool // Input and Output overlap (an in-place operation)
 	ch             int
+	// landsOnly: every receive of the operation lands in the output (a
+	// host broadcast or all-gather), where a transport.PeerCopier's
+	// receiver copies straight from the sender; opBytes is its size.
+	landsOnly bool
+	opBytes   int64
 
 	io           lockIO           // the lockstep step running (setLockIO)
 	conns        []transport.Conn // by peer
@@ -102,6 +107,11 @@ func (x *chanRun) setup(e *Engine, op *Op, pl *Plan, c int, dev bool) {
 	x.cached = pl.spans
 	x.aliased = op.In.Overlaps(op.Out)
 	x.ch = c
+	// Not a broadcast on two ranks: there the root's copy into the slots
+	// runs beside the receiver's copy out of them, and the single copy
+	// saves no time.
+	x.landsOnly = !dev && (op.Coll == algorithms.CollAllGather || op.Coll == algorithms.CollBroadcast && e.nranks > 2)
+	x.opBytes = op.Bytes(e.nranks)
 	clear(x.sent)
 	clear(x.recvd)
 }
@@ -253,10 +263,16 @@ func (x *chanRun) setLockIO(st *algorithms.Step) *lockIO {
 	}
 	if io.rc != nil && x.out.HostVisible() && (st.Kind == algorithms.Recv || st.Kind == algorithms.RecvCopySend) {
 		io.dr, _ = io.rc.(transport.DirectReceiver)
+		if pc, ok := io.rc.(transport.PeerCopier); ok && !(x.landsOnly && pc.PeerCopies(x.opBytes, false)) {
+			io.dr = nil // slots as ever: the receiver's copy would not pay
+		}
 	}
 	sendsInput := st.Src.Buf == algorithms.Input && !x.aliased && (st.Kind == algorithms.Send || st.Kind == algorithms.CopySend)
 	if io.sc != nil && (x.unwritten[x.stepI] || sendsInput) && x.in.HostVisible() && x.out.HostVisible() {
 		io.ds, _ = io.sc.(transport.DirectSender)
+		if pc, ok := io.sc.(transport.PeerCopier); ok && !(x.landsOnly && pc.PeerCopies(x.opBytes, true)) {
+			io.ds = nil
+		}
 	}
 	return io
 }
@@ -358,7 +374,7 @@ func (x *chanRun) lockSlice(ctx context.Context, io *lockIO, sl uint32, nb int, 
 			from = *src
 		}
 		tag := transport.Tag{Op: x.seq, Sig: x.sig, Msg: x.sent[io.speer], Slice: sl}
-		if err := io.ds.PostFrom(from, tag); err != nil {
+		if err := io.ds.PostFrom(ctx, from, tag); err != nil {
 			return x.fail(st, io.speer, err)
 		}
 		return nil

@@ -37,6 +37,15 @@ type conn struct {
 	head    uint32
 	holding bool
 
+	// Cross-memory attach (cma_linux.go): the peer's pid, whether this
+	// side has probed whether it can read the peer's memory, and the last
+	// slice this side posted by reference (for Flush).
+	pid     int
+	probed  bool
+	lastRef uint32
+	hasRef  bool
+	byRef   atomic.Int64 // slices posted by reference so far (tests look)
+
 	closeCtl sync.Once
 	sleeps   atomic.Int32 // futex sleeps so far (tests look)
 
@@ -48,10 +57,16 @@ type conn struct {
 	unregister sync.Once
 }
 
-var _ transport.Conn = (*conn)(nil)
+var (
+	_ transport.Conn           = (*conn)(nil)
+	_ transport.DirectSender   = (*conn)(nil)
+	_ transport.DirectReceiver = (*conn)(nil)
+	_ transport.Flusher        = (*conn)(nil)
+	_ transport.PeerCopier     = (*conn)(nil)
+)
 
 func newConn(e *Endpoint, peer, ch int, seg *segment, ctl int) *conn {
-	return &conn{e: e, peer: peer, ch: ch, seg: seg, ctl: ctl, tx: seg.ring(seg.side, e.g), rx: seg.ring(1-seg.side, e.g)}
+	return &conn{e: e, peer: peer, ch: ch, seg: seg, ctl: ctl, tx: seg.ring(seg.side, e.g), rx: seg.ring(1-seg.side, e.g), pid: peerPid(ctl)}
 }
 
 // wakeAll wakes whoever sleeps on the segment, on either side. Any
@@ -121,15 +136,22 @@ func (c *conn) Post(n int, tag transport.Tag) error {
 	if n <= inlineMax && !c.reservedInline {
 		copy(c.tx.payload(c.tail, n), c.reserved)
 	}
+	c.publish(tag, uint32(n))
+	return nil
+}
+
+// publish hands the reserved slot to the receiver with size (and flags)
+// in its descriptor, wakes the receiver if it sleeps, and lets go of the
+// segment that Reserve acquired.
+func (c *conn) publish(tag transport.Tag, size uint32) {
 	seq := c.tx.seq(c.tail)
-	c.tx.publish(c.tail, tag.Op, tag.Sig, tag.Msg, tag.Slice, uint32(n))
+	c.tx.publish(c.tail, tag.Op, tag.Sig, tag.Msg, tag.Slice, size)
 	c.tail++
 	if c.tx.rwait.Load() != 0 {
 		futexWake(seq)
 	}
 	c.isReserved, c.reserved = false, nil
 	c.seg.release()
-	return nil
 }
 
 func (c *conn) Wait(ctx context.Context) (memory.Buffer, transport.Tag, error) {
@@ -139,6 +161,7 @@ func (c *conn) Wait(ctx context.Context) (memory.Buffer, transport.Tag, error) {
 	if !c.seg.acquire() || c.e.down.Load() {
 		return memory.Buffer{}, transport.Tag{}, c.fail("recv", c.e.closedErr())
 	}
+	c.probe()
 	if !c.rx.filled(c.head) {
 		err := c.await(ctx, "recv", c.rx.seq(c.head), c.rx.rwait, func() bool { return c.rx.filled(c.head) })
 		if err != nil {
@@ -147,13 +170,24 @@ func (c *conn) Wait(ctx context.Context) (memory.Buffer, transport.Tag, error) {
 		}
 	}
 	op, sig, msg, slice, size := c.rx.getDesc(c.head)
-	if int(size) > c.rx.slotSize {
+	n := int(size &^ refFlag)
+	if n > c.rx.slotSize {
 		c.seg.release()
-		err := fmt.Errorf("protocol error: rank %d posted a %d-byte slice, slots hold %d", c.peer, size, c.rx.slotSize)
+		err := fmt.Errorf("protocol error: rank %d posted a %d-byte slice, slots hold %d", c.peer, n, c.rx.slotSize)
 		return memory.Buffer{}, transport.Tag{}, &transport.PeerError{Peer: c.peer, Op: "recv", Err: err}
 	}
+	b := c.rx.payload(c.head, n)
+	if size&refFlag != 0 {
+		// Sent by reference (PostFrom): copied into the slot here, for a
+		// caller that reads it from there.
+		b = c.rx.slot(c.head)[:n]
+		if err := c.fetch(c.rx.descOf(c.head), b); err != nil {
+			c.seg.release()
+			return memory.Buffer{}, transport.Tag{}, err
+		}
+	}
 	c.holding = true
-	return c.buf(c.rx.payload(c.head, int(size))), transport.Tag{Op: op, Sig: sig, Msg: msg, Slice: slice}, nil
+	return c.buf(b), transport.Tag{Op: op, Sig: sig, Msg: msg, Slice: slice}, nil
 }
 
 func (c *conn) Release() error {

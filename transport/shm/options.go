@@ -27,6 +27,16 @@ const (
 	sleepSlice = 2 * time.Millisecond
 )
 
+// CMAMode is Options.CMA.
+type CMAMode int
+
+// The values of Options.CMA.
+const (
+	CMAAuto CMAMode = iota
+	CMAOn
+	CMAOff
+)
+
 // Options configures an endpoint.
 type Options struct {
 	Rank, NRanks int
@@ -66,6 +76,18 @@ type Options struct {
 	// keeps GPU traffic in pinned host memory the same way). Nil: the
 	// endpoint carries host operations only.
 	Device device.Registrar
+	// CMAMin and CMAMax bound the operations, in bytes, whose slices a
+	// receiver that only lands them (broadcast, all-gather) copies
+	// straight out of the sender's memory (process_vm_readv: one copy
+	// where slots take two; cma_linux.go). 0 means DefaultCMAMin and
+	// DefaultCMAMax (CMAMax 0: no upper bound); CMAMin < 0 turns it off.
+	// Where the kernel refuses it (another user, ptrace_scope, seccomp),
+	// slices go through slots as ever.
+	CMAMin, CMAMax int64
+	// CMA says whether receivers offer the single copy at all: CMAAuto
+	// (the default) where this host's kernel copies fast enough for it to
+	// pay (measured once per process), CMAOn or CMAOff regardless.
+	CMA CMAMode
 	// ListenersUp: every peer's listener is up before this endpoint is
 	// made (as the bootstrap guarantees), so a refused connection means
 	// the peer has closed and Connect fails at once (connsetup.Dialer).

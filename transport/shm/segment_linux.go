@@ -174,6 +174,7 @@ func mapSegment(fd int, g geometry, side int) (*segment, error) {
 		return nil, fmt.Errorf("shm: map segment: %w", err)
 	}
 	s := &segment{mem: mem, side: side}
+	s.publishBase() // for the peer's cross-memory attach probe (cma_linux.go)
 	if side == 0 {
 		binary.LittleEndian.PutUint64(mem[hdrMagic:], magic)
 		binary.LittleEndian.PutUint32(mem[hdrVersion:], version)

@@ -98,6 +98,12 @@ func New(o Options) (*Endpoint, error) {
 	if o.SlotSize == 0 {
 		o.SlotSize = DefaultSlotSize
 	}
+	if o.CMAMin == 0 {
+		o.CMAMin = DefaultCMAMin
+	}
+	if o.CMAMax == 0 {
+		o.CMAMax = DefaultCMAMax
+	}
 	if o.SpinFor == 0 {
 		o.SpinFor = DefaultSpinFor
 	}

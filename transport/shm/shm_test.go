@@ -277,6 +277,9 @@ func TestContract(t *testing.T) {
 		{"default", nil},
 		// Every wait sleeps on the futex; slots not a whole number of pages.
 		{"sleeping", func(_ int, o *Options) { o.SpinFor = -1; o.Slots = 2; o.SlotSize = 5000 }},
+		// Receivers copy PostFrom's slices out of the sender's memory,
+		// whatever this host's kernel copy costs.
+		{"single-copy", func(_ int, o *Options) { o.CMA = CMAOn }},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			transporttest.Contract(t, func(t *testing.T, n int) []transport.Endpoint {

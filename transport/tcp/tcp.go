@@ -722,7 +722,7 @@ func (c *conn) Post(n int, tag transport.Tag) error {
 }
 
 // PostFrom implements transport.DirectSender.
-func (c *conn) PostFrom(src memory.Buffer, tag transport.Tag) error {
+func (c *conn) PostFrom(_ context.Context, src memory.Buffer, tag transport.Tag) error {
 	if src.Len() > c.e.o.SlotSize {
 		return fmt.Errorf("tcp: post of %d bytes, slots hold %d", src.Len(), c.e.o.SlotSize)
 	}

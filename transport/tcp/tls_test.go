@@ -70,7 +70,7 @@ func sendAndCheck(t *testing.T, a, b transport.Conn, n int) {
 			if i%2 == 0 {
 				var buf = make([]byte, size(i))
 				fill(buf, i)
-				err = a.(transport.DirectSender).PostFrom(memory.HostBuffer(buf), transport.Tag{Op: 1, Msg: uint32(i)})
+				err = a.(transport.DirectSender).PostFrom(ctx, memory.HostBuffer(buf), transport.Tag{Op: 1, Msg: uint32(i)})
 				if err == nil {
 					err = a.(transport.Flusher).Flush(ctx) // buf must stay valid until written
 				}

@@ -574,7 +574,7 @@ func (c *contract) localClose(t *testing.T) {
 				check(err, "WaitInto")
 			}
 			if d, ok := a.(transport.DirectSender); ok {
-				err = d.PostFrom(memory.HostBuffer(make([]byte, 1)), tagOf(8, 0))
+				err = d.PostFrom(ctx, memory.HostBuffer(make([]byte, 1)), tagOf(8, 0))
 				check(err, "PostFrom")
 			}
 			require.Less(t, time.Since(at), prompt, "calls on a closed endpoint fail at once")
@@ -669,7 +669,7 @@ func (c *contract) direct(t *testing.T) {
 				}
 				src := pattern(11, i, size(i))
 				srcs = append(srcs, src)
-				require.NoError(t, d.PostFrom(memory.HostBuffer(src), tagOf(11, i)))
+				require.NoError(t, d.PostFrom(ctx, memory.HostBuffer(src), tagOf(11, i)))
 			}
 			if f, ok := a.(transport.Flusher); ok {
 				require.NoError(t, f.Flush(ctx))

@@ -1,0 +1,329 @@
+package shm
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/goccl/goccl/memory"
+	"github.com/goccl/goccl/transport"
+)
+
+// Cross-memory attach (issue 17). A slice normally crosses with two
+// copies: the sender's into the slot, the receiver's out of it. Where the
+// receiver only lands the slice in its output (broadcast, all-gather), it
+// can instead copy it straight out of the sender's memory with
+// process_vm_readv, which Linux has had since 3.2 (Open MPI's vader BTL
+// and MPICH's nemesis do the same, as "CMA"): the sender posts a
+// descriptor that says where the slice is, the receiver copies it and
+// releases the slot, and the sender's Flush waits for that release before
+// the operation returns and the caller may touch its buffer again.
+//
+// Whether it works is found out, not assumed: the kernel refuses it
+// between processes that may not ptrace each other (another user, Yama's
+// ptrace_scope, a container's seccomp profile), and pids differ between
+// pid namespaces. So each side writes the address it maps the segment at
+// into the segment's header, and a receiver, before its first wait,
+// reads through process_vm_readv, at the peer's mapping, the word that
+// holds its own mapping's address. Only if that reads back right does it
+// raise its "can read" flag, and only then does the sender post
+// descriptors; otherwise both go on with slots.
+//
+// Whether it pays is measured, not assumed either. The slot path's two
+// copies are user-space copies that run on two cores at once; the single
+// copy is the kernel's, which pins the sender's pages first. On these
+// KVM guests process_vm_readv moves 6-7 GB/s where copy moves 20-30
+// (docs/performance.md, "Single-copy transfers"), so there it loses at
+// every size, and Open MPI pays that too. So, unless Options.CMA says
+// otherwise, each process times both once (kernelCopySpeed, about a
+// millisecond) and a receiver offers the single copy only when the
+// kernel's copy runs at least half as fast as a user-space one: then one
+// kernel copy costs less than the two it replaces.
+//
+// What a peer can do with it: make this rank copy from the peer's own
+// memory, at most the bytes the engine expected (the size is checked
+// first). A receiver checks, after its copy, that the sender has not
+// aborted meanwhile: an aborted sender's operation returns, and its
+// caller may rewrite the buffer, only after it has raised its abort flag,
+// so a copy that ends before the flag is seen read the buffer intact.
+
+const (
+	sideBase = 16 // uint64: the address this side maps the segment at
+	sideCMA  = 24 // uint32: whether this side reads the other's memory (cma*)
+
+	cmaUnknown = 0
+	cmaYes     = 1
+	cmaNo      = 2
+
+	// refFlag, in a descriptor's size, says that the slice is not in the
+	// slot but in the sender's memory, at the address and length inline.
+	refFlag = 1 << 31
+
+	// cmaWorthIt is the least ratio of the kernel's copy speed to a
+	// user-space copy's at which the single copy pays (see above).
+	cmaWorthIt = 0.5
+
+	// DefaultCMAMin and DefaultCMAMax bound the operations whose slices
+	// go by the receiver's copy (Options.CMAMin, CMAMax); measured in
+	// docs/performance.md ("Single-copy broadcast and all-gather").
+	DefaultCMAMin = 64 << 10
+	DefaultCMAMax = 0 // no upper bound
+)
+
+func (s *segment) u64(off int) *atomic.Uint64 {
+	return (*atomic.Uint64)(unsafe.Pointer(&s.mem[off]))
+}
+
+// publishBase writes where this side maps the segment, for the peer's
+// probe.
+func (s *segment) publishBase() {
+	s.u64(sideOff(s.side) + sideBase).Store(uint64(uintptr(unsafe.Pointer(&s.mem[0]))))
+}
+
+// readPeer copies len(dst) bytes at addr in process pid's memory into dst.
+func readPeer(pid int, dst []byte, addr uint64) error {
+	for len(dst) > 0 {
+		local := []unix.Iovec{{Base: &dst[0]}}
+		local[0].SetLen(len(dst))
+		remote := []unix.RemoteIovec{{Base: uintptr(addr), Len: len(dst)}}
+		n, err := unix.ProcessVMReadv(pid, local, remote, 0)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("process_vm_readv of %d bytes from pid %d: %w", len(dst), pid, err)
+		}
+		if n <= 0 {
+			return fmt.Errorf("process_vm_readv from pid %d: %w", pid, io.ErrUnexpectedEOF)
+		}
+		dst, addr = dst[n:], addr+uint64(n)
+	}
+	return nil
+}
+
+// kernelCopySpeed is the ratio of process_vm_readv's copy speed to
+// copy's, measured once per process on 256 KiB (the best of five runs
+// of each, so that a preempted run does not decide); 0 when the kernel
+// refuses it.
+var kernelCopySpeed = sync.OnceValue(func() float64 {
+	const n = 256 << 10
+	src, dst := make([]byte, n), make([]byte, n)
+	for i := range src {
+		src[i] = byte(i)
+	}
+	pid := unix.Getpid()
+	best := func(f func() error) (time.Duration, error) {
+		b := time.Duration(1 << 62)
+		for range 5 {
+			t0 := time.Now()
+			if err := f(); err != nil {
+				return 0, err
+			}
+			b = min(b, time.Since(t0))
+		}
+		return b, nil
+	}
+	kernel, err := best(func() error { return readPeer(pid, dst, uint64(uintptr(unsafe.Pointer(&src[0])))) })
+	if err != nil || kernel <= 0 {
+		return 0
+	}
+	user, _ := best(func() error { copy(dst, src); return nil })
+	return float64(user) / float64(kernel)
+})
+
+// cmaPays reports whether this process's receivers offer the single copy.
+func (o *Options) cmaPays() bool {
+	switch o.CMA {
+	case CMAOn:
+		return true
+	case CMAOff:
+		return false
+	}
+	return kernelCopySpeed() >= cmaWorthIt
+}
+
+// peerPid is the pid of the process at the other end of the control
+// socket, as this process's pid namespace numbers it (SO_PEERCRED); 0 if
+// unknown.
+func peerPid(ctl int) int {
+	cred, err := unix.GetsockoptUcred(ctl, unix.SOL_SOCKET, unix.SO_PEERCRED)
+	if err != nil {
+		return 0
+	}
+	return int(cred.Pid)
+}
+
+// probe finds out, once, whether this side can read the peer's memory,
+// and says so in the segment for the peer's sends. It needs the peer's
+// mapping address, which the peer writes when it maps the segment. The
+// caller holds the segment.
+func (c *conn) probe() {
+	if c.probed {
+		return
+	}
+	c.probed = true
+	res := uint32(cmaNo)
+	me, peer := c.seg.side, 1-c.seg.side
+	if c.e.o.CMAMin >= 0 && c.pid > 0 && c.e.o.cmaPays() {
+		base := c.seg.u64(sideOff(peer) + sideBase).Load()
+		if base == 0 {
+			c.probed = false // not mapped yet: look again at the next wait
+			return
+		}
+		{
+			var got [8]byte
+			err := readPeer(c.pid, got[:], base+uint64(sideOff(me)+sideBase))
+			if err == nil && binary.LittleEndian.Uint64(got[:]) == c.seg.u64(sideOff(me)+sideBase).Load() {
+				res = cmaYes
+			} else if c.e.o.Logger != nil {
+				c.e.o.Logger.Debug("goccl: shm: the receiver's single copy (process_vm_readv) is not available; slices go through slots",
+					"peer", c.peer, "channel", c.ch, "err", err)
+			}
+		}
+	}
+	c.seg.u32(sideOff(me) + sideCMA).Store(res)
+}
+
+// PeerCopies implements transport.PeerCopier.
+func (c *conn) PeerCopies(opBytes int64, send bool) bool {
+	o := &c.e.o
+	if o.CMAMin < 0 || opBytes < o.CMAMin || (o.CMAMax > 0 && opBytes > o.CMAMax) || c.mapped.Len() > 0 {
+		return false
+	}
+	if !send {
+		return c.seg.acquire() && c.reads(c.seg.side)
+	}
+	return c.seg.acquire() && c.peerReads()
+}
+
+// peerReads reports whether the peer has found that it can read this
+// rank's memory. The caller has acquired the segment; peerReads releases
+// it.
+func (c *conn) peerReads() bool { return c.reads(1 - c.seg.side) }
+
+// reads reports whether side has found that it can read the other side's
+// memory, and releases the segment.
+func (c *conn) reads(side int) bool {
+	defer c.seg.release()
+	return c.seg.u32(sideOff(side)+sideCMA).Load() == cmaYes
+}
+
+// PostFrom implements transport.DirectSender. Slices the peer can read
+// from here go by reference; others are copied into a slot.
+func (c *conn) PostFrom(ctx context.Context, src memory.Buffer, tag transport.Tag) error {
+	n := src.Len()
+	if n > c.tx.slotSize {
+		return fmt.Errorf("shm: post of %d bytes, slots hold %d", n, c.tx.slotSize)
+	}
+	b := src.Bytes()
+	byRef := n > inlineMax && c.seg.acquire() && c.peerReads()
+	if !byRef {
+		slot, err := c.Reserve(ctx, n)
+		if err != nil {
+			return err
+		}
+		copy(slot.Bytes(), b)
+		return c.Post(n, tag)
+	}
+	if _, err := c.Reserve(ctx, 0); err != nil {
+		return err
+	}
+	d := c.tx.descOf(c.tail)
+	binary.LittleEndian.PutUint64(d[descInline:], uint64(uintptr(unsafe.Pointer(&b[0]))))
+	binary.LittleEndian.PutUint64(d[descInline+8:], uint64(n))
+	c.lastRef, c.hasRef = c.tail, true
+	c.byRef.Add(1)
+	c.publish(tag, uint32(n)|refFlag)
+	return nil
+}
+
+// Flush implements transport.Flusher: it waits until the peer has
+// released every slice it reads from this rank's memory.
+func (c *conn) Flush(ctx context.Context) error {
+	if !c.hasRef {
+		return nil
+	}
+	if !c.seg.acquire() || c.e.down.Load() {
+		return c.fail("send", c.e.closedErr())
+	}
+	defer c.seg.release()
+	done := func() bool { return int32(c.tx.head.Load()-(c.lastRef+1)) >= 0 }
+	if !done() {
+		if err := c.await(ctx, "send", c.tx.head, c.tx.swait, done); err != nil {
+			return err
+		}
+	}
+	c.hasRef = false
+	return nil
+}
+
+// fetch copies a slice posted by reference (descriptor d, n bytes) into
+// dst, and checks that the sender was still in its operation when the
+// copy ended.
+func (c *conn) fetch(d []byte, dst []byte) error {
+	addr := binary.LittleEndian.Uint64(d[descInline:])
+	if l := binary.LittleEndian.Uint64(d[descInline+8:]); l != uint64(len(dst)) {
+		return &transport.PeerError{Peer: c.peer, Op: "recv", Err: fmt.Errorf("protocol error: rank %d posted a %d-byte slice that says it is %d bytes", c.peer, len(dst), l)}
+	}
+	if err := readPeer(c.pid, dst, addr); err != nil {
+		if cerr := c.check(context.Background(), true); cerr != nil {
+			return c.fail("recv", cerr)
+		}
+		return c.fail("recv", err)
+	}
+	if reason, ok := c.seg.abortReason(1 - c.seg.side); ok {
+		return c.fail("recv", &transport.PeerAbortedError{Peer: c.peer, Cause: errors.New(reason)})
+	}
+	return nil
+}
+
+// WaitInto implements transport.DirectReceiver: a slice by reference is
+// copied from the sender's memory straight into dst, one in a slot out of
+// it.
+func (c *conn) WaitInto(ctx context.Context, dst memory.Buffer) (transport.Tag, int, error) {
+	if c.holding {
+		return transport.Tag{}, 0, errors.New("shm: wait while holding a slot")
+	}
+	if !c.seg.acquire() || c.e.down.Load() {
+		return transport.Tag{}, 0, c.fail("recv", c.e.closedErr())
+	}
+	defer c.seg.release()
+	c.probe()
+	if !c.rx.filled(c.head) {
+		if err := c.await(ctx, "recv", c.rx.seq(c.head), c.rx.rwait, func() bool { return c.rx.filled(c.head) }); err != nil {
+			return transport.Tag{}, 0, err
+		}
+	}
+	op, sig, msg, slice, size := c.rx.getDesc(c.head)
+	tag := transport.Tag{Op: op, Sig: sig, Msg: msg, Slice: slice}
+	n := int(size &^ refFlag)
+	if n > c.rx.slotSize {
+		err := fmt.Errorf("protocol error: rank %d posted a %d-byte slice, slots hold %d", c.peer, n, c.rx.slotSize)
+		return tag, n, &transport.PeerError{Peer: c.peer, Op: "recv", Err: err}
+	}
+	if n != dst.Len() {
+		return tag, n, transport.ErrSizeMismatch
+	}
+	out := dst.Bytes()
+	if size&refFlag != 0 {
+		if err := c.fetch(c.rx.descOf(c.head), out); err != nil {
+			return tag, n, err
+		}
+	} else {
+		copy(out, c.rx.payload(c.head, n))
+	}
+	c.head++
+	c.rx.head.Store(c.head)
+	if c.rx.swait.Load() != 0 {
+		futexWake(c.rx.head)
+	}
+	return tag, n, nil
+}
