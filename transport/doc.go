@@ -67,8 +67,11 @@
 // from the user's buffer (TCP writes it to the socket), DirectReceiver
 // lands a slice straight in the user's output (TCP reads into it), and
 // Flusher tells the engine when the user's buffers are free again. The
-// engine tests for them per connection; the shared-memory transport
-// offers none, since its sender already writes into the receiver's slot.
+// engine tests for them per connection. The shared-memory transport's
+// sender already writes into the receiver's slot; its direct paths are
+// the receiver's single copy out of the sender's memory (PeerCopier),
+// which the engine uses only where the receiver lands the slice, and
+// which is on only where this host's kernel copies fast enough.
 //
 // # Boards
 //

@@ -87,6 +87,16 @@
 // process dies leaves no flag, and the communicator's watch (the
 // bootstrap root) aborts the survivors' endpoints, which ends their waits.
 //
+// # The receiver's single copy
+//
+// Where the receiver only lands a slice in its output (all-gather, and
+// broadcasts of three ranks or more), the sender may post where the slice
+// is instead of copying it, and the receiver has the kernel copy it
+// straight out of the sender's memory (process_vm_readv). It is probed
+// per connection and, by default, used only where this host's kernel
+// copies at least half as fast as user space; cma_linux.go has the
+// details.
+//
 // # Failures
 //
 // The Unix socket stays open as a control channel: a peer that dies closes

@@ -650,7 +650,8 @@ func (c *contract) direct(t *testing.T) {
 			d := a.(transport.DirectSender)
 			// PostFrom and Reserve/Post mix, in order. A receiver runs
 			// meanwhile, as the peer's channel goroutine does: PostFrom
-			// does not wait for a free slot, but Flush waits for room.
+			// may wait for a free slot, and Flush waits for room or for
+			// the receiver's copy.
 			n := 3 * caps.Slots
 			size := func(i int) int { return sz[i%len(sz)] }
 			got := async(func() error {
