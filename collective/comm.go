@@ -325,7 +325,7 @@ func (c *Comm) watch() {
 					return
 				case <-c.ctx.Done():
 					return
-				case <-time.After(bootstrap.DiagnosisWait + time.Second):
+				case <-time.After(diagnosisBound):
 				}
 			}
 		}
@@ -735,7 +735,7 @@ func (c *Comm) exec(ctx context.Context, k *call, r *Request, prev *Request) err
 		// that got its diagnosis first has aborted: this rank's own
 		// diagnosis is on its way and says more than the neighbour's
 		// abort (its chain of waits, from this rank).
-		t := time.NewTimer(bootstrap.DiagnosisWait + time.Second)
+		t := time.NewTimer(diagnosisBound)
 		select {
 		case <-c.ctx.Done():
 		case <-t.C:

@@ -157,12 +157,18 @@ func waitsOf(d *wire.Diagnosis, from int) ([]int, bool) {
 	})
 }
 
+// diagnosisBound is how long a rank waits for the root's diagnosis once
+// it has reported a stall or answered a where-query: the root's
+// bootstrap.DiagnosisWait for the answers, and a second for the round
+// trips.
+const diagnosisBound = bootstrap.DiagnosisWait + time.Second
+
 // diagnosing reports whether the root asked this rank where it waits
 // recently enough that the diagnosis (or a silent rank's notice) may
 // still be coming.
 func (c *Comm) diagnosing() bool {
 	a := c.asked.Load()
-	return a != 0 && time.Duration(c.since()-a) < bootstrap.DiagnosisWait+time.Second
+	return a != 0 && time.Duration(c.since()-a) < diagnosisBound
 }
 
 // stallCause is the cause this rank aborts with on diagnosis d.

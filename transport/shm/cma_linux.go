@@ -199,19 +199,17 @@ func (c *conn) PeerCopies(opBytes int64, send bool) bool {
 		return false
 	}
 	if !send {
-		return c.seg.acquire() && c.reads(c.seg.side)
+		return c.reads(c.seg.side)
 	}
-	return c.seg.acquire() && c.peerReads()
+	return c.reads(1 - c.seg.side)
 }
 
-// peerReads reports whether the peer has found that it can read this
-// rank's memory. The caller has acquired the segment; peerReads releases
-// it.
-func (c *conn) peerReads() bool { return c.reads(1 - c.seg.side) }
-
 // reads reports whether side has found that it can read the other side's
-// memory, and releases the segment.
+// memory; false once the segment is being torn down.
 func (c *conn) reads(side int) bool {
+	if !c.seg.acquire() {
+		return false
+	}
 	defer c.seg.release()
 	return c.seg.u32(sideOff(side)+sideCMA).Load() == cmaYes
 }
@@ -224,7 +222,7 @@ func (c *conn) PostFrom(ctx context.Context, src memory.Buffer, tag transport.Ta
 		return fmt.Errorf("shm: post of %d bytes, slots hold %d", n, c.tx.slotSize)
 	}
 	b := src.Bytes()
-	byRef := n > inlineMax && c.seg.acquire() && c.peerReads()
+	byRef := n > inlineMax && c.reads(1-c.seg.side)
 	if !byRef {
 		slot, err := c.Reserve(ctx, n)
 		if err != nil {
@@ -296,34 +294,21 @@ func (c *conn) WaitInto(ctx context.Context, dst memory.Buffer) (transport.Tag, 
 		return transport.Tag{}, 0, c.fail("recv", c.e.closedErr())
 	}
 	defer c.seg.release()
-	c.probe()
-	if !c.rx.filled(c.head) {
-		if err := c.await(ctx, "recv", c.rx.seq(c.head), c.rx.rwait, func() bool { return c.rx.filled(c.head) }); err != nil {
-			return transport.Tag{}, 0, err
-		}
-	}
-	op, sig, msg, slice, size := c.rx.getDesc(c.head)
-	tag := transport.Tag{Op: op, Sig: sig, Msg: msg, Slice: slice}
-	n := int(size &^ refFlag)
-	if n > c.rx.slotSize {
-		err := fmt.Errorf("protocol error: rank %d posted a %d-byte slice, slots hold %d", c.peer, n, c.rx.slotSize)
-		return tag, n, &transport.PeerError{Peer: c.peer, Op: "recv", Err: err}
+	tag, n, byRef, err := c.next(ctx)
+	if err != nil {
+		return tag, n, err
 	}
 	if n != dst.Len() {
 		return tag, n, transport.ErrSizeMismatch
 	}
 	out := dst.Bytes()
-	if size&refFlag != 0 {
+	if byRef {
 		if err := c.fetch(c.rx.descOf(c.head), out); err != nil {
 			return tag, n, err
 		}
 	} else {
 		copy(out, c.rx.payload(c.head, n))
 	}
-	c.head++
-	c.rx.head.Store(c.head)
-	if c.rx.swait.Load() != 0 {
-		futexWake(c.rx.head)
-	}
+	c.advance()
 	return tag, n, nil
 }

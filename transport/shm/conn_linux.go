@@ -161,23 +161,13 @@ func (c *conn) Wait(ctx context.Context) (memory.Buffer, transport.Tag, error) {
 	if !c.seg.acquire() || c.e.down.Load() {
 		return memory.Buffer{}, transport.Tag{}, c.fail("recv", c.e.closedErr())
 	}
-	c.probe()
-	if !c.rx.filled(c.head) {
-		err := c.await(ctx, "recv", c.rx.seq(c.head), c.rx.rwait, func() bool { return c.rx.filled(c.head) })
-		if err != nil {
-			c.seg.release()
-			return memory.Buffer{}, transport.Tag{}, err
-		}
-	}
-	op, sig, msg, slice, size := c.rx.getDesc(c.head)
-	n := int(size &^ refFlag)
-	if n > c.rx.slotSize {
+	tag, n, byRef, err := c.next(ctx)
+	if err != nil {
 		c.seg.release()
-		err := fmt.Errorf("protocol error: rank %d posted a %d-byte slice, slots hold %d", c.peer, n, c.rx.slotSize)
-		return memory.Buffer{}, transport.Tag{}, &transport.PeerError{Peer: c.peer, Op: "recv", Err: err}
+		return memory.Buffer{}, transport.Tag{}, err
 	}
 	b := c.rx.payload(c.head, n)
-	if size&refFlag != 0 {
+	if byRef {
 		// Sent by reference (PostFrom): copied into the slot here, for a
 		// caller that reads it from there.
 		b = c.rx.slot(c.head)[:n]
@@ -187,18 +177,43 @@ func (c *conn) Wait(ctx context.Context) (memory.Buffer, transport.Tag, error) {
 		}
 	}
 	c.holding = true
-	return c.buf(b), transport.Tag{Op: op, Sig: sig, Msg: msg, Slice: slice}, nil
+	return c.buf(b), tag, nil
+}
+
+// next waits until the next incoming slice is posted and returns its tag,
+// its size (bounded by the slot's) and whether it was sent by reference.
+// The caller holds the segment.
+func (c *conn) next(ctx context.Context) (transport.Tag, int, bool, error) {
+	c.probe()
+	if !c.rx.filled(c.head) {
+		if err := c.await(ctx, "recv", c.rx.seq(c.head), c.rx.rwait, func() bool { return c.rx.filled(c.head) }); err != nil {
+			return transport.Tag{}, 0, false, err
+		}
+	}
+	op, sig, msg, slice, size := c.rx.getDesc(c.head)
+	tag := transport.Tag{Op: op, Sig: sig, Msg: msg, Slice: slice}
+	n := int(size &^ refFlag)
+	if n > c.rx.slotSize {
+		err := fmt.Errorf("protocol error: rank %d posted a %d-byte slice, slots hold %d", c.peer, n, c.rx.slotSize)
+		return tag, n, false, &transport.PeerError{Peer: c.peer, Op: "recv", Err: err}
+	}
+	return tag, n, size&refFlag != 0, nil
+}
+
+// advance gives the slot of the slice just taken back to the sender.
+func (c *conn) advance() {
+	c.head++
+	c.rx.head.Store(c.head)
+	if c.rx.swait.Load() != 0 {
+		futexWake(c.rx.head)
+	}
 }
 
 func (c *conn) Release() error {
 	if !c.holding {
 		return errors.New("shm: release without a matching wait")
 	}
-	c.head++
-	c.rx.head.Store(c.head)
-	if c.rx.swait.Load() != 0 {
-		futexWake(c.rx.head)
-	}
+	c.advance()
 	c.holding = false
 	c.seg.release()
 	return nil
