@@ -155,14 +155,9 @@ func Gather[T Number](ctx context.Context, c *Comm, send, recv []T, root int) er
 		return c.argError(name, "send overlaps recv other than at this rank's block")
 	}
 	copy(recv[root*m:(root+1)*m], send)
-	var reqs []*Request
-	for k := 1; k < n; k++ {
-		from := (root + k) % n
-		r, err := startP2P(ctx, c, name, algorithms.CollRecv, recv[from*m:(from+1)*m], from)
-		if err != nil {
-			return errors.Join(err, waitAll(ctx, reqs))
-		}
-		reqs = append(reqs, r)
+	reqs, err := startBlocks(ctx, c, name, algorithms.CollRecv, recv, m, root)
+	if err != nil {
+		return err
 	}
 	return waitAll(ctx, reqs)
 }
@@ -185,17 +180,29 @@ func Scatter[T Number](ctx context.Context, c *Comm, send, recv []T, root int) e
 	if overlap(asBytes(send), asBytes(recv)) && &recv[0] != &send[root*m] {
 		return c.argError(name, "recv overlaps send other than at this rank's block")
 	}
-	var reqs []*Request
-	for k := 1; k < n; k++ {
-		to := (root + k) % n
-		r, err := startP2P(ctx, c, name, algorithms.CollSend, send[to*m:(to+1)*m], to)
-		if err != nil {
-			return errors.Join(err, waitAll(ctx, reqs))
-		}
-		reqs = append(reqs, r)
+	reqs, err := startBlocks(ctx, c, name, algorithms.CollSend, send, m, root)
+	if err != nil {
+		return err
 	}
 	copy(recv, send[root*m:(root+1)*m])
 	return waitAll(ctx, reqs)
+}
+
+// startBlocks starts the root's side of Gather (coll CollRecv) and
+// Scatter (CollSend): one message with every other rank, on its block of
+// m elements of blocks, in rank order from the root's. When one fails to
+// start, it waits for those started and returns both errors.
+func startBlocks[T Number](ctx context.Context, c *Comm, name string, coll algorithms.Collective, blocks []T, m, root int) ([]*Request, error) {
+	var reqs []*Request
+	for k := 1; k < c.size; k++ {
+		peer := (root + k) % c.size
+		r, err := startP2P(ctx, c, name, coll, blocks[peer*m:(peer+1)*m], peer)
+		if err != nil {
+			return nil, errors.Join(err, waitAll(ctx, reqs))
+		}
+		reqs = append(reqs, r)
+	}
+	return reqs, nil
 }
 
 func rootedArgs(c *Comm, ctx context.Context, name string, root int) error {
