@@ -201,17 +201,24 @@ func TestBuiltBinary(t *testing.T) {
 	require.Contains(t, stdout, "] hi\n")
 }
 
-// TestFlightRecordersNameTheCulprit runs a real goccl job whose rank 1
-// hangs or calls the wrong collective; goccl-run gathers every rank's
-// flight recorder and its analysis names rank 1.
-func TestFlightRecordersNameTheCulprit(t *testing.T) {
+// flightJob builds testdata/flightjob, a goccl job that goes wrong on
+// purpose, into the test's temporary directory.
+func flightJob(t *testing.T) string {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("builds a goccl program; skipped in -short mode")
 	}
 	job := filepath.Join(t.TempDir(), "flightjob")
-	build := exec.Command("go", "build", "-o", job, "./testdata/flightjob")
-	out, err := build.CombinedOutput()
+	out, err := exec.Command("go", "build", "-o", job, "./testdata/flightjob").CombinedOutput()
 	require.NoError(t, err, "%s", out)
+	return job
+}
+
+// TestFlightRecordersNameTheCulprit runs a real goccl job whose rank 1
+// hangs or calls the wrong collective; goccl-run gathers every rank's
+// flight recorder and its analysis names rank 1.
+func TestFlightRecordersNameTheCulprit(t *testing.T) {
+	job := flightJob(t)
 	for _, c := range []struct {
 		mode, want string
 		dumps      int
@@ -237,12 +244,7 @@ func TestFlightRecordersNameTheCulprit(t *testing.T) {
 // Ctrl-C on a hung job: goccl-run still gathers the recorders and says
 // what they show (issue 15).
 func TestInterruptedJobIsAnalyzed(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds a goccl program; skipped in -short mode")
-	}
-	job := filepath.Join(t.TempDir(), "flightjob")
-	out, err := exec.Command("go", "build", "-o", job, "./testdata/flightjob").CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	job := flightJob(t)
 	dir := t.TempDir()
 	cmd := gocclRun(t, "-np", "3", "-dump", dir, job, "hangforever")
 	var stdout, stderr bytes.Buffer
@@ -258,12 +260,7 @@ func TestInterruptedJobIsAnalyzed(t *testing.T) {
 
 // -keep-going: a rank dies, the others Shrink and finish (issue 15).
 func TestKeepGoingLetsTheSurvivorsShrink(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds a goccl program; skipped in -short mode")
-	}
-	job := filepath.Join(t.TempDir(), "flightjob")
-	out, err := exec.Command("go", "build", "-o", job, "./testdata/flightjob").CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	job := flightJob(t)
 	code, stdout, stderr := result(t, gocclRun(t, "-np", "3", "-keep-going", job, "shrink"))
 	require.Equal(t, 7, code, stderr)
 	require.Contains(t, stderr, "rank 1 of 3")
