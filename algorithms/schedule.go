@@ -21,6 +21,14 @@ const (
 	numCollectives
 )
 
+// NumCollectives is the number of collectives; NumAlgorithms the number
+// of algorithms, AlgoAuto included. Encodings that carry them (the
+// engine's operation signature) check at compile time that they fit.
+const (
+	NumCollectives = int(numCollectives)
+	NumAlgorithms  = int(numAlgorithms)
+)
+
 var collNames = [...]string{"allreduce", "reducescatter", "allgather", "broadcast", "reduce", "alltoall", "send", "recv"}
 
 func (c Collective) String() string {

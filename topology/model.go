@@ -302,6 +302,12 @@ func Build(s *System) (*Topo, error) {
 				t.Warnings = append(t.Warnings, fmt.Sprintf("GPU %s: NVLink to %s, which is not in the topology (line %d); ignored", p.gpu.Name, p.link.Target, p.link.Line))
 				continue
 			}
+			if peer == p.gpu {
+				// Real dumps contain these; a link from a GPU to itself
+				// carries nothing to another device.
+				t.Warnings = append(t.Warnings, fmt.Sprintf("GPU %s: NVLink whose target is its own bus id (line %d); ignored", p.gpu.Name, p.link.Line))
+				continue
+			}
 			t.connect1(p.gpu, peer, LinkNVL, bw, p.link.Count)
 		case strings.HasPrefix(p.link.TClass, "0x068001"), strings.HasPrefix(p.link.TClass, "0x0604"):
 			t.connect(p.gpu, t.cpuOf(p.gpu), LinkNVL, bw, p.link.Count)

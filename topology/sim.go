@@ -62,6 +62,9 @@ func Simulate(t *Topo, l Layout) (*Model, error) {
 		return nil, fmt.Errorf("topology: layout %d×%d: want at least one node and one GPU per node", l.Nodes, l.GPUsPerNode)
 	}
 	hosts := t.Sys.Hosts()
+	if len(hosts) == 0 {
+		return nil, fmt.Errorf("topology: the document has no host (no <cpu> element) to model")
+	}
 	gpus := t.GPUsOf(hosts[0])
 	if len(gpus) < l.GPUsPerNode {
 		return nil, fmt.Errorf("topology: layout wants %d GPUs per node, the first host has %d", l.GPUsPerNode, len(gpus))

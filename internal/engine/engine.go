@@ -36,6 +36,10 @@ type Config struct {
 	// memory only). Each channel runs its device work on a stream of its
 	// own, made on first use.
 	Device device.Device
+	// Hosts labels each rank's host (equal labels, same host; nil: one
+	// host). Schedules follow it: rings host by host, the tree across
+	// hosts (algorithms.Params.Hosts). Every rank must be given the same.
+	Hosts []int
 }
 
 // Op is one operation on one rank. Counts are in elements.
@@ -175,6 +179,8 @@ func New(rank, nranks int, ep transport.Endpoint, cfg Config) (*Engine, error) {
 		return nil, fmt.Errorf("engine: MaxChannels %d < 1", cfg.MaxChannels)
 	case cfg.Channels > cfg.MaxChannels:
 		return nil, fmt.Errorf("engine: %d channels forced, at most %d", cfg.Channels, cfg.MaxChannels)
+	case cfg.Hosts != nil && len(cfg.Hosts) != nranks:
+		return nil, fmt.Errorf("engine: %d host labels for %d ranks", len(cfg.Hosts), nranks)
 	}
 	if err := cfg.Link.Validate(); err != nil {
 		return nil, err
@@ -304,8 +310,8 @@ func unwrittenAfter(s *algorithms.Schedule) []bool {
 // signature is the operation header every slice carries (in its tag):
 // what the ranks of an operation must agree on, encoded so that a rank
 // that receives a slice of a different operation can say what the sender
-// was doing. Bits 0-3: collective; 4-7: element type; 8-10: operator;
-// 11-13: algorithm; 14-19: channels-1; 20-31: a hash (FNV-1a) of the
+// was doing. From bit 0: collective, element type, operator, algorithm,
+// channels-1 (widths sig*Bits below), then a hash (FNV-1a) of the
 // count, the root and the slicing. Send and Recv encode alike and leave
 // out the peer, which is the other rank on each side; collectives without
 // a reduction or a root leave those out, since their values need not
@@ -330,9 +336,43 @@ func signature(op *Op, pl algorithms.Plan, pieces, slice int) uint32 {
 			h *= 16777619
 		}
 	}
-	return uint32(coll)&0xf | uint32(op.Type)&0xf<<4 | uint32(red)&0x7<<8 | uint32(pl.Algo)&0x7<<11 |
-		uint32(pl.Channels-1)&0x3f<<14 | (h^h>>12^h>>24)&0xfff<<20
+	field := func(v uint32, shift, bits int) uint32 { return v & (1<<bits - 1) << shift }
+	return field(uint32(coll), sigCollShift, sigCollBits) | field(uint32(op.Type), sigTypeShift, sigTypeBits) |
+		field(uint32(red), sigRedShift, sigRedBits) | field(uint32(pl.Algo), sigAlgoShift, sigAlgoBits) |
+		field(uint32(pl.Channels-1), sigChanShift, sigChanBits) | field(h^h>>12^h>>24, sigHashShift, sigHashBits)
 }
+
+// The signature's fields, from bit 0.
+const (
+	sigCollBits = 4
+	sigTypeBits = 4
+	sigRedBits  = 3
+	sigAlgoBits = 3 // full: adding an algorithm needs a bit from the hash
+	sigChanBits = 6
+	sigHashBits = 12
+
+	sigCollShift = 0
+	sigTypeShift = sigCollShift + sigCollBits
+	sigRedShift  = sigTypeShift + sigTypeBits
+	sigAlgoShift = sigRedShift + sigRedBits
+	sigChanShift = sigAlgoShift + sigAlgoBits
+	sigHashShift = sigChanShift + sigChanBits
+	sigEnd       = sigHashShift + sigHashBits
+)
+
+// Each field holds every value it carries, and the fields fill 32 bits
+// exactly: an array of negative length does not compile, so a collective,
+// type, operator, algorithm or channel count that outgrows its field
+// breaks the build instead of aliasing another in the signature.
+var (
+	_ [1<<sigCollBits - algorithms.NumCollectives]struct{}
+	_ [1<<sigTypeBits - kernels.NumTypes]struct{}
+	_ [1<<sigRedBits - max(kernels.NumOps, sigPreMul+1)]struct{}
+	_ [1<<sigAlgoBits - algorithms.NumAlgorithms]struct{}
+	_ [1<<sigChanBits - transport.P2PChannel]struct{} // collectives use channels below it
+	_ [sigEnd - 32]struct{}
+	_ [32 - sigEnd]struct{}
+)
 
 // sigFields decodes a signature's leading fields.
 type sigFields struct {
@@ -345,8 +385,10 @@ type sigFields struct {
 }
 
 func decodeSig(s uint32) sigFields {
-	return sigFields{coll: algorithms.Collective(s & 0xf), typ: kernels.Type(s >> 4 & 0xf), red: kernels.Op(s >> 8 & 0x7),
-		algo: algorithms.Algorithm(s >> 11 & 0x7), channels: int(s>>14&0x3f) + 1, rest: s >> 20}
+	field := func(shift, bits int) uint32 { return s >> shift & (1<<bits - 1) }
+	return sigFields{coll: algorithms.Collective(field(sigCollShift, sigCollBits)), typ: kernels.Type(field(sigTypeShift, sigTypeBits)),
+		red: kernels.Op(field(sigRedShift, sigRedBits)), algo: algorithms.Algorithm(field(sigAlgoShift, sigAlgoBits)),
+		channels: int(field(sigChanShift, sigChanBits)) + 1, rest: s >> sigHashShift}
 }
 
 func (f sigFields) call() string {
@@ -390,7 +432,7 @@ func (e *Engine) schedule(op *Op, algo algorithms.Algorithm) (*algorithms.Schedu
 	if s := e.scheds[k]; s != nil {
 		return s, nil
 	}
-	s, err := algorithms.Build(algorithms.Params{Coll: op.Coll, Algo: algo, NRanks: e.nranks, Rank: e.rank, Root: op.Root})
+	s, err := algorithms.Build(algorithms.Params{Coll: op.Coll, Algo: algo, NRanks: e.nranks, Rank: e.rank, Root: op.Root, Hosts: e.cfg.Hosts})
 	if err != nil {
 		return nil, err
 	}

@@ -25,6 +25,13 @@ const (
 	numTypes
 )
 
+// NumTypes and NumOps count the element types and operators, for
+// encodings that must hold them (checked at compile time there).
+const (
+	NumTypes = int(numTypes)
+	NumOps   = int(numOps)
+)
+
 var typeSizes = [numTypes]int{1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1}
 
 var typeNames = [numTypes]string{
