@@ -3,6 +3,7 @@ package algorithms
 import (
 	"fmt"
 	"math/bits"
+	"slices"
 )
 
 // Params selects a schedule.
@@ -13,8 +14,14 @@ type Params struct {
 	Rank   int
 	Root   int // broadcast/reduce root; peer of send/recv
 	// Ring is the ring order for ring schedules (a permutation of 0..NRanks-1,
-	// from the topology search); nil means 0, 1, ..., NRanks-1.
+	// from the topology search); nil means HostRing(Hosts), or 0, 1, ...,
+	// NRanks-1 without Hosts.
 	Ring []int
+	// Hosts labels each rank's host (equal labels, same host); nil means
+	// one host. With several hosts the tree is HostTree's, and recursive
+	// doubling, Rabenseifner and the one-shot all-reduce run over ring
+	// positions (see hosts.go).
+	Hosts []int
 }
 
 // Build returns rank's schedule. It fails on parameters that are out of
@@ -41,8 +48,15 @@ func Build(p Params) (*Schedule, error) {
 			return nil, fmt.Errorf("algorithms: peer %d invalid for rank %d of %d", p.Root, p.Rank, n)
 		}
 	}
+	if p.Hosts != nil {
+		if err := checkHosts(p.Hosts, n); err != nil {
+			return nil, err
+		}
+	}
 	ring := p.Ring
-	if ring == nil {
+	if ring == nil && p.Hosts != nil {
+		ring = HostRing(p.Hosts)
+	} else if ring == nil {
 		ring = make([]int, n)
 		for i := range ring {
 			ring[i] = i
@@ -58,13 +72,18 @@ func Build(p Params) (*Schedule, error) {
 		case Ring:
 			ringAllReduce(b, ring)
 		case Tree:
-			treeAllReduce(b)
+			tree := func(t int) (int, []int) { return DoubleBinaryTree(n, p.Rank, t) }
+			if p.Hosts != nil && hostCount(p.Hosts) > 1 {
+				tree = func(t int) (int, []int) { return HostTree(p.Hosts, p.Rank, t) }
+			}
+			treeAllReduce(b, tree)
 		case RecDoubling:
-			recDoublingAllReduce(b)
+			s = relabel(p, ring, recDoublingAllReduce)
 		case Rabenseifner:
-			rabenseifnerAllReduce(b)
+			near := p.Hosts != nil && hostCount(p.Hosts) > 1
+			s = relabel(p, ring, func(b builder) { rabenseifnerAllReduce(b, near) })
 		case OneShot:
-			oneShotAllReduce(b)
+			s = relabel(p, ring, oneShotAllReduce)
 		}
 	case CollReduceScatter:
 		ringReduceScatter(b, ring)
@@ -318,7 +337,14 @@ func recDoublingAllReduce(b builder) {
 // its side of bit d and sends the other half to v^d; after log2(p) rounds
 // it holds block v fully reduced, and the doubling rounds retrace the
 // exchanges in reverse to gather every block.
-func rabenseifnerAllReduce(b builder) {
+//
+// The distances run from p/2 down to 1; nearFirst reverses them, so that
+// the first halving, which moves half the data, pairs neighbours in the
+// ring order (across hosts: ranks of one host). Any order is correct: the
+// halving keeps, at distance d, the half of the range on v's side of bit
+// d, so the block v ends with depends on the order, and the doubling
+// retraces the same distances backwards.
+func rabenseifnerAllReduce(b builder, nearFirst bool) {
 	n := b.s.NRanks
 	all := func(buf Buf) Ref { return Blocks(buf, 0, b.s.Minor) }
 	if n == 1 {
@@ -336,8 +362,15 @@ func rabenseifnerAllReduce(b builder) {
 	cur, active := f.prologue(b, all)
 	if active {
 		v := f.vrank
-		lo, hi := 0, f.p
+		var ds []int // halving distances, in order; doubling retraces them
 		for d := f.p / 2; d >= 1; d /= 2 {
+			ds = append(ds, d)
+		}
+		if nearFirst {
+			slices.Reverse(ds)
+		}
+		lo, hi := 0, f.p
+		for i, d := range ds {
 			peer := f.real(v ^ d)
 			mid := (lo + hi) / 2
 			keepLo, keepHi, sendLo, sendHi := lo, mid, mid, hi
@@ -345,11 +378,12 @@ func rabenseifnerAllReduce(b builder) {
 				keepLo, keepHi, sendLo, sendHi = mid, hi, lo, mid
 			}
 			b.sendRecvReduceCopy(Blocks(cur, sendLo, sendHi-sendLo), peer, peer,
-				Blocks(cur, keepLo, keepHi-keepLo), Blocks(Output, keepLo, keepHi-keepLo), d == 1)
+				Blocks(cur, keepLo, keepHi-keepLo), Blocks(Output, keepLo, keepHi-keepLo), i == len(ds)-1)
 			cur = Output
 			lo, hi = keepLo, keepHi
 		}
-		for d := 1; d < f.p; d *= 2 {
+		for i := len(ds) - 1; i >= 0; i-- {
+			d := ds[i]
 			peer := f.real(v ^ d)
 			// The partner's range is ours mirrored across bit d.
 			size := hi - lo
@@ -494,8 +528,11 @@ func subtreeRoot(lo, hi int) int {
 // phases in the same order (up 0, up 1, down 0, down 1), and within one
 // phase a pair of ranks shares at most one tree edge, so the messages on
 // each connection arrive in the order the receiver expects them.
-func treeAllReduce(b builder) {
-	n, r := b.s.NRanks, b.s.Rank
+//
+// tree(t) gives the rank's parent and children in tree t: the double
+// binary tree over the ranks, or HostTree across hosts.
+func treeAllReduce(b builder, tree func(t int) (parent int, children []int)) {
+	n := b.s.NRanks
 	b.s.Minor = 2
 	if n == 1 {
 		b.copy(Blocks(Input, 0, 2), Blocks(Output, 0, 2), true)
@@ -507,7 +544,7 @@ func treeAllReduce(b builder) {
 	}
 	var trees [2]node
 	for t := range trees {
-		trees[t].parent, trees[t].children = DoubleBinaryTree(n, r, t)
+		trees[t].parent, trees[t].children = tree(t)
 	}
 	for t, nd := range trees {
 		in, out := Blocks(Input, t, 1), Blocks(Output, t, 1)

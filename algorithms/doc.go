@@ -62,4 +62,9 @@
 // Reduce-scatter and all-gather: the halves of the ring. Broadcast and
 // reduce: a pipelined chain along the ring. All-to-all: pairwise exchange.
 // Send and recv: one transfer.
+//
+// Across hosts (Params.Hosts), rings run host by host (HostRing), the tree
+// is a chain in each host under a double binary tree of hosts (HostTree),
+// and the all-reduces that pair ranks by number pair ring positions; see
+// hosts.go for the reasoning.
 package algorithms

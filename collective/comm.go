@@ -35,6 +35,7 @@ type Comm struct {
 	transport  string          // "mem" in a local group
 	routes     []string        // by rank, between processes: "self", "shm", "tcp" or "verbs"
 	ibPort     string          // the RDMA port, when some peer is reached over verbs
+	nics       []string        // the interfaces TCP connections use, when some peer is reached over TCP
 	// ibDevicePath says how device operations cross RDMA, and why.
 	ibDevicePath string
 	dev          *devState // nil without a device (WithDevice)
@@ -235,7 +236,7 @@ func newLocalGroupCfg(n int, cfg Config) ([]*Comm, *mem.Network, error) {
 	fam := &localFamily{pending: map[[2]uint64]*localSplit{}}
 	comms := make([]*Comm, n)
 	for r := range comms {
-		c, err := newComm(r, n, cfg, nw.Endpoint(r), link, devOf(r))
+		c, err := newComm(r, n, cfg, nw.Endpoint(r), link, devOf(r), nil)
 		if err != nil {
 			for _, c := range comms[:r] {
 				c.Close()
@@ -260,11 +261,12 @@ func newLocalGroupCfg(n int, cfg Config) ([]*Comm, *mem.Network, error) {
 	return comms, nw, nil
 }
 
-// newComm makes rank's communicator over ep; dev is its GPU, or nil.
-func newComm(rank, size int, cfg Config, ep transport.Endpoint, link algorithms.LinkModel, dev Device) (*Comm, error) {
+// newComm makes rank's communicator over ep; dev is its GPU, or nil;
+// hosts labels each rank's host (nil: all on one).
+func newComm(rank, size int, cfg Config, ep transport.Endpoint, link algorithms.LinkModel, dev Device, hosts []int) (*Comm, error) {
 	eng, err := engine.New(rank, size, ep, engine.Config{
 		Algo: cfg.Algorithm, Channels: cfg.Channels, ChunkBytes: cfg.ChunkSize,
-		MaxChannels: cfg.MaxChannels, Link: link, Device: dev,
+		MaxChannels: cfg.MaxChannels, Link: link, Device: dev, Hosts: hosts,
 	})
 	if err != nil {
 		return nil, err

@@ -78,7 +78,9 @@ type Config struct {
 	// SocketIfname chooses the network interfaces, as NCCL_SOCKET_IFNAME:
 	// prefixes to use ("eth,ib"), ^ to exclude ("^docker,lo"), = for exact
 	// names ("=eth0"). Empty: every interface that is up except loopback
-	// and container bridges, or loopback when that is all there is.
+	// and container bridges, or loopback when that is all there is; the
+	// best of them carries the data. When set and matching several
+	// interfaces, each TCP connection's sockets spread over them all.
 	SocketIfname string
 	// HostID overrides the host identity (hostname and boot id) that
 	// decides which ranks share a host; set it per network namespace to

@@ -109,6 +109,22 @@
 // communicator on stderr (log/slog), TRACE a line per operation;
 // GOCCL_DEBUG_SUBSYS picks INIT, COLL or NET.
 //
+// # Across hosts
+//
+// Ranks with the same host identity (GOCCL_HOSTID, else the hostname and
+// boot id) share a host. The schedules follow the hosts, not the rank
+// numbers, so the launcher's numbering (block, round robin, any order)
+// does not change which links carry the data: rings run host by host
+// (each host's ranks in a row, so a ring over h hosts crosses h host
+// boundaries), the tree is a chain through each host's ranks with a double
+// binary tree of hosts joining their lowest ranks (NCCL's pattern), and
+// recursive doubling and Rabenseifner pair ranks of one host in their
+// first rounds. The INFO summary prints the ring order, hosts separated
+// by "|". A GOCCL_SOCKET_IFNAME that matches several interfaces gives
+// every TCP connection sockets on each of them (the INFO summary's
+// "nics"), so its slices alternate over the rails. Hierarchical
+// collectives are not built yet.
+//
 // # Configuration
 //
 // Config, set with Options, has a zero value meaning defaults. The

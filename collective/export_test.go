@@ -13,3 +13,13 @@ var GDRAllowedIn = gdrAllowedIn
 
 // RootListenAddr is rootListenAddr on the given interfaces.
 var RootListenAddr = rootListenAddr
+
+// HostSummaryRoundTrip encodes a host summary with the given NICs and
+// decodes it back; Decode decodes raw bytes (for the fuzzer).
+func HostSummaryRoundTrip(shm string, nics, names []string) (gotShm string, gotNICs, gotNames []string, ok bool) {
+	h, ok := decodeHostSummary(hostSummary{CPUs: 3, Shm: shm, NICs: nics, NICNames: names}.encode())
+	return h.Shm, h.NICs, h.NICNames, ok
+}
+
+// DecodeHostSummary reports whether b decodes as a host summary.
+func DecodeHostSummary(b []byte) bool { _, ok := decodeHostSummary(b); return ok }

@@ -234,6 +234,27 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	if err != nil {
 		return fail(err)
 	}
+	// A GOCCL_SOCKET_IFNAME that names several interfaces spreads each TCP
+	// connection's sockets over them: a listener on each (nicLns, after
+	// ln's), published in the host summary. Without it only the best
+	// interface is used, as before: the default choice may include
+	// interfaces the other hosts cannot reach.
+	var nicLns []net.Listener
+	nics := []netif.Addr{addrs[0]}
+	if cfg.SocketIfname != "" {
+		nics = netif.PerInterface(addrs)
+		for _, a := range nics[1:] {
+			l, err := net.Listen("tcp", net.JoinHostPort(a.Host(), "0"))
+			if err != nil {
+				ln.Close()
+				for _, l := range nicLns {
+					l.Close()
+				}
+				return fail(fmt.Errorf("listening on %s (%s): %w", a.Iface, a.Host(), err))
+			}
+			nicLns = append(nicLns, l)
+		}
+	}
 	// The RDMA port, opened before this rank is announced so that the
 	// others learn whether it has one.
 	var vport *verbs.Port
@@ -268,6 +289,9 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	}
 	closeListeners := func() {
 		ln.Close()
+		for _, l := range nicLns {
+			l.Close()
+		}
 		if shmLn != nil {
 			shmLn.Close()
 		}
@@ -284,6 +308,10 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		}
 	}
 	summary := hostSummary{CPUs: runtime.NumCPU(), NetNS: netNamespace()}
+	for i, l := range nicLns {
+		summary.NICs = append(summary.NICs, l.Addr().String())
+		summary.NICNames = append(summary.NICNames, nics[i+1].Iface)
+	}
 	if shmLn != nil {
 		summary.Shm = shmLn.Addr().String()
 	}
@@ -362,6 +390,7 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	tcpPeers := make([]string, nranks)
 	shmPeers := make([]string, nranks)
 	verbsPeers := make([]string, nranks)
+	var tcpNICs [][]string
 	var nTCP, nShm, nVerbs int
 	for i, p := range table.Peers {
 		s, _ := decodeHostSummary(p.Topology)
@@ -369,6 +398,13 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		case TransportTCP:
 			tcpPeers[i] = p.DataAddr
 			nTCP++
+			if len(s.NICs) > 0 && len(nicLns) > 0 {
+				// Both ends have several: stripe over the peer's.
+				if tcpNICs == nil {
+					tcpNICs = make([][]string, nranks)
+				}
+				tcpNICs[i] = s.NICs
+			}
 		case TransportShm:
 			shmPeers[i] = s.Shm
 			nShm++
@@ -381,6 +417,7 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	if nTCP > 0 || nShm == 0 && nVerbs == 0 {
 		tcpPeers[rank] = ln.Addr().String()
 		to := tcp.Options{Rank: rank, ListenersUp: true, NRanks: nranks, Peers: tcpPeers, Secret: id.secret[:], Listener: ln,
+			Listeners: nicLns, PeerNICs: tcpNICs,
 			NSocks: cfg.NSocks, Slots: slots, SlotSize: slotSize, SpinFor: cfg.Spin, TLS: cfg.tls}
 		if reg, ok := dev.(device.Registrar); ok {
 			// Device operations stage their slices in registered memory.
@@ -399,6 +436,10 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		}
 	} else {
 		ln.Close()
+		for _, l := range nicLns {
+			l.Close()
+		}
+		nics = nil
 	}
 	if nVerbs > 0 {
 		verbsPeers[rank] = vln.Addr().String()
@@ -501,13 +542,16 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	}
 	hosts := summarize(table.Peers)
 	link.MaxChannels = min(cfg.MaxChannels, channelsPerRank(hosts))
-	c, err := newComm(rank, nranks, cfg, ep, link, dev)
+	c, err := newComm(rank, nranks, cfg, ep, link, dev, hostLabels(table.Peers))
 	if err != nil {
 		ep.Close(err)
 		return fail(err)
 	}
 	c.peers = table.Peers
 	c.routes = route
+	for _, a := range nics {
+		c.nics = append(c.nics, a.Iface)
+	}
 	if nVerbs > 0 {
 		c.ibPort = vport.String()
 		c.ibDevicePath = ibDevicePath
@@ -628,6 +672,25 @@ func summarize(peers []wire.PeerInfo) map[string]hostLoad {
 		out[id] = h
 	}
 	return out
+}
+
+// hostLabels numbers the ranks' hosts in the order of their lowest rank,
+// for the engine's schedules (engine.Config.Hosts); nil when all share one.
+func hostLabels(peers []wire.PeerInfo) []int {
+	ids := map[string]int{}
+	labels := make([]int, len(peers))
+	for r, p := range peers {
+		l, ok := ids[p.HostID]
+		if !ok {
+			l = len(ids)
+			ids[p.HostID] = l
+		}
+		labels[r] = l
+	}
+	if len(ids) <= 1 {
+		return nil
+	}
+	return labels
 }
 
 // channelsPerRank is how many channels every rank can drive at once: each

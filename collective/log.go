@@ -138,6 +138,12 @@ func (c *Comm) logReady() {
 	}
 	attrs := []any{"nranks", c.size, "hosts", max(1, len(hosts)), "transports", strings.Join(tr, ","),
 		"allreduce_8B", algo(8), "allreduce_64MiB", algo(64 << 20), "timeout", c.cfg.Timeout, "tls", c.cfg.TLSCert != ""}
+	if labels := hostLabels(c.peers); labels != nil {
+		attrs = append(attrs, "ring", ringString(algorithms.HostRing(labels), labels))
+	}
+	if len(c.nics) > 0 {
+		attrs = append(attrs, "nics", strings.Join(c.nics, ","))
+	}
 	if c.ibPort != "" {
 		attrs = append(attrs, "ib_port", c.ibPort)
 	}
@@ -148,6 +154,22 @@ func (c *Comm) logReady() {
 		attrs = append(attrs, "device", describeDevice(c.dev.dev), "device_path", c.devicePath())
 	}
 	log.Info("goccl: communicator ready", attrs...)
+}
+
+// ringString writes a ring order host by host: "0 2 | 1 3" is ranks 0 and
+// 2 on one host, then 1 and 3 on the next, and back to 0.
+func ringString(ring, hosts []int) string {
+	var b strings.Builder
+	for i, r := range ring {
+		switch {
+		case i > 0 && hosts[r] != hosts[ring[i-1]]:
+			b.WriteString(" | ")
+		case i > 0:
+			b.WriteString(" ")
+		}
+		fmt.Fprint(&b, r)
+	}
+	return b.String()
 }
 
 // logOp writes one TRACE line per operation (COLL).

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -43,6 +44,13 @@ func ipCmd(t *testing.T, args ...string) {
 // the namespaces this test made. It returns the namespaces and the
 // address of each host, and deletes everything when the test ends.
 func hosts(t *testing.T, k int) (ns []string, addrs []string) {
+	return hostsWithNICs(t, k, 1)
+}
+
+// hostsWithNICs is hosts with nics interfaces per host, eth0, eth1, ...:
+// interface j of host i is 10.77.j.i, on a bridge (and subnet) of its own,
+// like the rails of a cluster. The addresses returned are eth0's.
+func hostsWithNICs(t *testing.T, k, nics int) (ns []string, addrs []string) {
 	t.Helper()
 	requireNetns(t)
 	tag := nsTag()
@@ -54,22 +62,68 @@ func hosts(t *testing.T, k int) (ns []string, addrs []string) {
 		}
 	})
 	ipCmd(t, "netns", "add", hub)
-	ipCmd(t, "-n", hub, "link", "add", "br0", "type", "bridge")
-	ipCmd(t, "-n", hub, "link", "set", "br0", "up")
+	for j := range nics {
+		br := fmt.Sprintf("br%d", j)
+		ipCmd(t, "-n", hub, "link", "add", br, "type", "bridge")
+		ipCmd(t, "-n", hub, "link", "set", br, "up")
+	}
 	for i := 1; i <= k; i++ {
 		n := fmt.Sprintf("%s-h%d", tag, i)
 		ns = append(ns, n)
 		ipCmd(t, "netns", "add", n)
-		a, b := fmt.Sprintf("p%d", i), "eth0"
-		ipCmd(t, "link", "add", a, "netns", hub, "type", "veth", "peer", "name", b, "netns", n)
-		ipCmd(t, "-n", hub, "link", "set", a, "master", "br0", "up")
-		addr := fmt.Sprintf("10.77.0.%d", i)
-		ipCmd(t, "-n", n, "addr", "add", addr+"/24", "dev", b)
-		ipCmd(t, "-n", n, "link", "set", b, "up")
+		for j := range nics {
+			a, b := fmt.Sprintf("p%d-%d", i, j), fmt.Sprintf("eth%d", j)
+			ipCmd(t, "link", "add", a, "netns", hub, "type", "veth", "peer", "name", b, "netns", n)
+			ipCmd(t, "-n", hub, "link", "set", a, "master", fmt.Sprintf("br%d", j), "up")
+			addr := fmt.Sprintf("10.77.%d.%d", j, i)
+			ipCmd(t, "-n", n, "addr", "add", addr+"/24", "dev", b)
+			ipCmd(t, "-n", n, "link", "set", b, "up")
+			if j == 0 {
+				addrs = append(addrs, addr)
+			}
+		}
 		ipCmd(t, "-n", n, "link", "set", "lo", "up")
-		addrs = append(addrs, addr)
 	}
 	return ns, addrs
+}
+
+// rxBytes reads how many bytes interface dev of namespace ns received.
+func rxBytes(t *testing.T, ns, dev string) int64 {
+	t.Helper()
+	out, err := exec.Command("ip", "netns", "exec", ns, "cat", "/sys/class/net/"+dev+"/statistics/rx_bytes").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	var n int64
+	_, err = fmt.Sscan(string(out), &n)
+	require.NoError(t, err)
+	return n
+}
+
+// TestTwoNICsPerHost runs every collective between two hosts joined by
+// two interfaces each (two rails), GOCCL_SOCKET_IFNAME naming both: each
+// TCP connection's sockets spread over both, so both carry the data.
+func TestTwoNICsPerHost(t *testing.T) {
+	ns, addrs := hostsWithNICs(t, 2, 2)
+	before := [2]int64{rxBytes(t, ns[1], "eth0"), rxBytes(t, ns[1], "eth1")}
+	envs := gocclEnvs(t, 2, "GOCCL_SOCKET_IFNAME=eth", "GOCCL_DEBUG=INFO", "GOCCL_DEBUG_SUBSYS=INIT")
+	for r := range envs {
+		for i, kv := range envs[r] {
+			if strings.HasPrefix(kv, "GOCCL_ROOT=") {
+				envs[r][i] = "GOCCL_ROOT=" + addrs[0] + ":29500"
+			}
+		}
+		envs[r] = append(envs[r], "GOCCL_HOSTID="+ns[r])
+	}
+	res := spawn(t, "collectives", envs, func(r int) []string { return []string{"ip", "netns", "exec", ns[r]} })
+	requireAllOK(t, res)
+	for _, r := range res {
+		require.Contains(t, r.output, "nics=eth0,eth1", "rank %d", r.rank)
+	}
+	// The collectives move megabytes each way; each rail must carry a
+	// good part of it (slices alternate over the sockets).
+	got := [2]int64{rxBytes(t, ns[1], "eth0") - before[0], rxBytes(t, ns[1], "eth1") - before[1]}
+	t.Logf("host 2 received %d bytes on eth0, %d on eth1", got[0], got[1])
+	require.Greater(t, got[0], int64(1<<20))
+	require.Greater(t, got[1], got[0]/4, "eth1 carries its share")
 }
 
 // TestMultiHostNamespaces runs every collective with ranks on two or three
@@ -77,40 +131,60 @@ func hosts(t *testing.T, k int) (ns []string, addrs []string) {
 // and a bridge: real TCP between separate network stacks, and shared
 // memory between the ranks inside each, in one communicator.
 func TestMultiHostNamespaces(t *testing.T) {
-	// The last shape also runs TLS on every TCP connection: shared memory
+	// place[r] is rank r's host. Block placements; then round robin, where
+	// the ring and the tree must follow the hosts, not the rank numbers
+	// (once with the tree forced); and three hosts with uneven ranks,
+	// interleaved.
+	// The TLS shape also runs TLS on every TCP connection: shared memory
 	// inside each host, TLS records across.
 	// The verbs shapes give every rank a port of one emulated fabric (a
 	// directory the namespaces share): between hosts auto takes RDMA.
 	for _, shape := range []struct {
-		hosts, perHost int
-		tls, verbs     bool
-	}{{3, 1, false, false}, {3, 2, false, false}, {2, 2, false, false}, {2, 2, true, false}, {2, 1, false, true}, {2, 2, false, true}} {
-		perHost := shape.perHost
-		t.Run(fmt.Sprintf("hosts=%d/ranks-per-host=%d/tls=%v/verbs=%v", shape.hosts, perHost, shape.tls, shape.verbs), func(t *testing.T) {
-			ns, addrs := hosts(t, shape.hosts)
-			n := shape.hosts * perHost
+		place      []int
+		tls, verbs bool
+		algo       string
+		ring       string // the INFO summary's ring order, where checked
+	}{
+		{place: []int{0, 1, 2}}, {place: []int{0, 0, 1, 1, 2, 2}}, {place: []int{0, 0, 1, 1}},
+		{place: []int{0, 0, 1, 1}, tls: true}, {place: []int{0, 1}, verbs: true}, {place: []int{0, 0, 1, 1}, verbs: true},
+		{place: []int{0, 1, 0, 1}, ring: "0 2 | 1 3"}, {place: []int{0, 1, 0, 1}, algo: "tree"},
+		{place: []int{0, 1, 2, 1, 2}, ring: "0 | 1 3 | 2 4"},
+	} {
+		place := shape.place
+		nhosts := slices.Max(place) + 1
+		name := fmt.Sprintf("place=%v/tls=%v/verbs=%v", strings.Trim(strings.ReplaceAll(fmt.Sprint(place), " ", ","), "[]"), shape.tls, shape.verbs)
+		if shape.algo != "" {
+			name += "/algo=" + shape.algo
+		}
+		t.Run(name, func(t *testing.T) {
+			ns, addrs := hosts(t, nhosts)
+			n := len(place)
 			var extra []string
 			if shape.verbs {
 				extra = []string{"GOCCL_IB_EMULATE=1", "GOCCL_IB_EMULATE_DIR=" + t.TempDir()}
 			}
+			if shape.algo != "" {
+				extra = append(extra, "GOCCL_ALGO="+shape.algo)
+			}
 			envs := gocclEnvs(t, n, extra...)
-			if shape.tls {
+			if shape.tls || shape.ring != "" {
 				for r := range envs {
 					envs[r] = append(envs[r], "GOCCL_DEBUG=INFO", "GOCCL_DEBUG_SUBSYS=INIT")
 				}
+			}
+			if shape.tls {
 				tlsEnvs(t, envs, tlstest.NewCA(t, "job"))
 			}
 			for r := range envs {
-				h := r / perHost
 				for i, kv := range envs[r] {
 					if strings.HasPrefix(kv, "GOCCL_ROOT=") {
-						envs[r][i] = "GOCCL_ROOT=" + addrs[0] + ":29500"
+						envs[r][i] = "GOCCL_ROOT=" + addrs[place[0]] + ":29500"
 					}
 				}
-				envs[r] = append(envs[r], "GOCCL_HOSTID="+ns[h])
+				envs[r] = append(envs[r], "GOCCL_HOSTID="+ns[place[r]])
 			}
 			res := spawn(t, "collectives", envs, func(r int) []string {
-				return []string{"ip", "netns", "exec", ns[r/perHost]}
+				return []string{"ip", "netns", "exec", ns[place[r]]}
 			})
 			requireAllOK(t, res)
 			for _, h := range ns {
@@ -122,10 +196,15 @@ func TestMultiHostNamespaces(t *testing.T) {
 				if shape.verbs {
 					want = "verbs"
 				}
-				if q/perHost == 0 {
+				if place[q] == place[0] {
 					want = "shm"
 				}
 				require.Contains(t, res[0].output, fmt.Sprintf("rank %d transport %s ", q, want))
+			}
+			if shape.ring != "" {
+				for _, r := range res {
+					require.Contains(t, r.output, fmt.Sprintf("ring=\"%s\"", shape.ring), "rank %d", r.rank)
+				}
 			}
 			require.Contains(t, res[0].output, "10.77.0.", "the ranks talk over the veths")
 			if shape.tls {

@@ -36,9 +36,13 @@ type hostSummary struct {
 	// movement is a memory copy (its connections take shared memory's
 	// slot shape).
 	EmulatedIB bool
+	// NICs are the data addresses of the rank's TCP listeners on its
+	// other network interfaces (named NICNames), when GOCCL_SOCKET_IFNAME
+	// chose several.
+	NICs, NICNames []string
 }
 
-const summaryVersion = 3
+const summaryVersion = 4
 
 func (h hostSummary) encode() []byte {
 	f := byte(0)
@@ -54,6 +58,16 @@ func (h hostSummary) encode() []byte {
 			s = s[:255]
 		}
 		b = append(append(b, byte(len(s))), s...)
+	}
+	n := min(len(h.NICs), len(h.NICNames), 16)
+	b = append(b, byte(n))
+	for i := range n {
+		for _, s := range []string{h.NICs[i], h.NICNames[i]} {
+			if len(s) > 255 {
+				s = s[:255]
+			}
+			b = append(append(b, byte(len(s))), s...)
+		}
 	}
 	return b
 }
@@ -73,6 +87,22 @@ func decodeHostSummary(b []byte) (hostSummary, bool) {
 		}
 		*dst = string(b[1 : 1+int(b[0])])
 		b = b[1+int(b[0]):]
+	}
+	if len(b) < 1 || b[0] > 16 {
+		return hostSummary{}, false
+	}
+	n := int(b[0])
+	b = b[1:]
+	for range n {
+		var pair [2]string
+		for j := range pair {
+			if len(b) < 1 || len(b) < 1+int(b[0]) {
+				return hostSummary{}, false
+			}
+			pair[j] = string(b[1 : 1+int(b[0])])
+			b = b[1+int(b[0]):]
+		}
+		h.NICs, h.NICNames = append(h.NICs, pair[0]), append(h.NICNames, pair[1])
 	}
 	return h, true
 }

@@ -45,7 +45,8 @@ type Config struct {
 	InPlace    bool
 	SliceElems int    // elements per slice; default 1
 	Slots      int    // slices a link buffers; at least (and default) 2
-	Ring       []int  // ring order, nil for identity
+	Ring       []int  // ring order, nil for identity (or HostRing(Hosts))
+	Hosts      []int  // each rank's host label, nil for one host
 	Seed       uint64 // seeds the order in which ranks are stepped
 }
 
@@ -193,7 +194,7 @@ func (s *sim) setup(given []*algorithms.Schedule) error {
 	s.ranks = make([]*rankSim, n)
 	var err error
 	for r := 0; r < n; r++ {
-		p := algorithms.Params{Coll: c.Coll, Algo: c.Algo, NRanks: n, Rank: r, Root: c.Root, Ring: c.Ring}
+		p := algorithms.Params{Coll: c.Coll, Algo: c.Algo, NRanks: n, Rank: r, Root: c.Root, Ring: c.Ring, Hosts: c.Hosts}
 		switch c.Coll {
 		case algorithms.CollSend, algorithms.CollRecv:
 			switch r {

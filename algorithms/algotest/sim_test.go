@@ -112,6 +112,76 @@ func TestSimulateRingOrders(t *testing.T) {
 	}
 }
 
+// placements returns host labels for n ranks in the shapes launchers
+// produce: one host, block, round robin, uneven hosts, every rank alone,
+// and a random assignment.
+func placements(n int, rng *rand.Rand) map[string][]int {
+	out := map[string][]int{}
+	fill := func(name string, f func(r int) int) {
+		h := make([]int, n)
+		for r := range h {
+			h[r] = f(r)
+		}
+		out[name] = h
+	}
+	fill("one host", func(int) int { return 0 })
+	fill("alone", func(r int) int { return r })
+	for _, k := range []int{2, 3} {
+		if n >= k {
+			per := (n + k - 1) / k
+			fill(fmt.Sprintf("block/%d", k), func(r int) int { return r / per })
+			fill(fmt.Sprintf("round-robin/%d", k), func(r int) int { return r % k })
+		}
+	}
+	// Uneven: host 0 has one rank, host 1 half of the rest, host 2 the
+	// others, labels out of order.
+	fill("uneven", func(r int) int {
+		switch {
+		case r == n-1:
+			return 7
+		case r%2 == 0:
+			return 5
+		}
+		return 9
+	})
+	k := 1 + rng.IntN(max(1, n/2))
+	fill("random", func(int) int { return rng.IntN(k) })
+	return out
+}
+
+// TestSimulateHostPlacements proves every schedule for the placements the
+// tests and launchers use, 1 to 64 ranks: ring orders from HostRing, the
+// tree across hosts, and the position-relabelled all-reduces.
+func TestSimulateHostPlacements(t *testing.T) {
+	seed := uint64(20261201)
+	t.Logf("seed %d", seed)
+	maxRanks := 64
+	if testing.Short() {
+		maxRanks = 20
+	}
+	for _, ca := range everyAlgorithm {
+		t.Run(fmt.Sprintf("coll=%v/algo=%v", ca.coll, ca.algo), func(t *testing.T) {
+			t.Parallel()
+			rng := rand.New(rand.NewPCG(seed, uint64(ca.coll)<<8|uint64(ca.algo)))
+			for n := 2; n <= maxRanks; n++ {
+				for name, hosts := range placements(n, rng) {
+					v := variants[rng.IntN(len(variants))]
+					cfg := algotest.Config{
+						Coll: ca.coll, Algo: ca.algo, NRanks: n, Hosts: hosts, Count: counts(n)[rng.IntN(len(counts(n)))],
+						Channels: v.channels, Pieces: v.pieces, SliceElems: v.slice, Slots: v.slots,
+						InPlace: v.inPlace && ca.coll != algorithms.CollAllToAll && ca.coll != algorithms.CollSend,
+						Root:    rng.IntN(n), Seed: rng.Uint64(),
+					}
+					if ca.coll == algorithms.CollSend {
+						cfg.Peer = (cfg.Root + 1 + rng.IntN(n-1)) % n
+					}
+					require.NoError(t, algotest.Run(cfg), "%d ranks, %s placement %v", n, name, hosts)
+				}
+			}
+		})
+	}
+}
+
 // TestSimulatorCatchesBrokenSchedules makes sure the simulator is not
 // vacuous: each mutation of a correct schedule must be reported.
 func TestSimulatorCatchesBrokenSchedules(t *testing.T) {

@@ -50,7 +50,7 @@ type Acceptor struct {
 	// otherwise the acceptor closes it. Errors it logs with Drop.
 	Serve func(c net.Conn, s wire.ConnSetup) (kept bool)
 
-	ln      net.Listener
+	lns     []net.Listener
 	wg      sync.WaitGroup
 	mu      sync.Mutex
 	setup   handshake.Pending // authenticating
@@ -60,17 +60,20 @@ type Acceptor struct {
 	started bool
 }
 
-// Start accepts on ln until Close. The acceptor owns ln.
-func (a *Acceptor) Start(ln net.Listener) {
-	a.ln, a.serving, a.started = ln, map[net.Conn]struct{}{}, true
+// Start accepts on every listener given (one per network interface an
+// endpoint listens on) until Close. The acceptor owns them.
+func (a *Acceptor) Start(lns ...net.Listener) {
+	a.lns, a.serving, a.started = lns, map[net.Conn]struct{}{}, true
 	if a.Log == nil {
 		a.Log = slog.Default()
 	}
-	a.wg.Add(1)
-	go func() {
-		defer a.wg.Done()
-		handshake.AcceptLoop(ln, func(err error) { a.Drop(nil, err) }, a.admit, func(c net.Conn) { go a.serve(c) })
-	}()
+	for _, ln := range lns {
+		a.wg.Add(1)
+		go func() {
+			defer a.wg.Done()
+			handshake.AcceptLoop(ln, func(err error) { a.Drop(nil, err) }, a.admit, func(c net.Conn) { go a.serve(c) })
+		}()
+	}
 }
 
 func (a *Acceptor) admit(c net.Conn) handshake.Admission {
@@ -169,7 +172,9 @@ func (a *Acceptor) Close() {
 	}
 	a.mu.Lock()
 	a.closed = true
-	a.ln.Close()
+	for _, ln := range a.lns {
+		ln.Close()
+	}
 	for c := range a.serving {
 		c.Close()
 	}

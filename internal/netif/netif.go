@@ -174,6 +174,20 @@ func Select(ifs []Iface, specStr string) ([]Addr, error) {
 	return picked, nil
 }
 
+// PerInterface keeps the first (best) address of each interface in addrs,
+// in order: the addresses a rank listens on when it uses several NICs.
+func PerInterface(addrs []Addr) []Addr {
+	seen := map[string]bool{}
+	var out []Addr
+	for _, a := range addrs {
+		if !seen[a.Iface] {
+			seen[a.Iface] = true
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
 // HostID names the host this process runs on: GOCCL_HOSTID when set (so
 // that network namespaces on one machine can count as hosts), else the
 // hostname and the kernel's boot id, so that two machines cloned from one

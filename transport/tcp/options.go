@@ -29,6 +29,18 @@ type Options struct {
 	// Listener is this rank's data listener, already listening on the
 	// address published as Peers[Rank]. The endpoint owns it from New on.
 	Listener net.Listener
+	// Listeners, for a rank that listens on several network interfaces,
+	// are its listeners on the others, in the order published as
+	// PeerNICs[Rank]; the endpoint owns them too.
+	Listeners []net.Listener
+	// PeerNICs, if set, lists each rank's data addresses on its other
+	// interfaces (nil or empty: one interface). Socket i of a connection
+	// goes to the peer's address i mod (1+len(PeerNICs[peer])), counting
+	// Peers[peer] as address 0, so the connection's slices, which go to
+	// its sockets in turn, spread evenly over the peer's NICs (and over
+	// this rank's, where the routes pair them, as one subnet per rail
+	// does).
+	PeerNICs [][]string
 	NSocks   int           // sockets per connection; 0 means DefaultNSocks
 	Slots    int           // staging slots per connection; 0 means DefaultSlots
 	SlotSize int           // bytes per slot; 0 means DefaultSlotSize

@@ -111,6 +111,8 @@ func New(o Options) (*Endpoint, error) {
 		return nil, fmt.Errorf("tcp: rank %d of %d with %d peer addresses", o.Rank, o.NRanks, len(o.Peers))
 	case o.Listener == nil:
 		return nil, errors.New("tcp: no listener")
+	case o.PeerNICs != nil && len(o.PeerNICs) != o.NRanks:
+		return nil, fmt.Errorf("tcp: %d ranks' interface lists for %d ranks", len(o.PeerNICs), o.NRanks)
 	}
 	if o.NSocks == 0 {
 		o.NSocks = DefaultNSocks
@@ -135,7 +137,7 @@ func New(o Options) (*Endpoint, error) {
 	e.acc = connsetup.Acceptor{Name: "tcp", Rank: o.Rank, Secret: o.Secret, Purpose: wire.PurposeData, Timeout: setupTimeout,
 		Log: e.log, Check: e.checkSetup, Serve: e.serveIncoming}
 	e.dialer = connsetup.Dialer{Network: "tcp", Secret: o.Secret, Purpose: wire.PurposeData, Timeout: setupTimeout, Done: e.done, ListenersUp: o.ListenersUp}
-	e.acc.Start(o.Listener)
+	e.acc.Start(append([]net.Listener{o.Listener}, o.Listeners...)...)
 	return e, nil
 }
 
@@ -371,6 +373,11 @@ func (e *Endpoint) dial(ctx context.Context, peer, ch int) ([]link, error) {
 
 func (e *Endpoint) dialOne(ctx context.Context, peer, ch, i int) (link, error) {
 	addr := e.o.Peers[peer]
+	if e.o.PeerNICs != nil {
+		if nics := e.o.PeerNICs[peer]; i%(1+len(nics)) > 0 {
+			addr = nics[i%(1+len(nics))-1]
+		}
+	}
 	s := wire.ConnSetup{From: uint32(e.o.Rank), To: uint32(peer), Channel: uint32(ch), Socket: uint16(i), NSocks: uint16(e.o.NSocks)}
 	if e.o.TLS != nil {
 		s.Flags |= wire.ConnTLS

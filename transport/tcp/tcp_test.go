@@ -13,6 +13,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -315,4 +316,67 @@ func TestAbortNoticeDuringSends(t *testing.T) {
 	eps[0].Close(errors.New("operator stop"))
 	close(stop)
 	<-sent
+}
+
+// countingListener counts the sockets it accepts.
+type countingListener struct {
+	net.Listener
+	n atomic.Int32
+}
+
+func (l *countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.n.Add(1)
+	}
+	return c, err
+}
+
+// TestSocketsSpreadOverNICs gives each rank a second listener (a second
+// "interface", 127.0.0.2) and checks that a connection's sockets go to
+// both of the peer's, in turn, and that slices still arrive in order.
+func TestSocketsSpreadOverNICs(t *testing.T) {
+	second := make([]*countingListener, 2)
+	nics := make([][]string, 2)
+	for r := range second {
+		ln, err := net.Listen("tcp", "127.0.0.2:0")
+		if err != nil {
+			t.Skipf("skipping: cannot listen on 127.0.0.2 (a second loopback address): %v", err)
+		}
+		second[r] = &countingListener{Listener: ln}
+		nics[r] = []string{ln.Addr().String()}
+	}
+	var first [2]*countingListener
+	eps := endpoints(t, 2, func(r int, o *Options) {
+		first[r] = &countingListener{Listener: o.Listener}
+		o.Listener, o.Listeners, o.PeerNICs, o.NSocks = first[r], []net.Listener{second[r]}, nics, 4
+	})
+	a, b := connectPair(t, eps[0], eps[1], 0)
+	// Rank 0 dials rank 1: sockets 0 and 2 to its first address, 1 and 3
+	// to its second.
+	require.Equal(t, int32(2), first[1].n.Load())
+	require.Equal(t, int32(2), second[1].n.Load())
+	require.Zero(t, first[0].n.Load()+second[0].n.Load())
+	ctx := context.Background()
+	go func() {
+		for i := range 20 {
+			buf, err := a.Reserve(ctx, 1000)
+			if err != nil {
+				return
+			}
+			buf.Bytes()[0] = byte(i)
+			if a.Post(1000, transport.Tag{Op: 1, Msg: uint32(i)}) != nil {
+				return
+			}
+		}
+	}()
+	for i := range 20 {
+		buf, tag, err := b.Wait(ctx)
+		require.NoError(t, err)
+		require.Equal(t, uint32(i), tag.Msg)
+		require.Equal(t, byte(i), buf.Bytes()[0])
+		require.NoError(t, b.Release())
+	}
+	_, err := New(Options{Rank: 0, NRanks: 2, Peers: []string{"a", "b"}, Listener: second[0], PeerNICs: [][]string{nil}})
+	require.ErrorContains(t, err, "interface lists")
 }
