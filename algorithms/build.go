@@ -84,6 +84,12 @@ func Build(p Params) (*Schedule, error) {
 			s = relabel(p, ring, func(b builder) { rabenseifnerAllReduce(b, near) })
 		case OneShot:
 			s = relabel(p, ring, oneShotAllReduce)
+		case Hier:
+			g, err := HostGrid(p.Hosts, n)
+			if err != nil {
+				return nil, err
+			}
+			hierAllReduce(b, g)
 		}
 	case CollReduceScatter:
 		ringReduceScatter(b, ring)

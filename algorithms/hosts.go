@@ -29,6 +29,9 @@ import "fmt"
 //     a host, and Rabenseifner halves at the small distances first: its
 //     first halving, which moves half the data, stays inside hosts.
 //
+//   - Hier (hierAllReduce) is the all-reduce built for hosts: phases
+//     inside and across hosts, for hosts with equal rank counts (Grid).
+//
 // Reduce-scatter, all-gather and all-to-all tie block j to rank j; the ring
 // versions already take any ring order, and all-to-all exchanges with
 // every rank whatever the order. Send and recv have one peer.
@@ -128,4 +131,117 @@ func relabel(p Params, ring []int, build func(builder)) *Schedule {
 		}
 	}
 	return s
+}
+
+// Grid is a communicator of Hosts hosts with PerHost ranks each: Ranks[g][i]
+// is local rank i of host g, hosts in the order of their lowest rank,
+// ranks of a host in rank order.
+type Grid struct {
+	Hosts, PerHost int
+	Ranks          [][]int
+}
+
+// HostGrid arranges the ranks by host for the hierarchical schedules. It
+// fails unless every host has the same number of ranks (nil hosts: one
+// host with all n).
+func HostGrid(hosts []int, n int) (Grid, error) {
+	if hosts == nil {
+		hosts = make([]int, n)
+	}
+	ring := HostRing(hosts)
+	var g Grid
+	for k, r := range ring {
+		if k == 0 || hosts[r] != hosts[ring[k-1]] {
+			g.Ranks = append(g.Ranks, nil)
+		}
+		g.Ranks[len(g.Ranks)-1] = append(g.Ranks[len(g.Ranks)-1], r)
+	}
+	g.Hosts, g.PerHost = len(g.Ranks), len(g.Ranks[0])
+	for _, rs := range g.Ranks {
+		if len(rs) != g.PerHost {
+			return Grid{}, fmt.Errorf("algorithms: the hierarchical all-reduce needs the same number of ranks on every host; hosts have %s", g.sizes())
+		}
+	}
+	return g, nil
+}
+
+func (g Grid) sizes() string {
+	s := ""
+	for k, rs := range g.Ranks {
+		if k > 0 {
+			s += ", "
+		}
+		s += fmt.Sprint(len(rs))
+	}
+	return s
+}
+
+// locate returns rank's host and local index.
+func (g Grid) locate(rank int) (host, local int) {
+	for h, rs := range g.Ranks {
+		for i, r := range rs {
+			if r == rank {
+				return h, i
+			}
+		}
+	}
+	panic("algorithms: rank not in grid")
+}
+
+// hierAllReduce: with h hosts of m ranks, the piece is cut into m shards
+// of h blocks (shard c is blocks c·h .. c·h+h-1). Inside each host, a
+// ring reduce-scatter leaves local rank i with shard i+1 reduced over its
+// host; local ranks i of all hosts then all-reduce that shard in a ring
+// of hosts (the ring all-reduce over its h blocks), which completes it;
+// and a ring all-gather inside each host spreads the m shards. This is
+// the SMP-aware all-reduce of MPI libraries (Träff 2009 surveys them;
+// NCCL gets the same traffic from its tree and CollNet patterns); each
+// phase is an existing ring, so messages on each connection keep order.
+func hierAllReduce(b builder, g Grid) {
+	h, m := g.Hosts, g.PerHost
+	b.s.Minor = h * m
+	host, i := g.locate(b.s.Rank)
+	local := g.Ranks[host]
+	lprev, lnext := local[mod(i-1, m)], local[mod(i+1, m)]
+	shard := func(buf Buf, c int) Ref { return Blocks(buf, mod(c, m)*h, h) }
+	if b.s.NRanks == 1 {
+		b.copy(shard(Input, 0), shard(Output, 0), true)
+		return
+	}
+	if m > 1 {
+		b.s.MsgBlocks = h
+	}
+	// 1. Reduce-scatter inside the host: this rank ends with shard own.
+	own := mod(i+1, m)
+	cur := Input
+	if m > 1 {
+		b.send(shard(Input, i), lnext)
+		for s := 1; s < m-1; s++ {
+			b.recvReduceSend(lprev, shard(Input, i-s), lnext)
+		}
+		b.recvReduceCopy(lprev, shard(Input, own), shard(Output, own), h == 1)
+		cur = Output
+	}
+	// 2. All-reduce of the shard across hosts, among local ranks i.
+	if h > 1 {
+		hprev, hnext := g.Ranks[mod(host-1, h)][i], g.Ranks[mod(host+1, h)][i]
+		blk := func(buf Buf, q int) Ref { return Blocks(buf, own*h+mod(q, h), 1) }
+		b.send(blk(cur, host), hnext)
+		for s := 1; s < h-1; s++ {
+			b.recvReduceSend(hprev, blk(cur, host-s), hnext)
+		}
+		b.recvReduceCopySend(hprev, blk(cur, host+1), blk(Output, host+1), hnext, true)
+		for t := 1; t < h-1; t++ {
+			b.recvCopySend(hprev, blk(Output, host+1-t), hnext)
+		}
+		b.recv(hprev, blk(Output, host+2))
+	}
+	// 3. All-gather inside the host.
+	if m > 1 {
+		b.send(shard(Output, own), lnext)
+		for t := 1; t < m-1; t++ {
+			b.recvCopySend(lprev, shard(Output, own-t), lnext)
+		}
+		b.recv(lprev, shard(Output, own-(m-1)))
+	}
 }

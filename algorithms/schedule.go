@@ -88,10 +88,16 @@ const (
 	// a rank should wait for its peers once per operation rather than once
 	// per round (on oversubscribed cores every wait is a context switch).
 	OneShot
+	// Hier: the hierarchical all-reduce for several ranks per host, every
+	// host with as many: a reduce-scatter inside each host, an all-reduce
+	// of each shard across hosts (one ring per local rank), and an
+	// all-gather inside each host. The network carries 2(h-1)/h of the
+	// data per host where a flat ring over n ranks carries 2(n-1)/n.
+	Hier
 	numAlgorithms
 )
 
-var algoNames = [...]string{"auto", "ring", "tree", "recdoubling", "rabenseifner", "pairwise", "p2p", "oneshot"}
+var algoNames = [...]string{"auto", "ring", "tree", "recdoubling", "rabenseifner", "pairwise", "p2p", "oneshot", "hier"}
 
 func (a Algorithm) String() string {
 	if a < numAlgorithms {
@@ -114,7 +120,7 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 func (a Algorithm) Supports(c Collective) bool {
 	switch c {
 	case CollAllReduce:
-		return a == Ring || a == Tree || a == RecDoubling || a == Rabenseifner || a == OneShot
+		return a == Ring || a == Tree || a == RecDoubling || a == Rabenseifner || a == OneShot || a == Hier
 	case CollReduceScatter, CollAllGather, CollBroadcast, CollReduce:
 		return a == Ring
 	case CollAllToAll:

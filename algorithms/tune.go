@@ -57,6 +57,12 @@ type Problem struct {
 	// reduce-scatter; the receive buffer of all-gather and all-to-all.
 	Bytes int64
 	Link  LinkModel
+	// Hosts and PerHost shape the communicator across hosts: Hosts hosts
+	// of PerHost ranks each (PerHost 0: hosts of different sizes). Zero
+	// Hosts means one. Intra models the links inside a host (shared
+	// memory); Link, the slowest link of the job, models the network.
+	Hosts, PerHost int
+	Intra          LinkModel
 }
 
 // Plan is the tuner's choice.
@@ -147,6 +153,8 @@ func Cost(p Problem, a Algorithm, c int) float64 {
 			// algorithm's bandwidth by a measured factor (tuning.cc).
 			pf := float64(pw)
 			t = 2*L*alpha + (2*(pf-1)/pf*S*beta+(pf-1)/pf*S*gamma)/rabenseifnerEfficiency + fold
+		case Hier:
+			t = hierCost(p, c, S, chunks, gamma)
 		}
 	case CollReduceScatter:
 		t = (n-1+chunks-1)*alpha + (n-1)/n*S*(beta+gamma)
@@ -164,12 +172,35 @@ func Cost(p Problem, a Algorithm, c int) float64 {
 	return t + overhead
 }
 
+// hierCost models the hierarchical all-reduce: 2(m-1) hops inside the
+// host and 2(h-1) across, paid once, and then, pieces pipelining through
+// the phases, the slower of the two byte streams: inside a host each rank
+// moves 2(m-1)/m of the data; across, the m rings of a host share its
+// link, which carries 2(h-1)/h of it (a flat ring's link carries
+// 2(n-1)/n). Only for several hosts of several ranks each: otherwise it
+// is a ring, and the ring's cost stands.
+func hierCost(p Problem, c int, S, chunks, gamma float64) float64 {
+	h, m := float64(p.Hosts), float64(p.PerHost)
+	if p.Hosts < 2 || p.PerHost < 2 {
+		return math.Inf(1)
+	}
+	in := p.Intra
+	if in.Bandwidth <= 0 {
+		in = p.Link
+	}
+	betaIn := 1 / (in.Bandwidth * float64(min(c, in.MaxChannels)))
+	betaNet := 1 / (p.Link.Bandwidth * float64(min(c, p.Link.MaxChannels)))
+	hops := 2*(m-1)*in.Latency + 2*(h-1)*p.Link.Latency + (chunks-1)*max(in.Latency, p.Link.Latency)
+	bytes := max(2*(m-1)/m*S*betaIn, 2*(h-1)/h*S*betaNet)
+	return hops + bytes + ((m-1)/m+(h-1)/(h*m))*S*gamma
+}
+
 // candidates lists the algorithms the tuner weighs for c, in order of
 // preference when costs tie.
 func candidates(c Collective) []Algorithm {
 	switch c {
 	case CollAllReduce:
-		return []Algorithm{Ring, Tree, Rabenseifner, RecDoubling, OneShot}
+		return []Algorithm{Ring, Tree, Rabenseifner, RecDoubling, OneShot, Hier}
 	case CollAllToAll:
 		return []Algorithm{Pairwise}
 	case CollSend, CollRecv:

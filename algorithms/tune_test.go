@@ -84,3 +84,31 @@ func TestPieces(t *testing.T) {
 		}
 	}
 }
+
+// TestTuneWeighsHierarchy: across hosts with a slow network and fast
+// shared memory, the hierarchical all-reduce wins large sizes (its
+// network link carries 2(h-1)/h of the data where a flat ring's carries
+// 2(n-1)/n); on one host, or hosts of different sizes, it is never
+// picked.
+func TestTuneWeighsHierarchy(t *testing.T) {
+	net := LinkModel{Latency: 10e-6, Bandwidth: 1.5e9, ReduceRate: 6e9, MaxChannels: 2, ChannelBytes: 4 << 20, ChunkBytes: 2 << 20}
+	shm := LinkModel{Latency: 1e-6, Bandwidth: 8e9, ReduceRate: 6e9, MaxChannels: 2, ChannelBytes: 4 << 20, ChunkBytes: 512 << 10}
+	p := Problem{Coll: CollAllReduce, NRanks: 4, Bytes: 64 << 20, Link: net, Hosts: 2, PerHost: 2, Intra: shm}
+	require.Equal(t, Hier, Tune(p, AlgoAuto, 0, 0).Algo)
+	ring, hier := Cost(p, Ring, 2), Cost(p, Hier, 2)
+	// 1.5× the bytes on the network; the reductions and hops narrow it.
+	require.Greater(t, ring/hier, 1.35, "ring %g s, hier %g s", ring, hier)
+	// 8 hosts × 8: the network carries 7/4 against 63/32 of the data.
+	p8 := Problem{Coll: CollAllReduce, NRanks: 64, Bytes: 256 << 20, Link: net, Hosts: 8, PerHost: 8, Intra: shm}
+	require.Equal(t, Hier, Tune(p8, AlgoAuto, 0, 0).Algo)
+	one := p
+	one.Hosts, one.PerHost = 1, 4
+	require.NotEqual(t, Hier, Tune(one, AlgoAuto, 0, 0).Algo)
+	require.True(t, math.IsInf(Cost(one, Hier, 1), 1))
+	uneven := p
+	uneven.PerHost = 0
+	require.True(t, math.IsInf(Cost(uneven, Hier, 1), 1))
+	alone := p
+	alone.Hosts, alone.PerHost = 4, 1
+	require.True(t, math.IsInf(Cost(alone, Hier, 1), 1), "one rank per host: a ring")
+}

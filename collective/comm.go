@@ -236,7 +236,7 @@ func newLocalGroupCfg(n int, cfg Config) ([]*Comm, *mem.Network, error) {
 	fam := &localFamily{pending: map[[2]uint64]*localSplit{}}
 	comms := make([]*Comm, n)
 	for r := range comms {
-		c, err := newComm(r, n, cfg, nw.Endpoint(r), link, devOf(r), nil)
+		c, err := newComm(r, n, cfg, nw.Endpoint(r), link, devOf(r), nil, algorithms.LinkModel{})
 		if err != nil {
 			for _, c := range comms[:r] {
 				c.Close()
@@ -262,11 +262,12 @@ func newLocalGroupCfg(n int, cfg Config) ([]*Comm, *mem.Network, error) {
 }
 
 // newComm makes rank's communicator over ep; dev is its GPU, or nil;
-// hosts labels each rank's host (nil: all on one).
-func newComm(rank, size int, cfg Config, ep transport.Endpoint, link algorithms.LinkModel, dev Device, hosts []int) (*Comm, error) {
+// hosts labels each rank's host (nil: all on one), and intra models the
+// links inside a host (zero: link).
+func newComm(rank, size int, cfg Config, ep transport.Endpoint, link algorithms.LinkModel, dev Device, hosts []int, intra algorithms.LinkModel) (*Comm, error) {
 	eng, err := engine.New(rank, size, ep, engine.Config{
 		Algo: cfg.Algorithm, Channels: cfg.Channels, ChunkBytes: cfg.ChunkSize,
-		MaxChannels: cfg.MaxChannels, Link: link, Device: dev, Hosts: hosts,
+		MaxChannels: cfg.MaxChannels, Link: link, Device: dev, Hosts: hosts, IntraLink: intra,
 	})
 	if err != nil {
 		return nil, err

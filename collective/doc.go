@@ -122,8 +122,13 @@
 // first rounds. The INFO summary prints the ring order, hosts separated
 // by "|". A GOCCL_SOCKET_IFNAME that matches several interfaces gives
 // every TCP connection sockets on each of them (the INFO summary's
-// "nics"), so its slices alternate over the rails. Hierarchical
-// collectives are not built yet.
+// "nics"), so its slices alternate over the rails. When every host has
+// the same number of ranks, the all-reduce may be hierarchical
+// (GOCCL_ALGO=hier, or the tuner's pick for large sizes): a
+// reduce-scatter inside each host over shared memory, an all-reduce of
+// each shard across hosts, an all-gather inside each host; the network
+// then carries 2(h-1)/h of the data per host where a flat ring carries
+// 2(n-1)/n. The other collectives have no hierarchical form yet.
 //
 // # Configuration
 //

@@ -542,7 +542,12 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	}
 	hosts := summarize(table.Peers)
 	link.MaxChannels = min(cfg.MaxChannels, channelsPerRank(hosts))
-	c, err := newComm(rank, nranks, cfg, ep, link, dev, hostLabels(table.Peers))
+	intra := link // inside a host: shared memory where pairs use it
+	if nShm > 0 {
+		intra = shmLink
+		intra.MaxChannels = link.MaxChannels
+	}
+	c, err := newComm(rank, nranks, cfg, ep, link, dev, hostLabels(table.Peers), intra)
 	if err != nil {
 		ep.Close(err)
 		return fail(err)

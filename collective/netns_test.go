@@ -148,6 +148,7 @@ func TestMultiHostNamespaces(t *testing.T) {
 		{place: []int{0, 1, 2}}, {place: []int{0, 0, 1, 1, 2, 2}}, {place: []int{0, 0, 1, 1}},
 		{place: []int{0, 0, 1, 1}, tls: true}, {place: []int{0, 1}, verbs: true}, {place: []int{0, 0, 1, 1}, verbs: true},
 		{place: []int{0, 1, 0, 1}, ring: "0 2 | 1 3"}, {place: []int{0, 1, 0, 1}, algo: "tree"},
+		{place: []int{0, 1, 0, 1}, algo: "hier"}, {place: []int{0, 0, 0, 1, 1, 1}, algo: "hier"},
 		{place: []int{0, 1, 2, 1, 2}, ring: "0 | 1 3 | 2 4"},
 	} {
 		place := shape.place
@@ -204,6 +205,15 @@ func TestMultiHostNamespaces(t *testing.T) {
 			if shape.ring != "" {
 				for _, r := range res {
 					require.Contains(t, r.output, fmt.Sprintf("ring=\"%s\"", shape.ring), "rank %d", r.rank)
+				}
+				// Hosts of equal size, a slow network and fast shared
+				// memory: the tuner takes the hierarchy for large
+				// all-reduces; uneven hosts cannot have it.
+				pick := "allreduce_64MiB=hier/"
+				if slices.Max(place) == 1 {
+					require.Contains(t, res[0].output, pick)
+				} else {
+					require.NotContains(t, res[0].output, pick)
 				}
 			}
 			require.Contains(t, res[0].output, "10.77.0.", "the ranks talk over the veths")

@@ -11,6 +11,9 @@
 # MODE=nics: two veth pairs (two rails, 10.98.0.0/24 and 10.98.1.0/24), one
 # rank per host, GOCCL_SOCKET_IFNAME naming one (=vx0) and both (vx);
 # target two/one >= 1.8.
+# MODE=hier: one veth pair, two ranks per host in block placement, the
+# flat ring (-algo ring) against the tuner's choice (the hierarchical
+# all-reduce at 64 MiB); prints hier/ring.
 # Needs root. BIN may name several goccl-perf binaries (A/B of two builds).
 #
 #   sudo scripts/hosts-bench.sh [REPS]        # MODE=placement RATE=10gbit SIZE=64M BIN=...
@@ -66,18 +69,21 @@ run() {
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{v[NR]=$1} END {print (NR%2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2)}'; }
 declare -A bw lat
 bytes=$(numfmt --from=iec "$size")
-cases="block rr"; [ "$mode" = nics ] && cases="one two"
+cases="block rr"; [ "$mode" = nics ] && cases="one two"; [ "$mode" = hier ] && cases="ring hier"
 for i in $(seq "$reps"); do
   for bin in $BIN; do
     for p in $cases; do
+      extra=()
       case $p in
       block) place="a a b b" IFNAME= ;;
       rr) place="a b a b" IFNAME= ;;
       one) place="a b" IFNAME==vx0 ;;
       two) place="a b" IFNAME=vx ;;
+      ring) place="a a b b" IFNAME= extra=(-algo ring) ;;
+      hier) place="a a b b" IFNAME= ;;
       esac
-      t=$(run "$bin" "$place" -b "$size" -e "$size" -n 5 -w 2 -a 3 | awk -v s="$bytes" '$1 == s {print $8}')
-      l=$(run "$bin" "$place" -b 8 -e 8 -n 2000 -w 200 -a 3 | awk '$1 == 8 {print $6}')
+      t=$(run "$bin" "$place" "${extra[@]}" -b "$size" -e "$size" -n 5 -w 2 -a 3 | awk -v s="$bytes" '$1 == s {print $8}')
+      l=$(run "$bin" "$place" "${extra[@]}" -b 8 -e 8 -n 2000 -w 200 -a 3 | awk '$1 == 8 {print $6}')
       bw[$bin.$p]+="$t "; lat[$bin.$p]+="$l "
       echo "round $i $(basename "$(dirname "$bin")")/$p: busbw $t GB/s, 8 B $l us"
     done

@@ -182,6 +182,38 @@ func TestSimulateHostPlacements(t *testing.T) {
 	}
 }
 
+// TestSimulateHierarchical proves the hierarchical all-reduce for every
+// grid of 1..64 ranks (hosts × ranks per host), in block and round-robin
+// numbering and every variant, and that uneven hosts are refused.
+func TestSimulateHierarchical(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	for n := 1; n <= 64; n++ {
+		for h := 1; h <= n; h++ {
+			if n%h != 0 || (testing.Short() && n > 24) {
+				continue
+			}
+			m := n / h
+			for _, rr := range []bool{false, true} {
+				hosts := make([]int, n)
+				for r := range hosts {
+					hosts[r] = r / m
+					if rr {
+						hosts[r] = r % h
+					}
+				}
+				for vi, v := range variants {
+					count := counts(n)[rng.IntN(len(counts(n)))]
+					cfg := algotest.Config{Coll: algorithms.CollAllReduce, Algo: algorithms.Hier, NRanks: n, Hosts: hosts, Count: count,
+						Channels: v.channels, Pieces: v.pieces, SliceElems: v.slice, Slots: v.slots, InPlace: v.inPlace, Seed: uint64(n*100 + h*10 + vi)}
+					require.NoError(t, algotest.Run(cfg), "%d hosts × %d, round robin %v, count %d", h, m, rr, count)
+				}
+			}
+		}
+	}
+	_, err := algorithms.Build(algorithms.Params{Coll: algorithms.CollAllReduce, Algo: algorithms.Hier, NRanks: 3, Hosts: []int{0, 0, 1}})
+	require.ErrorContains(t, err, "same number of ranks on every host; hosts have 2, 1")
+}
+
 // TestSimulatorCatchesBrokenSchedules makes sure the simulator is not
 // vacuous: each mutation of a correct schedule must be reported.
 func TestSimulatorCatchesBrokenSchedules(t *testing.T) {

@@ -38,8 +38,13 @@ type Config struct {
 	Device device.Device
 	// Hosts labels each rank's host (equal labels, same host; nil: one
 	// host). Schedules follow it: rings host by host, the tree across
-	// hosts (algorithms.Params.Hosts). Every rank must be given the same.
+	// hosts (algorithms.Params.Hosts), and the tuner weighs the
+	// hierarchical all-reduce when hosts have equal rank counts. Every
+	// rank must be given the same.
 	Hosts []int
+	// IntraLink is the tuner's model of the links inside a host, when
+	// Hosts has several (zero: Link).
+	IntraLink algorithms.LinkModel
 }
 
 // Op is one operation on one rank. Counts are in elements.
@@ -105,6 +110,7 @@ type Engine struct {
 	ep           transport.Endpoint
 	caps         transport.Caps
 	cfg          Config
+	grid         algorithms.Grid // the hosts' shape; PerHost 0 when uneven
 
 	mu     sync.Mutex // guards scheds and plans (Plan may be called from any goroutine)
 	scheds map[schedKey]*algorithms.Schedule
@@ -185,8 +191,17 @@ func New(rank, nranks int, ep transport.Endpoint, cfg Config) (*Engine, error) {
 	if err := cfg.Link.Validate(); err != nil {
 		return nil, err
 	}
+	if cfg.IntraLink != (algorithms.LinkModel{}) {
+		if err := cfg.IntraLink.Validate(); err != nil {
+			return nil, err
+		}
+	}
+	grid, err := algorithms.HostGrid(cfg.Hosts, nranks)
+	if err != nil {
+		grid = algorithms.Grid{Hosts: -1} // hosts of different sizes: no hierarchy
+	}
 	e := &Engine{
-		rank: rank, nranks: nranks, ep: ep, caps: caps, cfg: cfg,
+		rank: rank, nranks: nranks, ep: ep, caps: caps, cfg: cfg, grid: grid,
 		scheds:  map[schedKey]*algorithms.Schedule{},
 		plans:   map[planKey]Plan{},
 		conns:   map[connKey]transport.Conn{},
@@ -234,7 +249,8 @@ func (e *Engine) Plan(op *Op) (Plan, error) {
 }
 
 func (e *Engine) plan(op *Op) (Plan, error) {
-	pb := algorithms.Problem{Coll: op.Coll, NRanks: e.nranks, Bytes: op.Bytes(e.nranks), Link: e.cfg.Link}
+	pb := algorithms.Problem{Coll: op.Coll, NRanks: e.nranks, Bytes: op.Bytes(e.nranks), Link: e.cfg.Link,
+		Hosts: e.grid.Hosts, PerHost: e.grid.PerHost, Intra: e.cfg.IntraLink}
 	pl := algorithms.Tune(pb, e.cfg.Algo, e.cfg.Channels, e.cfg.ChunkBytes)
 	pl.Channels = min(pl.Channels, e.cfg.MaxChannels)
 	if op.Coll == algorithms.CollSend || op.Coll == algorithms.CollRecv {
@@ -347,9 +363,9 @@ const (
 	sigCollBits = 4
 	sigTypeBits = 4
 	sigRedBits  = 3
-	sigAlgoBits = 3 // full: adding an algorithm needs a bit from the hash
+	sigAlgoBits = 4
 	sigChanBits = 6
-	sigHashBits = 12
+	sigHashBits = 11
 
 	sigCollShift = 0
 	sigTypeShift = sigCollShift + sigCollBits
