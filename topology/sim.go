@@ -3,6 +3,7 @@ package topology
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/goccl/goccl/algorithms"
 )
@@ -43,6 +44,13 @@ type Model struct {
 	TreeBus   float64 // tree busbw asymptote, GB/s (multi-node)
 	RingLatUs float64
 	TreeLatUs float64
+	// HierBus and HierLatUs model goccl's hierarchical all-reduce
+	// (algorithms.Hier; NCCL has no such pattern outside CollNet): a
+	// reduce-scatter and an all-gather over each host's ring, and the
+	// host's ports carrying 2(h-1)/h of the data for all its GPUs. Zero
+	// on one host or with one GPU per host, where it is the ring.
+	HierBus   float64
+	HierLatUs float64
 }
 
 // Prediction is the simulated result at one size.
@@ -54,7 +62,8 @@ type Prediction struct {
 }
 
 // Simulate predicts all-reduce on l, every host shaped like the first
-// host of t (its first GPUsPerNode GPUs and its NICs), as NCCL's
+// host of t (across hosts, the first with network ports: its first
+// GPUsPerNode GPUs and its NICs), as NCCL's
 // ncclTopoGetAlgoTime would: time = latency + bytes / algorithm
 // bandwidth, for the ring and (across hosts) the tree, the faster winning.
 func Simulate(t *Topo, l Layout) (*Model, error) {
@@ -65,7 +74,17 @@ func Simulate(t *Topo, l Layout) (*Model, error) {
 	if len(hosts) == 0 {
 		return nil, fmt.Errorf("topology: the document has no host (no <cpu> element) to model")
 	}
-	gpus := t.GPUsOf(hosts[0])
+	host := hosts[0]
+	if l.Nodes > 1 {
+		// Across hosts, model the first host that has network ports.
+		for _, h := range hosts {
+			if slices.ContainsFunc(t.NICs, func(n *Node) bool { return n.Host == h && len(n.NICs) > 0 }) {
+				host = h
+				break
+			}
+		}
+	}
+	gpus := t.GPUsOf(host)
 	if len(gpus) < l.GPUsPerNode {
 		return nil, fmt.Errorf("topology: layout wants %d GPUs per node, the first host has %d", l.GPUsPerNode, len(gpus))
 	}
@@ -88,7 +107,7 @@ func Simulate(t *Topo, l Layout) (*Model, error) {
 		// all channels together.
 		var ports []float64
 		for _, nic := range t.NICs {
-			if nic.Host != hosts[0] || len(nic.NICs) == 0 {
+			if nic.Host != host || len(nic.NICs) == 0 {
 				continue
 			}
 			best := 0.0
@@ -142,7 +161,46 @@ func Simulate(t *Topo, l Layout) (*Model, error) {
 		m.TreeBus = math.Min(treeEfficiency*busBW, float64(m.Channels)*perChMaxTreeBw[gen][col])
 		m.TreeLatUs = baseLatTree + 2*(float64(l.GPUsPerNode-1)*intraTree+math.Log2(float64(l.Nodes))*hwLatNetTree)
 	}
+	if l.Nodes > 1 && l.GPUsPerNode > 1 {
+		h, g, n := float64(l.Nodes), float64(l.GPUsPerNode), float64(nRanks)
+		// Seconds per byte of the operation: the host's ring moves
+		// 2(g-1)/g of it at the ring's busbw, the host's ports 2(h-1)/h
+		// at their sum; pieces pipeline, so the slower one counts.
+		perByte := math.Max(2*(g-1)/g/ring.Total(), 2*(h-1)/h/(float64(m.NICs)*m.NetBW))
+		m.HierBus = 2 * (n - 1) / n / perByte
+		m.HierLatUs = baseLatRing + 2*(g-1)*intraLat + 2*(h-1)*hwLatNetRing
+	}
 	return m, nil
+}
+
+// PredictEach returns the model's all-reduce at size bytes for each
+// algorithm it models: ring, then tree and hier where they apply.
+func (m *Model) PredictEach(bytes int64) []Prediction {
+	n := m.Layout.Nodes * m.Layout.GPUsPerNode
+	factor := 1.0
+	if n > 1 {
+		factor = 2 * float64(n-1) / float64(n)
+	}
+	mk := func(algo string, lat, busBW, algFactor float64) Prediction {
+		p := Prediction{Bytes: bytes, Algo: algo, TimeUs: lat}
+		if n > 1 {
+			p.TimeUs += float64(bytes) / (1000 * busBW / algFactor)
+			p.BusBW = float64(bytes) / p.TimeUs / 1000 * factor
+		}
+		return p
+	}
+	out := []Prediction{mk("ring", m.RingLatUs, m.RingBus, factor)}
+	if n == 1 {
+		out[0].TimeUs = baseLatRing
+		return out
+	}
+	if m.TreeBus > 0 {
+		out = append(out, mk("tree", m.TreeLatUs, m.TreeBus, 2)) // tree algbw = busbw / 2
+	}
+	if m.HierBus > 0 {
+		out = append(out, mk("hier", m.HierLatUs, m.HierBus, factor))
+	}
+	return out
 }
 
 // Predict returns the model's all-reduce time and bus bandwidth at size

@@ -123,3 +123,27 @@ func TestRingFeedsTheTuner(t *testing.T) {
 	require.InDelta(t, r.BW*1e9, lm.Bandwidth, 1)
 	require.InDelta(t, 3.4e-6, lm.Latency, 1e-12, "NVLink hops")
 }
+
+// TestHierarchyModel: across hosts the hierarchical all-reduce's network
+// share is 2(h-1)/h of the data, so with the ports the bound its busbw
+// asymptote is the ports' sum times (n-1)/n · h/(h-1); on one host it is
+// not modelled.
+func TestHierarchyModel(t *testing.T) {
+	tp := build(t, dgx(90, 18, 400000, "32.0 GT/s PCIe"))
+	for _, l := range []Layout{{2, 8}, {16, 8}, {1024, 8}} {
+		m, err := Simulate(tp, l)
+		require.NoError(t, err)
+		h, n := float64(l.Nodes), float64(l.Nodes*l.GPUsPerNode)
+		net := float64(m.NICs) * m.NetBW * (n - 1) / n * h / (h - 1)
+		want := math.Min(net, 2*(n-1)/n/(2*float64(l.GPUsPerNode-1)/float64(l.GPUsPerNode)/m.Ring.Total()))
+		require.InDelta(t, want, m.HierBus, want*1e-9, "%v", l)
+		each := m.PredictEach(8 << 30)
+		require.Equal(t, []string{"ring", "tree", "hier"}, []string{each[0].Algo, each[1].Algo, each[2].Algo})
+		require.Greater(t, each[2].BusBW, each[0].BusBW, "%v: the network carries less", l)
+		require.Less(t, each[1].TimeUs, each[2].TimeUs*10, "sanity")
+	}
+	one, err := Simulate(tp, Layout{1, 8})
+	require.NoError(t, err)
+	require.Zero(t, one.HierBus)
+	require.Len(t, one.PredictEach(1<<20), 1)
+}

@@ -104,10 +104,29 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stdout, " (%d network ports of %.4g GB/s each; %.4g GB/s per port)", m.NICs, m.NetBW, m.RingBus/float64(m.NICs))
 		}
 		fmt.Fprintln(stdout)
-		fmt.Fprintf(stdout, "  %12s %12s %10s %6s\n", "size (B)", "time (us)", "busbw", "algo")
+		if m.HierBus > 0 {
+			fmt.Fprintf(stdout, "  tree: busbw up to %.4g GB/s; hier (goccl's hierarchical all-reduce): busbw up to %.4g GB/s\n", m.TreeBus, m.HierBus)
+		}
+		fmt.Fprintf(stdout, "  %12s %12s %10s %6s", "size (B)", "time (us)", "busbw", "algo")
+		each := m.PredictEach(8)
+		for _, p := range each {
+			fmt.Fprintf(stdout, " %10s", p.Algo+" us")
+		}
+		fmt.Fprintln(stdout)
 		for s := int64(8); s <= 8<<30; s *= 8 {
-			p := m.Predict(s)
-			fmt.Fprintf(stdout, "  %12d %12.1f %10.2f %6s\n", s, p.TimeUs, p.BusBW, p.Algo)
+			// The best of the modelled algorithms, then each one's time.
+			each := m.PredictEach(s)
+			best := each[0]
+			for _, p := range each {
+				if p.TimeUs < best.TimeUs {
+					best = p
+				}
+			}
+			fmt.Fprintf(stdout, "  %12d %12.1f %10.2f %6s", s, best.TimeUs, best.BusBW, best.Algo)
+			for _, p := range each {
+				fmt.Fprintf(stdout, " %10.1f", p.TimeUs)
+			}
+			fmt.Fprintln(stdout)
 		}
 	}
 	if *dump != "" {
