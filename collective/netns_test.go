@@ -118,11 +118,12 @@ func TestTwoNICsPerHost(t *testing.T) {
 	for _, r := range res {
 		require.Contains(t, r.output, "nics=eth0,eth1", "rank %d", r.rank)
 	}
-	// The collectives move megabytes each way; each rail must carry a
-	// good part of it (slices alternate over the sockets).
+	// The collectives move megabytes each way (hundreds of kilobytes with
+	// GOCCL_TEST_SHORT's counts); each rail must carry a good part of it
+	// (slices alternate over the sockets).
 	got := [2]int64{rxBytes(t, ns[1], "eth0") - before[0], rxBytes(t, ns[1], "eth1") - before[1]}
 	t.Logf("host 2 received %d bytes on eth0, %d on eth1", got[0], got[1])
-	require.Greater(t, got[0], int64(1<<20))
+	require.Greater(t, got[0], int64(256<<10))
 	require.Greater(t, got[1], got[0]/4, "eth1 carries its share")
 }
 

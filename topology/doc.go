@@ -22,5 +22,6 @@
 // Search finds ring orders and trees over a host's GPUs that maximise the
 // bottleneck bandwidth, and channel counts from NCCL's per-channel speeds;
 // Simulate predicts all-reduce bus bandwidth by size with NCCL's latency
-// and bandwidth model (tuning.cc).
+// and bandwidth model (tuning.cc) for the ring and the tree, and beside
+// them goccl's hierarchical all-reduce (inside each host, then across).
 package topology

@@ -85,7 +85,8 @@ func run() error {
 	var (
 		peersF = flag.String("peers", "ompi", "peers to compare with: ompi, mpich, gloo (comma-separated)")
 		npF    = flag.String("np", "2", "rank counts (comma-separated)")
-		trF    = flag.String("transports", "shm,tcp", "transports: shm, tcp (comma-separated)")
+		trF    = flag.String("transports", "shm,tcp", "transports: shm, tcp, hosts (two network namespaces as hosts, half of the ranks in each; root; MPICH only) (comma-separated)")
+		rateF  = flag.String("rate", "10gbit", "with -transports hosts: the veth's tc tbf rate between the hosts (none: no limit)")
 		collsF = flag.String("colls", "all_reduce", "collectives: all_reduce, reduce_scatter, all_gather, broadcast (comma-separated)")
 		minB   = flag.String("b", "8", "smallest size")
 		maxB   = flag.String("e", "256M", "largest size")
@@ -142,8 +143,11 @@ func run() error {
 				return fmt.Errorf("bad rank count %q", n)
 			}
 			for _, tr := range split(*trF) {
-				if tr != "shm" && tr != "tcp" {
-					return fmt.Errorf("bad transport %q (want shm or tcp)", tr)
+				if tr != "shm" && tr != "tcp" && tr != "hosts" {
+					return fmt.Errorf("bad transport %q (want shm, tcp or hosts)", tr)
+				}
+				if tr == "hosts" && np%2 != 0 {
+					return fmt.Errorf("-transports hosts puts half of the ranks on each host: -np %d is odd", np)
 				}
 				settings = append(settings, setting{np: np, transport: tr, coll: coll})
 			}
@@ -186,6 +190,18 @@ func run() error {
 		}
 		avail = append(avail, p)
 	}
+	var hn *hostsNet
+	if slices.ContainsFunc(settings, func(s setting) bool { return s.transport == "hosts" }) {
+		if hn, err = upHosts(*rateF); err != nil {
+			return err
+		}
+		defer hn.down()
+		for _, p := range avail {
+			if p.name != "mpich" {
+				fmt.Fprintf(os.Stderr, "compare: %s left out of the hosts transport (only MPICH's launcher reaches into other namespaces; see bench/compare/hosts.go)\n", p.label)
+			}
+		}
+	}
 	logs, err := os.Create(filepath.Join(*out, "runs.log"))
 	if err != nil {
 		return err
@@ -217,7 +233,18 @@ func run() error {
 				tools := append([]string{"goccl"}, names(avail)...)
 				for _, tool := range tools {
 					var argv, env []string
-					if tool == "goccl" {
+					if s.transport == "hosts" {
+						switch tool {
+						case "goccl":
+							argv = hn.argv(s.np, append([]string{perf, string(s.coll), "-target", fmt.Sprintf("%gs", *target), "-a", "3", "-c", "1",
+								"-out-of-place-only", "-J", jsonTmp}, sweep...), hn.goccl())
+						case "mpich":
+							p := avail[slices.IndexFunc(avail, func(p peer) bool { return p.name == tool })]
+							argv = hn.argv(s.np, append([]string{filepath.Join(*binDir, p.binary), "-o", p.ops[s.coll], "-T", fmt.Sprint(*target)}, sweep...), hn.mpich())
+						default:
+							continue
+						}
+					} else if tool == "goccl" {
 						argv = append([]string{perf, string(s.coll), "-np", strconv.Itoa(s.np), "--transport", s.transport,
 							"-target", fmt.Sprintf("%gs", *target), "-a", "3", "-c", "1", "-out-of-place-only", "-J", jsonTmp}, sweep...)
 					} else {
