@@ -122,7 +122,9 @@
 // first rounds. The INFO summary prints the ring order, hosts separated
 // by "|". A GOCCL_SOCKET_IFNAME that matches several interfaces gives
 // every TCP connection sockets on each of them (the INFO summary's
-// "nics"), so its slices alternate over the rails. When every host has
+// "nics", with each one's speed where sysfs reports it), so its slices
+// alternate over the rails. The tuner's model of TCP never assumes more
+// bandwidth than the slowest such NIC of the job. When every host has
 // the same number of ranks, the all-reduce may be hierarchical
 // (GOCCL_ALGO=hier, or the tuner's pick for large sizes): a
 // reduce-scatter inside each host over shared memory, an all-reduce of

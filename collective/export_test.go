@@ -1,6 +1,11 @@
 package collective
 
-import "github.com/goccl/goccl/transport/mem"
+import (
+	"fmt"
+
+	"github.com/goccl/goccl/internal/wire"
+	"github.com/goccl/goccl/transport/mem"
+)
 
 // NewLocalGroupNet is NewLocalGroup that also returns the in-process
 // network, so that tests can inject faults.
@@ -16,10 +21,21 @@ var RootListenAddr = rootListenAddr
 
 // HostSummaryRoundTrip encodes a host summary with the given NICs and
 // decodes it back; Decode decodes raw bytes (for the fuzzer).
-func HostSummaryRoundTrip(shm string, nics, names []string) (gotShm string, gotNICs, gotNames []string, ok bool) {
-	h, ok := decodeHostSummary(hostSummary{CPUs: 3, Shm: shm, NICs: nics, NICNames: names}.encode())
-	return h.Shm, h.NICs, h.NICNames, ok
+func HostSummaryRoundTrip(shm string, nics, names []string, mbps uint32) (gotShm string, gotNICs, gotNames []string, gotMbps uint32, ok bool) {
+	h, ok := decodeHostSummary(hostSummary{CPUs: 3, Shm: shm, NICs: nics, NICNames: names, NetMbps: mbps}.encode())
+	return h.Shm, h.NICs, h.NICNames, h.NetMbps, ok
 }
 
 // DecodeHostSummary reports whether b decodes as a host summary.
 func DecodeHostSummary(b []byte) bool { _, ok := decodeHostSummary(b); return ok }
+
+// TCPNICBound is tcpNICBound over ranks on different hosts, each with the
+// given interface speed (Mb/s; 0 unknown).
+func TCPNICBound(mbps ...uint32) float64 {
+	var peers []wire.PeerInfo
+	for r, m := range mbps {
+		peers = append(peers, wire.PeerInfo{Rank: uint32(r), HostID: fmt.Sprint("host", r),
+			Topology: hostSummary{CPUs: 2, NetMbps: m}.encode()})
+	}
+	return tcpNICBound(peers)
+}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"runtime"
@@ -308,6 +309,16 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		}
 	}
 	summary := hostSummary{CPUs: runtime.NumCPU(), NetNS: netNamespace()}
+	var netBW float64 // bytes per second over the interfaces TCP uses; 0 unknown
+	for _, a := range nics {
+		bw, ok := netif.Speed(a.Iface)
+		if !ok {
+			netBW = 0
+			break
+		}
+		netBW += bw
+	}
+	summary.NetMbps = uint32(min(netBW*8/1e6, math.MaxUint32))
 	for i, l := range nicLns {
 		summary.NICs = append(summary.NICs, l.Addr().String())
 		summary.NICNames = append(summary.NICNames, nics[i+1].Iface)
@@ -365,6 +376,11 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 					link, emulated = tcpLink, false // the slowest link of the job
 				}
 			}
+		}
+		if link == tcpLink {
+			// A connection cannot outrun the slowest NIC a TCP pair uses,
+			// where every such rank's interfaces report their speed.
+			link.Bandwidth = min(link.Bandwidth, tcpNICBound(table.Peers))
 		}
 		if emulated {
 			// The emulated device moves bytes by a memory copy, as shared
@@ -555,7 +571,11 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	c.peers = table.Peers
 	c.routes = route
 	for _, a := range nics {
-		c.nics = append(c.nics, a.Iface)
+		name := a.Iface
+		if bw, ok := netif.Speed(a.Iface); ok {
+			name += fmt.Sprintf(":%gGb/s", bw*8/1e9)
+		}
+		c.nics = append(c.nics, name)
 	}
 	if nVerbs > 0 {
 		c.ibPort = vport.String()
@@ -677,6 +697,31 @@ func summarize(peers []wire.PeerInfo) map[string]hostLoad {
 		out[id] = h
 	}
 	return out
+}
+
+// tcpNICBound is the slowest network bandwidth (bytes per second) that
+// a rank with a TCP pair reports for its interfaces, or +Inf when any
+// such rank's speed is unknown. Every rank computes it from the same
+// table, so all use the same link model.
+func tcpNICBound(peers []wire.PeerInfo) float64 {
+	bound := math.Inf(1)
+	for _, p := range peers {
+		tcpPair := false
+		for _, q := range peers {
+			if r, _ := pairRoute(p, q); p.Rank != q.Rank && r == TransportTCP {
+				tcpPair = true
+			}
+		}
+		if !tcpPair {
+			continue
+		}
+		s, _ := decodeHostSummary(p.Topology)
+		if s.NetMbps == 0 {
+			return math.Inf(1)
+		}
+		bound = min(bound, float64(s.NetMbps)*1e6/8)
+	}
+	return bound
 }
 
 // hostLabels numbers the ranks' hosts in the order of their lowest rank,

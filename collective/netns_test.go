@@ -116,7 +116,7 @@ func TestTwoNICsPerHost(t *testing.T) {
 	res := spawn(t, "collectives", envs, func(r int) []string { return []string{"ip", "netns", "exec", ns[r]} })
 	requireAllOK(t, res)
 	for _, r := range res {
-		require.Contains(t, r.output, "nics=eth0,eth1", "rank %d", r.rank)
+		require.Contains(t, r.output, "nics=eth0:10Gb/s,eth1:10Gb/s", "rank %d (veths report 10 Gb/s)", r.rank)
 	}
 	// The collectives move megabytes each way (hundreds of kilobytes with
 	// GOCCL_TEST_SHORT's counts); each rail must carry a good part of it

@@ -40,6 +40,9 @@ type hostSummary struct {
 	// other network interfaces (named NICNames), when GOCCL_SOCKET_IFNAME
 	// chose several.
 	NICs, NICNames []string
+	// NetMbps is the sum of the link speeds (sysfs) of the interfaces its
+	// TCP connections use, in megabits per second; 0 where any is unknown.
+	NetMbps uint32
 }
 
 const summaryVersion = 4
@@ -69,7 +72,7 @@ func (h hostSummary) encode() []byte {
 			b = append(append(b, byte(len(s))), s...)
 		}
 	}
-	return b
+	return append(b, byte(h.NetMbps>>24), byte(h.NetMbps>>16), byte(h.NetMbps>>8), byte(h.NetMbps))
 }
 
 func decodeHostSummary(b []byte) (hostSummary, bool) {
@@ -104,6 +107,10 @@ func decodeHostSummary(b []byte) (hostSummary, bool) {
 		}
 		h.NICs, h.NICNames = append(h.NICs, pair[0]), append(h.NICNames, pair[1])
 	}
+	if len(b) < 4 {
+		return hostSummary{}, false
+	}
+	h.NetMbps = uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
 	return h, true
 }
 

@@ -1,6 +1,7 @@
 package collective_test
 
 import (
+	"math"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -9,12 +10,13 @@ import (
 )
 
 func TestHostSummaryCarriesNICs(t *testing.T) {
-	shm, nics, names, ok := collective.HostSummaryRoundTrip("@goccl-1", []string{"10.0.1.2:4000", "10.0.2.2:4001"}, []string{"eth1", "eth2"})
+	shm, nics, names, mbps, ok := collective.HostSummaryRoundTrip("@goccl-1", []string{"10.0.1.2:4000", "10.0.2.2:4001"}, []string{"eth1", "eth2"}, 200000)
 	require.True(t, ok)
+	require.Equal(t, uint32(200000), mbps)
 	require.Equal(t, "@goccl-1", shm)
 	require.Equal(t, []string{"10.0.1.2:4000", "10.0.2.2:4001"}, nics)
 	require.Equal(t, []string{"eth1", "eth2"}, names)
-	_, nics, _, ok = collective.HostSummaryRoundTrip("", nil, nil)
+	_, nics, _, _, ok = collective.HostSummaryRoundTrip("", nil, nil, 0)
 	require.True(t, ok)
 	require.Empty(t, nics)
 }
@@ -22,8 +24,17 @@ func TestHostSummaryCarriesNICs(t *testing.T) {
 // FuzzHostSummary: a peer's summary comes off the network (through the
 // authenticated bootstrap, but still): decoding never panics.
 func FuzzHostSummary(f *testing.F) {
-	f.Add([]byte{4, 0, 2, 0, 0, 0, 0, 1, 1, 'a', 1, 'b'})
+	f.Add([]byte{4, 0, 2, 0, 0, 0, 0, 1, 1, 'a', 1, 'b', 0, 0, 39, 16})
 	f.Add([]byte{4, 0, 2, 0, 0, 0, 0, 17})
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) { collective.DecodeHostSummary(b) })
+}
+
+// TestTCPModelBoundedByNICSpeed: the TCP link model's bandwidth is the
+// slowest NIC's across the ranks that use TCP, and unbounded when any of
+// them cannot say.
+func TestTCPModelBoundedByNICSpeed(t *testing.T) {
+	require.Equal(t, 1.25e9, collective.TCPNICBound(10000, 25000, 10000))
+	require.Equal(t, 2.5e8, collective.TCPNICBound(2000, 25000))
+	require.True(t, math.IsInf(collective.TCPNICBound(10000, 0), 1))
 }

@@ -188,6 +188,27 @@ func PerInterface(addrs []Addr) []Addr {
 	return out
 }
 
+// Speed returns interface name's link speed in bytes per second as its
+// driver reports it (/sys/class/net/NAME/speed, in megabits per second),
+// or false where it reports none: loopback and some virtual NICs cannot
+// be read, others say -1.
+func Speed(name string) (float64, bool) { return speedIn("/sys/class/net", name) }
+
+func speedIn(root, name string) (float64, bool) {
+	if name == "" || strings.ContainsAny(name, "/.") {
+		return 0, false
+	}
+	b, err := os.ReadFile(root + "/" + name + "/speed")
+	if err != nil {
+		return 0, false
+	}
+	var mbps int64
+	if _, err := fmt.Sscan(strings.TrimSpace(string(b)), &mbps); err != nil || mbps <= 0 {
+		return 0, false
+	}
+	return float64(mbps) * 1e6 / 8, true
+}
+
 // HostID names the host this process runs on: GOCCL_HOSTID when set (so
 // that network namespaces on one machine can count as hosts), else the
 // hostname and the kernel's boot id, so that two machines cloned from one

@@ -2,6 +2,7 @@ package netif
 
 import (
 	"net"
+	"os"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -67,4 +68,19 @@ func TestSystemAndHostID(t *testing.T) {
 	id, err = HostID(func(k string) (string, bool) { return "ns1", k == "GOCCL_HOSTID" })
 	require.NoError(t, err)
 	require.Equal(t, "ns1", id)
+}
+
+func TestSpeedFromSysfs(t *testing.T) {
+	root := t.TempDir()
+	for name, content := range map[string]string{"eth0": "10000\n", "eth1": "-1\n", "eth2": "x"} {
+		require.NoError(t, os.MkdirAll(root+"/"+name, 0o755))
+		require.NoError(t, os.WriteFile(root+"/"+name+"/speed", []byte(content), 0o644))
+	}
+	bw, ok := speedIn(root, "eth0")
+	require.True(t, ok)
+	require.Equal(t, 1.25e9, bw, "10 Gb/s")
+	for _, name := range []string{"eth1", "eth2", "missing", "../eth0", ""} {
+		_, ok := speedIn(root, name)
+		require.False(t, ok, name)
+	}
 }
