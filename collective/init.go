@@ -710,6 +710,7 @@ func tcpNICBound(peers []wire.PeerInfo) float64 {
 		for _, q := range peers {
 			if r, _ := pairRoute(p, q); p.Rank != q.Rank && r == TransportTCP {
 				tcpPair = true
+				break
 			}
 		}
 		if !tcpPair {
