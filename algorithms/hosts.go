@@ -26,8 +26,11 @@ import "fmt"
 //   - Recursive doubling, Rabenseifner and the one-shot all-reduce pair
 //     ranks by number; they run over positions in the host ring instead
 //     (position p plays rank p), so that partners at small distances share
-//     a host, and Rabenseifner halves at the small distances first: its
-//     first halving, which moves half the data, stays inside hosts.
+//     a host, and Rabenseifner halves at the small distances first: where
+//     hosts have an even number of ranks and the rank count is a power of
+//     two, its first halving, which moves half the data, stays inside
+//     hosts (with other shapes the fold's pairs and some partners may
+//     straddle a host boundary).
 //
 //   - Hier (hierAllReduce) is the all-reduce built for hosts: phases
 //     inside and across hosts, for hosts with equal rank counts (Grid).

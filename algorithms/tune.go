@@ -134,7 +134,13 @@ func Cost(p Problem, a Algorithm, c int) float64 {
 			// Up and down each tree (depth log2 n); each tree carries half
 			// the data, each rank sends about S in all and reduces S/2 per
 			// child.
-			t = (2*float64(log2ceil(p.NRanks))+chunks-1)*alpha + 2*S*beta + S*gamma
+			// Across hosts of m ranks each the tree is HostTree's: a chain
+			// of m in each host under a binary tree of h hosts.
+			depth := log2ceil(p.NRanks)
+			if p.Hosts > 1 && p.PerHost > 0 {
+				depth = log2ceil(p.Hosts) + p.PerHost - 1
+			}
+			t = (2*float64(depth)+chunks-1)*alpha + 2*S*beta + S*gamma
 		case RecDoubling:
 			t = L*(alpha+S*beta+S*gamma) + fold
 		case OneShot:

@@ -3,6 +3,7 @@ package collective
 import (
 	"fmt"
 
+	"github.com/goccl/goccl/algorithms"
 	"github.com/goccl/goccl/internal/wire"
 	"github.com/goccl/goccl/transport/mem"
 )
@@ -38,4 +39,19 @@ func TCPNICBound(mbps ...uint32) float64 {
 			Topology: hostSummary{CPUs: 2, NetMbps: m}.encode()})
 	}
 	return tcpNICBound(peers)
+}
+
+// IntraLinkIsShm reports whether intraLink picks shared memory's model for
+// ranks on the given hosts, where shmOK[r] says whether rank r has a
+// shared-memory listener.
+func IntraLinkIsShm(hosts []string, shmOK []bool) bool {
+	var peers []wire.PeerInfo
+	for r, h := range hosts {
+		s := hostSummary{CPUs: 2, NetNS: "net:[1]"}
+		if shmOK[r] {
+			s.Shm = fmt.Sprint("@shm", r)
+		}
+		peers = append(peers, wire.PeerInfo{Rank: uint32(r), HostID: h, Topology: s.encode()})
+	}
+	return intraLink(peers, tcpLink) == func() algorithms.LinkModel { l := shmLink; l.MaxChannels = tcpLink.MaxChannels; return l }()
 }

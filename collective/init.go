@@ -241,16 +241,19 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	// interface is used, as before: the default choice may include
 	// interfaces the other hosts cannot reach.
 	var nicLns []net.Listener
+	closeTCP := func() {
+		ln.Close()
+		for _, l := range nicLns {
+			l.Close()
+		}
+	}
 	nics := []netif.Addr{addrs[0]}
-	if cfg.SocketIfname != "" {
+	if cfg.SocketIfname != "" && (mode == TransportAuto || mode == TransportTCP) {
 		nics = netif.PerInterface(addrs)
 		for _, a := range nics[1:] {
 			l, err := net.Listen("tcp", net.JoinHostPort(a.Host(), "0"))
 			if err != nil {
-				ln.Close()
-				for _, l := range nicLns {
-					l.Close()
-				}
+				closeTCP()
 				return fail(fmt.Errorf("listening on %s (%s): %w", a.Iface, a.Host(), err))
 			}
 			nicLns = append(nicLns, l)
@@ -267,12 +270,12 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		case err == nil:
 			if vln, err = net.Listen("tcp", net.JoinHostPort(addrs[0].Host(), "0")); err != nil {
 				p.Ctx.Close()
-				ln.Close()
+				closeTCP()
 				return fail(err)
 			}
 			vport = p
 		case mode == TransportVerbs:
-			ln.Close()
+			closeTCP()
 			return fail(fmt.Errorf("GOCCL_TRANSPORT=verbs: %w", err))
 		default:
 			slog.Debug("goccl: no RDMA transport", "rank", rank, "why", err)
@@ -282,17 +285,14 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	if (mode == TransportAuto || mode == TransportShm) && shm.Supported {
 		if shmLn, err = shm.Listen(); err != nil {
 			if mode == TransportShm {
-				ln.Close()
+				closeTCP()
 				return fail(err)
 			}
 			slog.Warn("goccl: no shared-memory transport, using TCP on this host", "rank", rank, "err", err)
 		}
 	}
 	closeListeners := func() {
-		ln.Close()
-		for _, l := range nicLns {
-			l.Close()
-		}
+		closeTCP()
 		if shmLn != nil {
 			shmLn.Close()
 		}
@@ -365,6 +365,7 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	// plans depend on it): the network's (TCP's and verbs' are alike) when
 	// any pair goes over it, else shared memory's, unless Config sets it.
 	slots, slotSize, link := shm.DefaultSlots, shm.DefaultSlotSize, shmLink
+	overTCP := false // some pair of the job talks TCP: link is tcpLink
 	if anyNet {
 		slots, slotSize, link = tcp.DefaultSlots, tcp.DefaultSlotSize, verbsLink
 		emulated := true
@@ -373,15 +374,11 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 			emulated = emulated && (s.Verbs == "" || s.EmulatedIB)
 			for _, q := range table.Peers {
 				if r, _ := pairRoute(p, q); p.Rank != q.Rank && r == TransportTCP {
-					link, emulated = tcpLink, false // the slowest link of the job
+					link, emulated, overTCP = tcpLink, false, true // the slowest link of the job
 				}
 			}
 		}
-		if link == tcpLink {
-			// A connection cannot outrun the slowest NIC a TCP pair uses,
-			// where every such rank's interfaces report their speed.
-			link.Bandwidth = min(link.Bandwidth, tcpNICBound(table.Peers))
-		}
+
 		if emulated {
 			// The emulated device moves bytes by a memory copy, as shared
 			// memory does: its slots fit the caches the same way.
@@ -451,10 +448,7 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 			}
 		}
 	} else {
-		ln.Close()
-		for _, l := range nicLns {
-			l.Close()
-		}
+		closeTCP()
 		nics = nil
 	}
 	if nVerbs > 0 {
@@ -558,11 +552,13 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	}
 	hosts := summarize(table.Peers)
 	link.MaxChannels = min(cfg.MaxChannels, channelsPerRank(hosts))
-	intra := link // inside a host: shared memory where pairs use it
-	if nShm > 0 {
-		intra = shmLink
-		intra.MaxChannels = link.MaxChannels
+	if overTCP {
+		// The channels of a TCP connection share its NIC: together they
+		// cannot outrun the slowest NIC a TCP pair uses, where every such
+		// rank's interfaces report their speed.
+		link.Bandwidth = min(link.Bandwidth, tcpNICBound(table.Peers)/float64(link.MaxChannels))
 	}
+	intra := intraLink(table.Peers, link)
 	c, err := newComm(rank, nranks, cfg, ep, link, dev, hostLabels(table.Peers), intra)
 	if err != nil {
 		ep.Close(err)
@@ -697,6 +693,31 @@ func summarize(peers []wire.PeerInfo) map[string]hostLoad {
 		out[id] = h
 	}
 	return out
+}
+
+// intraLink is the tuner's model of the links inside a host: shared
+// memory's when every pair of ranks on one host uses it, else link (some
+// host's ranks talk over TCP or RDMA). It is computed from the table, not
+// from this rank's routes, so every rank gets the same plans.
+func intraLink(peers []wire.PeerInfo, link algorithms.LinkModel) algorithms.LinkModel {
+	any := false
+	for i, p := range peers {
+		for _, q := range peers[i+1:] {
+			if p.HostID != q.HostID {
+				continue
+			}
+			if r, _ := pairRoute(p, q); r != TransportShm {
+				return link
+			}
+			any = true
+		}
+	}
+	if !any {
+		return link
+	}
+	in := shmLink
+	in.MaxChannels = link.MaxChannels
+	return in
 }
 
 // tcpNICBound is the slowest network bandwidth (bytes per second) that

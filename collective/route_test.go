@@ -38,3 +38,13 @@ func TestTCPModelBoundedByNICSpeed(t *testing.T) {
 	require.Equal(t, 2.5e8, collective.TCPNICBound(2000, 25000))
 	require.True(t, math.IsInf(collective.TCPNICBound(10000, 0), 1))
 }
+
+// TestIntraLinkFromTheTable: the tuner's intra-host model is shared
+// memory's only when every same-host pair of the job uses it, whichever
+// rank asks: a host whose ranks talk TCP makes it the network's for all.
+func TestIntraLinkFromTheTable(t *testing.T) {
+	require.True(t, collective.IntraLinkIsShm([]string{"a", "a", "b", "b"}, []bool{true, true, true, true}))
+	require.False(t, collective.IntraLinkIsShm([]string{"a", "a", "b", "b"}, []bool{true, true, true, false}),
+		"host b's pair has no shared memory")
+	require.False(t, collective.IntraLinkIsShm([]string{"a", "b"}, []bool{true, true}), "no host has two ranks")
+}

@@ -86,7 +86,7 @@ func Simulate(t *Topo, l Layout) (*Model, error) {
 	}
 	gpus := t.GPUsOf(host)
 	if len(gpus) < l.GPUsPerNode {
-		return nil, fmt.Errorf("topology: layout wants %d GPUs per node, the first host has %d", l.GPUsPerNode, len(gpus))
+		return nil, fmt.Errorf("topology: layout wants %d GPUs per node, the host modelled (%s) has %d", l.GPUsPerNode, host, len(gpus))
 	}
 	gpus = gpus[:l.GPUsPerNode]
 	ring, err := t.SearchRing(gpus)
@@ -120,7 +120,7 @@ func Simulate(t *Topo, l Layout) (*Model, error) {
 			}
 		}
 		if len(ports) == 0 {
-			return nil, fmt.Errorf("topology: %d nodes need network ports, and the first host has none with a known speed", l.Nodes)
+			return nil, fmt.Errorf("topology: %d nodes need network ports, and no host has one with a known speed", l.Nodes)
 		}
 		m.NICs = min(len(ports), l.GPUsPerNode)
 		m.NetBW = ports[0]

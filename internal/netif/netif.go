@@ -195,7 +195,7 @@ func PerInterface(addrs []Addr) []Addr {
 func Speed(name string) (float64, bool) { return speedIn("/sys/class/net", name) }
 
 func speedIn(root, name string) (float64, bool) {
-	if name == "" || strings.ContainsAny(name, "/.") {
+	if name == "" || name == "." || name == ".." || strings.Contains(name, "/") {
 		return 0, false
 	}
 	b, err := os.ReadFile(root + "/" + name + "/speed")

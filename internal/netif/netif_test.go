@@ -72,14 +72,17 @@ func TestSystemAndHostID(t *testing.T) {
 
 func TestSpeedFromSysfs(t *testing.T) {
 	root := t.TempDir()
-	for name, content := range map[string]string{"eth0": "10000\n", "eth1": "-1\n", "eth2": "x"} {
+	for name, content := range map[string]string{"eth0": "10000\n", "eth1": "-1\n", "eth2": "x", "eth0.100": "25000\n"} {
 		require.NoError(t, os.MkdirAll(root+"/"+name, 0o755))
 		require.NoError(t, os.WriteFile(root+"/"+name+"/speed", []byte(content), 0o644))
 	}
 	bw, ok := speedIn(root, "eth0")
 	require.True(t, ok)
 	require.Equal(t, 1.25e9, bw, "10 Gb/s")
-	for _, name := range []string{"eth1", "eth2", "missing", "../eth0", ""} {
+	bw, ok = speedIn(root, "eth0.100")
+	require.True(t, ok, "a VLAN interface has a speed")
+	require.Equal(t, 3.125e9, bw)
+	for _, name := range []string{"eth1", "eth2", "missing", "../eth0", "..", ""} {
 		_, ok := speedIn(root, name)
 		require.False(t, ok, name)
 	}
