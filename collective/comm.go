@@ -14,6 +14,7 @@ import (
 	"github.com/goccl/goccl/algorithms"
 	"github.com/goccl/goccl/internal/bootstrap"
 	"github.com/goccl/goccl/internal/engine"
+	"github.com/goccl/goccl/internal/kernels"
 	"github.com/goccl/goccl/internal/wire"
 	"github.com/goccl/goccl/memory"
 	"github.com/goccl/goccl/transport"
@@ -107,6 +108,42 @@ func (c *Comm) Size() int { return c.size }
 // Config returns the communicator's settings after defaults and the
 // environment were applied.
 func (c *Comm) Config() Config { return c.cfg }
+
+// Choice is how a communicator runs an operation: the algorithm the tuner
+// picks (or the one forced), "board" for a small all-reduce on the host's
+// shared board, and the number of channels.
+type Choice struct {
+	Algorithm string
+	Channels  int
+}
+
+func (ch Choice) String() string { return fmt.Sprintf("%s/%dch", ch.Algorithm, ch.Channels) }
+
+// Choose says how coll on count elements of dt would run on host memory,
+// without running it: count as the collective functions take it (the
+// per-rank block of reduce-scatter, all-gather and all-to-all). Every rank
+// gets the same answer to the same question, as the plans must agree. It
+// is what goccl-perf prints under its table and what the INFO summary
+// shows for all-reduce, so that the tuner's crossovers can be seen.
+func (c *Comm) Choose(coll algorithms.Collective, dt DataType, count int) (Choice, error) {
+	switch {
+	case !coll.Valid() || coll == algorithms.CollRecv:
+		return Choice{}, fmt.Errorf("%w: Choose: collective %v", ErrInvalidArgument, coll)
+	case !dt.Valid():
+		return Choice{}, fmt.Errorf("%w: Choose: data type %v", ErrInvalidArgument, dt)
+	case count < 0:
+		return Choice{}, fmt.Errorf("%w: Choose: count %d", ErrInvalidArgument, count)
+	}
+	root := 0
+	if coll == algorithms.CollSend {
+		root = (c.rank + 1) % c.size
+	}
+	pl, err := c.eng.Plan(&engine.Op{Coll: coll, Type: dt.kernel(), Red: kernels.Sum, Count: count, Root: root})
+	if err != nil {
+		return Choice{}, err
+	}
+	return Choice{Algorithm: pl.AlgoName(), Channels: pl.Channels}, nil
+}
 
 // RankInfo describes one rank of a communicator.
 type RankInfo struct {

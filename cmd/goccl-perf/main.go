@@ -1,7 +1,8 @@
 // Command goccl-perf measures goccl's collectives the way nccl-tests'
 // all_reduce_perf and its siblings measure NCCL's: a sweep over sizes,
 // time per operation, algorithm and bus bandwidth out of place and in
-// place, every result checked, in nccl-tests' table layout.
+// place, every result checked, in nccl-tests' table layout, and under it
+// the algorithm and channel count goccl's tuner chose at each size.
 //
 //	goccl-perf -np 2                                  # 2 local ranks, all_reduce, 8 B to 64 MiB
 //	goccl-perf reduce_scatter -np 4 -b 1K -e 1G -f 4   # another collective
@@ -360,6 +361,7 @@ func sweep(ctx context.Context, c *collective.Comm, cfg config) int {
 		return exitCode(err)
 	}
 	bench.Table{}.Footer(os.Stdout, rep)
+	printPicks(os.Stdout, c, cfg.opts.Coll, rows)
 	fmt.Fprintf(os.Stdout, "# Total time %.1fs\n", time.Since(start).Seconds())
 	if cfg.jsonPath != "" {
 		if werr := rep.WriteJSON(cfg.jsonPath); werr != nil {
@@ -378,6 +380,41 @@ func sweep(ctx context.Context, c *collective.Comm, cfg config) int {
 		fmt.Fprintln(os.Stderr, "goccl-perf:", err)
 	}
 	return exitCode(err)
+}
+
+// benchColls maps goccl-perf's collectives to the schedules'.
+var benchColls = map[bench.Coll]algorithms.Collective{bench.AllReduce: algorithms.CollAllReduce,
+	bench.ReduceScatter: algorithms.CollReduceScatter, bench.AllGather: algorithms.CollAllGather,
+	bench.Broadcast: algorithms.CollBroadcast, bench.Reduce: algorithms.CollReduce,
+	bench.AllToAll: algorithms.CollAllToAll, bench.SendRecv: algorithms.CollSend}
+
+// printPicks writes, under the table, the algorithm and channel count the
+// tuner chose at each size measured (Comm.Choose), so that its crossovers
+// can be read off a sweep.
+func printPicks(w io.Writer, c *collective.Comm, coll bench.Coll, rows []bench.Row) {
+	bc, ok := benchColls[coll]
+	if !ok || len(rows) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "# Algorithm per size (the tuner's pick; GOCCL_ALGO or -algo forces one):")
+	seen := map[[2]any]bool{}
+	for _, r := range rows {
+		k := [2]any{r.Bytes, r.Type}
+		if seen[k] {
+			continue
+		}
+		seen[k] = true
+		dts, err := bench.ParseTypes(r.Type)
+		if err != nil || len(dts) != 1 {
+			continue
+		}
+		ch, err := c.Choose(bc, dts[0], r.Count)
+		if err != nil {
+			fmt.Fprintf(w, "#  %12d %8s  ? (%v)\n", r.Bytes, r.Type, err)
+			continue
+		}
+		fmt.Fprintf(w, "#  %12d %8s  %s\n", r.Bytes, r.Type, ch)
+	}
 }
 
 // gpus opens every CUDA device, once per process.

@@ -116,6 +116,11 @@ func TestTransportAndAlgorithmFlags(t *testing.T) {
 	require.Contains(t, out, "forced: transport tcp algo ring channels 2 chunk 16384")
 	require.Contains(t, out, "blocking: 0 aggregation: max")
 	require.Len(t, rows(out), 3)
+	// Under the table, the plan of each size: the forced algorithm on
+	// the forced channels.
+	require.Contains(t, out, "# Algorithm per size")
+	require.Regexp(t, `(?m)^#\s+8\s+float\s+ring/2ch$`, out)
+	require.Regexp(t, `(?m)^#\s+32768\s+float\s+ring/2ch$`, out)
 }
 
 func TestBadArgumentsSayWhatIsWrong(t *testing.T) {
