@@ -1254,7 +1254,11 @@ func dialRoot(ctx context.Context, addr string, secret []byte, tlsCfg *tls.Confi
 		if errors.As(err, &terr) {
 			err = fmt.Errorf("%w (does the root have GOCCL_TLS_* set too?)", err)
 		}
-		last = err
+		if last == nil || ctx.Err() == nil {
+			// An attempt the deadline cut short says less than the
+			// whole one before it (a loaded machine ends mid-handshake).
+			last = err
+		}
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("could not reach the root at %s before the init deadline (%d attempts; last error: %v): %w", addr, attempt+1, last, context.Cause(ctx))
