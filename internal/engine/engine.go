@@ -198,6 +198,11 @@ func New(rank, nranks int, ep transport.Endpoint, cfg Config) (*Engine, error) {
 	}
 	grid, err := algorithms.HostGrid(cfg.Hosts, nranks)
 	if err != nil {
+		if cfg.Algo == algorithms.Hier {
+			// Forced, it could never run: say so now, not at the first
+			// all-reduce.
+			return nil, fmt.Errorf("engine: algorithm hier forced: %w", err)
+		}
 		grid = algorithms.Grid{Hosts: -1} // hosts of different sizes: no hierarchy
 	}
 	e := &Engine{

@@ -156,6 +156,18 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	require.Error(t, err)
 	_, err = New(0, 2, nw.Endpoint(0), Config{MaxChannels: 1})
 	require.Error(t, err, "an empty link model")
+	_, err = New(0, 2, nw.Endpoint(0), Config{MaxChannels: 1, Link: testLink, Hosts: []int{0}})
+	require.ErrorContains(t, err, "1 host labels for 2 ranks")
+	nw3, err := mem.NewNetwork(3, mem.Options{})
+	require.NoError(t, err)
+	_, err = New(0, 3, nw3.Endpoint(0), Config{MaxChannels: 1, Link: testLink, Hosts: []int{0, 0, 1}, Algo: algorithms.Hier})
+	require.ErrorContains(t, err, "hier forced")
+	require.ErrorContains(t, err, "hosts have 2, 1")
+	e, err := New(0, 3, nw3.Endpoint(0), Config{MaxChannels: 1, Link: testLink, Hosts: []int{0, 0, 1}})
+	require.NoError(t, err, "uneven hosts are fine when hier is not forced")
+	pl, err := e.Plan(&Op{Coll: algorithms.CollAllReduce, Type: kernels.Float32, Red: kernels.Sum, Count: 1 << 24})
+	require.NoError(t, err)
+	require.NotEqual(t, algorithms.Hier, pl.Algo)
 }
 
 // TestOperatorMismatchAfterSameShape: the plan cache is keyed by what the
