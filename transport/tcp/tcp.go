@@ -371,13 +371,32 @@ func (e *Endpoint) dial(ctx context.Context, peer, ch int) ([]link, error) {
 	return socks, nil
 }
 
+// nicDialTimeout bounds a socket's attempt at one of the peer's other
+// interfaces before it falls back to the peer's first address: a rail
+// this host cannot reach must not hold the connection up for the whole
+// operation timeout.
+var nicDialTimeout = 3 * time.Second
+
 func (e *Endpoint) dialOne(ctx context.Context, peer, ch, i int) (link, error) {
 	addr := e.o.Peers[peer]
 	if e.o.PeerNICs != nil {
 		if nics := e.o.PeerNICs[peer]; i%(1+len(nics)) > 0 {
-			addr = nics[i%(1+len(nics))-1]
+			alt := nics[i%(1+len(nics))-1]
+			actx, cancel := context.WithTimeout(ctx, nicDialTimeout)
+			l, err := e.dialAddr(actx, alt, peer, ch, i)
+			cancel()
+			if err == nil || ctx.Err() != nil {
+				return l, err
+			}
+			e.log.Warn("goccl: tcp: could not reach a peer's other interface; this socket uses its first address",
+				"rank", e.o.Rank, "peer", peer, "addr", alt, "fallback", addr, "err", err)
 		}
 	}
+	return e.dialAddr(ctx, addr, peer, ch, i)
+}
+
+// dialAddr opens socket i of the connection to peer on channel ch at addr.
+func (e *Endpoint) dialAddr(ctx context.Context, addr string, peer, ch, i int) (link, error) {
 	s := wire.ConnSetup{From: uint32(e.o.Rank), To: uint32(peer), Channel: uint32(ch), Socket: uint16(i), NSocks: uint16(e.o.NSocks)}
 	if e.o.TLS != nil {
 		s.Flags |= wire.ConnTLS

@@ -380,3 +380,36 @@ func TestSocketsSpreadOverNICs(t *testing.T) {
 	_, err := New(Options{Rank: 0, NRanks: 2, Peers: []string{"a", "b"}, Listener: second[0], PeerNICs: [][]string{nil}})
 	require.ErrorContains(t, err, "interface lists")
 }
+
+// TestUnreachableNICFallsBack: a peer's other interface that cannot be
+// reached (nothing listens there) costs a socket nicDialTimeout, then it
+// goes to the peer's first address; the connection works.
+func TestUnreachableNICFallsBack(t *testing.T) {
+	old := nicDialTimeout
+	nicDialTimeout = 200 * time.Millisecond
+	t.Cleanup(func() { nicDialTimeout = old })
+	dead, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	deadAddr := dead.Addr().String()
+	dead.Close() // refused from now on
+	var first [2]*countingListener
+	eps := endpoints(t, 2, func(r int, o *Options) {
+		first[r] = &countingListener{Listener: o.Listener}
+		o.Listener, o.PeerNICs, o.NSocks = first[r], [][]string{{deadAddr}, {deadAddr}}, 2
+	})
+	start := time.Now()
+	a, b := connectPair(t, eps[0], eps[1], 0)
+	require.Less(t, time.Since(start), 5*time.Second)
+	require.Equal(t, int32(2), first[1].n.Load(), "both sockets on the first address")
+	ctx := context.Background()
+	go func() {
+		if buf, err := a.Reserve(ctx, 10); err == nil {
+			buf.Bytes()[0] = 42
+			a.Post(10, transport.Tag{Op: 1})
+		}
+	}()
+	buf, _, err := b.Wait(ctx)
+	require.NoError(t, err)
+	require.Equal(t, byte(42), buf.Bytes()[0])
+	require.NoError(t, b.Release())
+}
