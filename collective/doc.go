@@ -119,19 +119,23 @@
 // boundaries), the tree is a chain through each host's ranks with a double
 // binary tree of hosts joining their lowest ranks (NCCL's pattern), and
 // recursive doubling and Rabenseifner pair neighbours in the host ring
-// first (ranks of one host, where hosts have an even number of ranks). The INFO summary prints the ring order, hosts separated
-// by "|". A GOCCL_SOCKET_IFNAME that matches several interfaces gives
-// every TCP connection sockets on each of them (the INFO summary's
-// "nics", with each one's speed where sysfs reports it), so its slices
-// alternate over the rails. The tuner's model of TCP gives a
-// connection's channels together no more bandwidth than the slowest NIC
-// of the job's TCP ranks, where all of them report a speed. When every host has
-// the same number of ranks, the all-reduce may be hierarchical
-// (GOCCL_ALGO=hier, or the tuner's pick for large sizes): a
+// first (ranks of one host, where hosts have an even number of ranks).
+// The INFO summary prints the ring order, hosts separated by "|".
+//
+// When every host has the same number of ranks, the all-reduce may be
+// hierarchical (GOCCL_ALGO=hier, or the tuner's pick for large sizes): a
 // reduce-scatter inside each host over shared memory, an all-reduce of
 // each shard across hosts, an all-gather inside each host; the network
 // then carries 2(h-1)/h of the data per host where a flat ring carries
 // 2(n-1)/n. The other collectives have no hierarchical form yet.
+//
+// A GOCCL_SOCKET_IFNAME that matches several interfaces gives every TCP
+// connection sockets on each of them (the INFO summary's "nics", with
+// each one's speed where sysfs reports it), so its slices alternate over
+// the rails; a socket that cannot reach a peer's other interface uses the
+// peer's first. The tuner's model of TCP gives a connection's channels
+// together no more bandwidth than the slowest NIC of the job's TCP ranks,
+// where all of them report a speed.
 //
 // # Configuration
 //
