@@ -2,6 +2,7 @@ package collective
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -57,60 +58,66 @@ func (h hostSummary) encode() []byte {
 	}
 	b := []byte{summaryVersion, byte(h.CPUs >> 8), byte(h.CPUs), f}
 	for _, s := range []string{h.NetNS, h.Shm, h.Verbs} {
-		if len(s) > 255 {
-			s = s[:255]
-		}
-		b = append(append(b, byte(len(s))), s...)
+		b = appendShort(b, s)
 	}
-	n := min(len(h.NICs), len(h.NICNames), 16)
+	n := min(len(h.NICs), len(h.NICNames), maxSummaryNICs)
 	b = append(b, byte(n))
 	for i := range n {
-		for _, s := range []string{h.NICs[i], h.NICNames[i]} {
-			if len(s) > 255 {
-				s = s[:255]
-			}
-			b = append(append(b, byte(len(s))), s...)
-		}
+		b = appendShort(appendShort(b, h.NICs[i]), h.NICNames[i])
 	}
-	return append(b, byte(h.NetMbps>>24), byte(h.NetMbps>>16), byte(h.NetMbps>>8), byte(h.NetMbps))
+	return binary.BigEndian.AppendUint32(b, h.NetMbps)
+}
+
+// maxSummaryNICs bounds the interfaces a host summary lists.
+const maxSummaryNICs = 16
+
+// appendShort appends s with a one-byte length, cut to 255 bytes.
+func appendShort(b []byte, s string) []byte {
+	if len(s) > 255 {
+		s = s[:255]
+	}
+	return append(append(b, byte(len(s))), s...)
+}
+
+// readShort reads what appendShort wrote from the front of b.
+func readShort(b []byte) (s string, rest []byte, ok bool) {
+	if len(b) < 1 || len(b) < 1+int(b[0]) {
+		return "", nil, false
+	}
+	return string(b[1 : 1+int(b[0])]), b[1+int(b[0]):], true
 }
 
 func decodeHostSummary(b []byte) (hostSummary, bool) {
-	if len(b) < 3 || b[0] != summaryVersion {
-		return hostSummary{}, false
-	}
-	if len(b) < 4 {
+	if len(b) < 4 || b[0] != summaryVersion {
 		return hostSummary{}, false
 	}
 	h := hostSummary{CPUs: int(b[1])<<8 | int(b[2]), ForceVerbs: b[3]&1 != 0, EmulatedIB: b[3]&2 != 0}
 	b = b[4:]
+	ok := true
 	for _, dst := range []*string{&h.NetNS, &h.Shm, &h.Verbs} {
-		if len(b) < 1 || len(b) < 1+int(b[0]) {
+		if *dst, b, ok = readShort(b); !ok {
 			return hostSummary{}, false
 		}
-		*dst = string(b[1 : 1+int(b[0])])
-		b = b[1+int(b[0]):]
 	}
-	if len(b) < 1 || b[0] > 16 {
+	if len(b) < 1 || b[0] > maxSummaryNICs {
 		return hostSummary{}, false
 	}
 	n := int(b[0])
 	b = b[1:]
 	for range n {
-		var pair [2]string
-		for j := range pair {
-			if len(b) < 1 || len(b) < 1+int(b[0]) {
-				return hostSummary{}, false
-			}
-			pair[j] = string(b[1 : 1+int(b[0])])
-			b = b[1+int(b[0]):]
+		var addr, name string
+		if addr, b, ok = readShort(b); !ok {
+			return hostSummary{}, false
 		}
-		h.NICs, h.NICNames = append(h.NICs, pair[0]), append(h.NICNames, pair[1])
+		if name, b, ok = readShort(b); !ok {
+			return hostSummary{}, false
+		}
+		h.NICs, h.NICNames = append(h.NICs, addr), append(h.NICNames, name)
 	}
 	if len(b) < 4 {
 		return hostSummary{}, false
 	}
-	h.NetMbps = uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+	h.NetMbps = binary.BigEndian.Uint32(b)
 	return h, true
 }
 
