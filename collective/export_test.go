@@ -30,15 +30,17 @@ func HostSummaryRoundTrip(shm string, nics, names []string, mbps uint32) (gotShm
 // DecodeHostSummary reports whether b decodes as a host summary.
 func DecodeHostSummary(b []byte) bool { _, ok := decodeHostSummary(b); return ok }
 
-// TCPNICBound is tcpNICBound over ranks on different hosts, each with the
-// given interface speed (Mb/s; 0 unknown).
+// TCPNICBound is tcpNICBound over ranks on different hosts (so each has
+// a TCP pair), each with the given interface speed (Mb/s; 0 unknown).
 func TCPNICBound(mbps ...uint32) float64 {
 	var peers []wire.PeerInfo
+	tcp := make([]bool, len(mbps))
 	for r, m := range mbps {
 		peers = append(peers, wire.PeerInfo{Rank: uint32(r), HostID: fmt.Sprint("host", r),
 			Topology: hostSummary{CPUs: 2, NetMbps: m}.encode()})
+		tcp[r] = true
 	}
-	return tcpNICBound(peers)
+	return tcpNICBound(peers, tcp)
 }
 
 // IntraLinkIsShm reports whether intraLink picks shared memory's model for

@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -309,16 +310,18 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		}
 	}
 	summary := hostSummary{CPUs: runtime.NumCPU(), NetNS: netNamespace()}
-	var netBW float64 // bytes per second over the interfaces TCP uses; 0 unknown
-	for _, a := range nics {
-		bw, ok := netif.Speed(a.Iface)
-		if !ok {
-			netBW = 0
-			break
-		}
-		netBW += bw
+	// Each interface's speed (sysfs), for the tuner and the INFO summary;
+	// NetMbps is their sum, 0 when any is unknown.
+	nicSpeeds := make([]float64, len(nics)) // bytes per second; 0 unknown
+	netBW, known := 0.0, true
+	for i, a := range nics {
+		var ok bool
+		nicSpeeds[i], ok = netif.Speed(a.Iface)
+		netBW, known = netBW+nicSpeeds[i], known && ok
 	}
-	summary.NetMbps = uint32(min(netBW*8/1e6, math.MaxUint32))
+	if known {
+		summary.NetMbps = uint32(min(netBW*8/1e6, math.MaxUint32))
+	}
 	for i, l := range nicLns {
 		summary.NICs = append(summary.NICs, l.Addr().String())
 		summary.NICNames = append(summary.NICNames, nics[i+1].Iface)
@@ -365,20 +368,21 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	// plans depend on it): the network's (TCP's and verbs' are alike) when
 	// any pair goes over it, else shared memory's, unless Config sets it.
 	slots, slotSize, link := shm.DefaultSlots, shm.DefaultSlotSize, shmLink
-	overTCP := false // some pair of the job talks TCP: link is tcpLink
+	tcpRanks := make([]bool, len(table.Peers)) // the ranks with a TCP pair (then link is tcpLink)
 	if anyNet {
 		slots, slotSize, link = tcp.DefaultSlots, tcp.DefaultSlotSize, verbsLink
 		emulated := true
-		for _, p := range table.Peers {
+		for i, p := range table.Peers {
 			s, _ := decodeHostSummary(p.Topology)
 			emulated = emulated && (s.Verbs == "" || s.EmulatedIB)
 			for _, q := range table.Peers {
 				if r, _ := pairRoute(p, q); p.Rank != q.Rank && r == TransportTCP {
-					link, emulated, overTCP = tcpLink, false, true // the slowest link of the job
+					link, emulated = tcpLink, false // the slowest link of the job
+					tcpRanks[i] = true
+					break
 				}
 			}
 		}
-
 		if emulated {
 			// The emulated device moves bytes by a memory copy, as shared
 			// memory does: its slots fit the caches the same way.
@@ -552,11 +556,11 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	}
 	hosts := summarize(table.Peers)
 	link.MaxChannels = min(cfg.MaxChannels, channelsPerRank(hosts))
-	if overTCP {
+	if slices.Contains(tcpRanks, true) {
 		// The channels of a TCP connection share its NIC: together they
 		// cannot outrun the slowest NIC a TCP pair uses, where every such
 		// rank's interfaces report their speed.
-		link.Bandwidth = min(link.Bandwidth, tcpNICBound(table.Peers)/float64(link.MaxChannels))
+		link.Bandwidth = min(link.Bandwidth, tcpNICBound(table.Peers, tcpRanks)/float64(link.MaxChannels))
 	}
 	intra := intraLink(table.Peers, link)
 	c, err := newComm(rank, nranks, cfg, ep, link, dev, hostLabels(table.Peers), intra)
@@ -566,10 +570,10 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	}
 	c.peers = table.Peers
 	c.routes = route
-	for _, a := range nics {
+	for i, a := range nics {
 		name := a.Iface
-		if bw, ok := netif.Speed(a.Iface); ok {
-			name += fmt.Sprintf(":%gGb/s", bw*8/1e9)
+		if nicSpeeds[i] > 0 {
+			name += fmt.Sprintf(":%gGb/s", nicSpeeds[i]*8/1e9)
 		}
 		c.nics = append(c.nics, name)
 	}
@@ -721,20 +725,13 @@ func intraLink(peers []wire.PeerInfo, link algorithms.LinkModel) algorithms.Link
 }
 
 // tcpNICBound is the slowest network bandwidth (bytes per second) that
-// a rank with a TCP pair reports for its interfaces, or +Inf when any
-// such rank's speed is unknown. Every rank computes it from the same
-// table, so all use the same link model.
-func tcpNICBound(peers []wire.PeerInfo) float64 {
+// a rank with a TCP pair (tcp[r]) reports for its interfaces, or +Inf
+// when any such rank's speed is unknown. Every rank computes it from the
+// same table, so all use the same link model.
+func tcpNICBound(peers []wire.PeerInfo, tcp []bool) float64 {
 	bound := math.Inf(1)
-	for _, p := range peers {
-		tcpPair := false
-		for _, q := range peers {
-			if r, _ := pairRoute(p, q); p.Rank != q.Rank && r == TransportTCP {
-				tcpPair = true
-				break
-			}
-		}
-		if !tcpPair {
+	for r, p := range peers {
+		if !tcp[r] {
 			continue
 		}
 		s, _ := decodeHostSummary(p.Topology)
