@@ -10,7 +10,6 @@ import (
 
 	"github.com/goccl/goccl/algorithms"
 	"github.com/goccl/goccl/internal/engine"
-	"github.com/goccl/goccl/internal/kernels"
 )
 
 // LevelTrace is below slog's Debug: one line per operation.
@@ -130,11 +129,11 @@ func (c *Comm) logReady() {
 	}
 	sort.Strings(tr)
 	algo := func(bytes int) string {
-		pl, err := c.eng.Plan(&engine.Op{Coll: algorithms.CollAllReduce, Type: kernels.Float32, Red: kernels.Sum, Count: bytes / 4})
+		ch, err := c.Choose(algorithms.CollAllReduce, Float32, bytes/4)
 		if err != nil {
 			return "?"
 		}
-		return fmt.Sprintf("%s/%dch", pl.AlgoName(), pl.Channels)
+		return ch.String()
 	}
 	attrs := []any{"nranks", c.size, "hosts", max(1, len(hosts)), "transports", strings.Join(tr, ","),
 		"allreduce_8B", algo(8), "allreduce_64MiB", algo(64 << 20), "timeout", c.cfg.Timeout, "tls", c.cfg.TLSCert != ""}
