@@ -347,10 +347,9 @@ func recDoublingAllReduce(b builder) {
 // The distances run from p/2 down to 1; nearFirst reverses them, so that
 // the first halving, which moves half the data, pairs neighbours in the
 // ring order (across hosts of an even number of ranks, ranks of one
-// host). Any order is correct: the
-// halving keeps, at distance d, the half of the range on v's side of bit
-// d, so the block v ends with depends on the order, and the doubling
-// retraces the same distances backwards.
+// host). Any order is correct: the halving keeps, at distance d, the half
+// of the range on v's side of bit d, so the block v ends with depends on
+// the order, and the doubling retraces the same distances backwards.
 func rabenseifnerAllReduce(b builder, nearFirst bool) {
 	n := b.s.NRanks
 	all := func(buf Buf) Ref { return Blocks(buf, 0, b.s.Minor) }

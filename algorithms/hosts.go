@@ -1,6 +1,9 @@
 package algorithms
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+)
 
 // Schedules across hosts.
 //
@@ -39,24 +42,41 @@ import "fmt"
 // versions already take any ring order, and all-to-all exchanges with
 // every rank whatever the order. Send and recv have one peer.
 
+// hostGroups returns the ranks of each host: hosts in the order of their
+// lowest rank, the ranks of each host in rank order. hosts[r] labels rank
+// r's host (any integers; equal labels, same host). The ring, the tree and
+// the grid across hosts are all read off it.
+func hostGroups(hosts []int) [][]int {
+	index := map[int]int{} // host label → its group
+	var groups [][]int
+	for r, h := range hosts {
+		g, ok := index[h]
+		if !ok {
+			g = len(groups)
+			index[h] = g
+			groups = append(groups, nil)
+		}
+		groups[g] = append(groups[g], r)
+	}
+	return groups
+}
+
+// locate returns rank's group and its index there.
+func locate(groups [][]int, rank int) (group, local int) {
+	for g, rs := range groups {
+		if i := slices.Index(rs, rank); i >= 0 {
+			return g, i
+		}
+	}
+	panic("algorithms: rank not in any host")
+}
+
 // HostRing returns the ring order that keeps each host's ranks contiguous:
 // hosts in the order of their lowest rank, the ranks of each host in rank
 // order. hosts[r] labels rank r's host (any integers; equal labels, same
 // host). Block placement gives the identity.
 func HostRing(hosts []int) []int {
-	byHost := map[int][]int{}
-	var order []int
-	for r, h := range hosts {
-		if _, ok := byHost[h]; !ok {
-			order = append(order, h)
-		}
-		byHost[h] = append(byHost[h], r)
-	}
-	ring := make([]int, 0, len(hosts))
-	for _, h := range order {
-		ring = append(ring, byHost[h]...)
-	}
-	return ring
+	return slices.Concat(hostGroups(hosts)...)
 }
 
 // HostTree returns rank's parent (-1 at the root) and children in tree t
@@ -67,46 +87,29 @@ func HostRing(hosts []int) []int {
 // hosts' heads and then the next rank of its own chain. On one host the
 // tree is a chain, which is why Build uses it only when there are several.
 func HostTree(hosts []int, rank, t int) (parent int, children []int) {
-	ring := HostRing(hosts)
-	index := map[int]int{} // host label → host number
-	var heads []int        // host number → its head rank
-	for _, r := range ring {
-		if _, ok := index[hosts[r]]; !ok {
-			index[hosts[r]] = len(heads)
-			heads = append(heads, r)
-		}
-	}
-	pos := position(ring, rank)
+	groups := hostGroups(hosts)
+	g, i := locate(groups, rank)
+	chain := groups[g]
 	parent = -1
-	next := -1 // the next rank of rank's chain
-	if pos+1 < len(ring) && hosts[ring[pos+1]] == hosts[rank] {
-		next = ring[pos+1]
-	}
-	if heads[index[hosts[rank]]] != rank {
-		parent = ring[pos-1]
+	if i > 0 {
+		parent = chain[i-1]
 	} else {
-		p, cs := DoubleBinaryTree(len(heads), index[hosts[rank]], t)
+		p, cs := DoubleBinaryTree(len(groups), g, t)
 		if p >= 0 {
-			parent = heads[p]
+			parent = groups[p][0]
 		}
 		for _, c := range cs {
-			children = append(children, heads[c])
+			children = append(children, groups[c][0])
 		}
 	}
-	if next >= 0 {
-		children = append(children, next)
+	if i+1 < len(chain) {
+		children = append(children, chain[i+1])
 	}
 	return parent, children
 }
 
 // hostCount returns the number of distinct hosts.
-func hostCount(hosts []int) int {
-	seen := map[int]bool{}
-	for _, h := range hosts {
-		seen[h] = true
-	}
-	return len(seen)
-}
+func hostCount(hosts []int) int { return len(hostGroups(hosts)) }
 
 func checkHosts(hosts []int, n int) error {
 	if len(hosts) != n {
@@ -151,14 +154,7 @@ func HostGrid(hosts []int, n int) (Grid, error) {
 	if hosts == nil {
 		hosts = make([]int, n)
 	}
-	ring := HostRing(hosts)
-	var g Grid
-	for k, r := range ring {
-		if k == 0 || hosts[r] != hosts[ring[k-1]] {
-			g.Ranks = append(g.Ranks, nil)
-		}
-		g.Ranks[len(g.Ranks)-1] = append(g.Ranks[len(g.Ranks)-1], r)
-	}
+	g := Grid{Ranks: hostGroups(hosts)}
 	g.Hosts, g.PerHost = len(g.Ranks), len(g.Ranks[0])
 	for _, rs := range g.Ranks {
 		if len(rs) != g.PerHost {
@@ -179,18 +175,6 @@ func (g Grid) sizes() string {
 	return s
 }
 
-// locate returns rank's host and local index.
-func (g Grid) locate(rank int) (host, local int) {
-	for h, rs := range g.Ranks {
-		for i, r := range rs {
-			if r == rank {
-				return h, i
-			}
-		}
-	}
-	panic("algorithms: rank not in grid")
-}
-
 // hierAllReduce: with h hosts of m ranks, the piece is cut into m shards
 // of h blocks (shard c is blocks c·h .. c·h+h-1). Inside each host, a
 // ring reduce-scatter leaves local rank i with shard i+1 reduced over its
@@ -203,7 +187,7 @@ func (g Grid) locate(rank int) (host, local int) {
 func hierAllReduce(b builder, g Grid) {
 	h, m := g.Hosts, g.PerHost
 	b.s.Minor = h * m
-	host, i := g.locate(b.s.Rank)
+	host, i := locate(g.Ranks, b.s.Rank)
 	local := g.Ranks[host]
 	lprev, lnext := local[mod(i-1, m)], local[mod(i+1, m)]
 	shard := func(buf Buf, c int) Ref { return Blocks(buf, mod(c, m)*h, h) }
