@@ -181,6 +181,7 @@ func (m *Model) PredictEach(bytes int64) []Prediction {
 	if n > 1 {
 		factor = 2 * float64(n-1) / float64(n)
 	}
+	// Ring and hier: algbw = busbw · n / (2(n-1)); tree: algbw = busbw / 2.
 	mk := func(algo string, lat, busBW, algFactor float64) Prediction {
 		p := Prediction{Bytes: bytes, Algo: algo, TimeUs: lat}
 		if n > 1 {
@@ -204,28 +205,25 @@ func (m *Model) PredictEach(bytes int64) []Prediction {
 }
 
 // Predict returns the model's all-reduce time and bus bandwidth at size
-// bytes.
+// bytes with NCCL's choice: the faster of ring and tree.
 func (m *Model) Predict(bytes int64) Prediction {
-	n := m.Layout.Nodes * m.Layout.GPUsPerNode
-	p := Prediction{Bytes: bytes, Algo: "ring"}
-	factor := 1.0
-	if n > 1 {
-		factor = 2 * float64(n-1) / float64(n)
-	}
-	if n == 1 {
-		p.TimeUs = baseLatRing
-		return p
-	}
-	// Ring: algbw = busbw · n / (2(n-1)).
-	p.TimeUs = m.RingLatUs + float64(bytes)/(1000*m.RingBus/factor)
-	if m.TreeBus > 0 {
-		// Tree all-reduce: algbw = busbw / 2.
-		if t := m.TreeLatUs + float64(bytes)/(1000*m.TreeBus*0.5); t < p.TimeUs {
-			p.TimeUs, p.Algo = t, "tree"
+	return Fastest(m.PredictEach(bytes), "ring", "tree")
+}
+
+// Fastest returns the quickest of ps among the algorithms named (all of
+// them when none is), the first of equals.
+func Fastest(ps []Prediction, algos ...string) Prediction {
+	var best Prediction
+	found := false
+	for _, p := range ps {
+		if len(algos) > 0 && !slices.Contains(algos, p.Algo) {
+			continue
+		}
+		if !found || p.TimeUs < best.TimeUs {
+			best, found = p, true
 		}
 	}
-	p.BusBW = float64(bytes) / p.TimeUs / 1000 * factor
-	return p
+	return best
 }
 
 // LinkModel is what the tuner needs from a ring search: per-channel

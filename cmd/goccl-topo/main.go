@@ -116,12 +116,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		for s := int64(8); s <= 8<<30; s *= 8 {
 			// The best of the modelled algorithms, then each one's time.
 			each := m.PredictEach(s)
-			best := each[0]
-			for _, p := range each {
-				if p.TimeUs < best.TimeUs {
-					best = p
-				}
-			}
+			best := topology.Fastest(each)
 			fmt.Fprintf(stdout, "  %12d %12.1f %10.2f %6s", s, best.TimeUs, best.BusBW, best.Algo)
 			for _, p := range each {
 				fmt.Fprintf(stdout, " %10.1f", p.TimeUs)
