@@ -417,9 +417,12 @@ func oneShotAllReduce(b builder) {
 		b.copy(all(Input), all(Output), true)
 		return
 	}
-	// Output is written (by the fold) before Input is read for the last
-	// time (by the fold's own term, or an in-place send's copy).
-	b.s.CopyInPlace = true
+	// The sends read Input before the fold writes anything. Ranks 0 and 1
+	// then fold their own term in their first reduction, element by
+	// element (x0 ⊕ x1 from Input and a slot into Output), so in place
+	// they need no copy of the input. From rank 2 on, Output holds
+	// x0 ⊕ x1 before the own term is read: those ranks fold a copy.
+	b.s.CopyInPlace = r >= 2
 	for k := 1; k < n; k++ {
 		b.send(all(Input), (r+k)%n)
 	}

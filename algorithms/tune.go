@@ -147,11 +147,22 @@ func Cost(p Problem, a Algorithm, c int) float64 {
 			// One hop; each message beyond the first costs its sender the
 			// software overhead of a post (LogP's o), and every rank moves
 			// and reduces n-1 whole vectors.
+			// Where the link is slower than the reduction (TCP, RDMA), the
+			// receiver reduces each slice while the next is on the wire and
+			// only the link's time counts: measured over TCP with 2 ranks,
+			// 128 KiB to 32 MiB, one-shot took 0.42–0.71 of the ring's time
+			// in place and out (docs/performance.md, "The tuner's
+			// crossovers"). On shared memory copy and reduction share the
+			// memory and no such gain was seen: both count.
 			post := m.PostCost
 			if post == 0 {
 				post = DefaultPostCost
 			}
-			t = alpha*(1+(n-2)*post) + (n-1)*S*(beta+gamma)
+			perByte := beta + gamma
+			if beta > gamma {
+				perByte = beta
+			}
+			t = alpha*(1+(n-2)*post) + (n-1)*S*perByte
 		case Rabenseifner:
 			// Its exchanges move the same bytes as a ring but measured about
 			// 15% slower per byte than the ring's forwarding at 1 MiB and

@@ -112,3 +112,24 @@ func TestTuneWeighsHierarchy(t *testing.T) {
 	alone.Hosts, alone.PerHost = 4, 1
 	require.True(t, math.IsInf(Cost(alone, Hier, 1), 1), "one rank per host: a ring")
 }
+
+// Two ranks over a link slower than the reduction (TCP's model): the
+// one-shot's reduction hides behind the link and it is picked at every
+// size, as measured; over one faster than the reduction (shared
+// memory's) both count and the ring keeps the large sizes; with three
+// ranks the one-shot's n-1 whole vectors still lose once bytes count.
+func TestOneShotWhereTheLinkIsSlower(t *testing.T) {
+	slow := LinkModel{Latency: 10e-6, Bandwidth: 1.5e9, ReduceRate: 6e9, MaxChannels: 16, ChannelBytes: 4 << 20, ChunkBytes: 2 << 20}
+	fast := LinkModel{Latency: 1e-6, Bandwidth: 8e9, ReduceRate: 6e9, MaxChannels: 16, ChannelBytes: 4 << 20, ChunkBytes: 512 << 10, PostCost: 0.1}
+	pick := func(l LinkModel, n int, b int64) Algorithm {
+		return Tune(Problem{Coll: CollAllReduce, NRanks: n, Bytes: b, Link: l}, AlgoAuto, 0, 0).Algo
+	}
+	for b := int64(8); b <= 64<<20; b *= 8 {
+		require.Equal(t, OneShot, pick(slow, 2, b), "%d bytes", b)
+	}
+	require.Equal(t, Ring, pick(fast, 2, 8<<20))
+	require.Equal(t, Ring, pick(slow, 3, 8<<20))
+	// The cost itself: the link's time alone, not the reduction's on top.
+	p := Problem{Coll: CollAllReduce, NRanks: 2, Bytes: 1 << 30, Link: slow}
+	require.InDelta(t, float64(1<<30)/1.5e9, Cost(p, OneShot, 1), 0.01)
+}

@@ -58,12 +58,18 @@ func (x *chanRun) oneShot(ctx context.Context, rank, nranks int, waitPeer *atomi
 			return x.fail(&oneShotStep, p, err)
 		}
 	}
-	// In place, the engine has made x.in a copy of the input
-	// (Schedule.CopyInPlace), so writing the output does not change it.
+	// In place, from rank 2 on, the engine has made x.in a copy of the
+	// input (Schedule.CopyInPlace), so writing the output does not change
+	// it. Ranks 0 and 1 fold their own term first: rank 0 starts from it,
+	// rank 1 reduces rank 0's slot with it straight into the output, one
+	// element at a time, as the schedule's recvReduceCopy does.
 	mine := x.in
 	out := x.out.Slice(0, nb)
 	for r := range nranks {
 		src := mine
+		if r == rank && rank == 1 {
+			continue // folded with rank 0's
+		}
 		if r != rank {
 			waitPeer.Store(int32(r))
 			in, err := x.recvSlice(ctx, &oneShotStep, x.conns[r], r, 0, nb)
@@ -72,7 +78,12 @@ func (x *chanRun) oneShot(ctx context.Context, rank, nranks int, waitPeer *atomi
 			}
 			src = in
 		}
-		err := accumulate(x.dp, out, src, r, nranks)
+		var err error
+		if r == 0 && rank == 1 {
+			err = x.dp.reduce(out, src, mine, nranks == 2, true)
+		} else {
+			err = accumulate(x.dp, out, src, r, nranks)
+		}
 		if err == nil && r != rank {
 			err = x.dp.fence(ctx)
 		}
