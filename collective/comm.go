@@ -576,7 +576,8 @@ func (c *Comm) run(ctx context.Context, k *call) error {
 }
 
 // start issues an asynchronous operation and runs it in a goroutine. In
-// a Group, a small all-reduce is held back to be fused (fuse.go), and
+// a Group, a small all-reduce or broadcast is held back to be fused
+// (fuse.go), and
 // anything else lets what is held go first.
 func (c *Comm) start(ctx context.Context, k call) (*Request, error) {
 	if ctx != nil {
@@ -614,7 +615,7 @@ func (c *Comm) issue(ctx context.Context, k *call, async bool) (r, prev *Request
 	}
 	c.mu.Lock()
 	if len(c.held) > 0 && laneOf(k) == nil {
-		// A collective while a group holds all-reduces back: they go
+		// A collective while a group holds small ones back: they go
 		// first, so that the order is every rank's alike.
 		c.mu.Unlock()
 		c.flushHeld()

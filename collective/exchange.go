@@ -27,9 +27,11 @@ import (
 // StartRecv calls completes however each rank orders them. Small
 // StartAllReduce calls on host memory (up to 1 MiB together) with the
 // same type and operator are held back and run as one all-reduce of their
-// concatenation when the group ends, or when another operation is issued
-// (which keeps the order of everything else): one round of latency for
-// all of them. While fn runs, this holds for Start calls on c from any
+// concatenation when the group ends, or when another kind of operation is
+// issued (which keeps the order of everything else): one round of latency
+// for all of them. Small StartBroadcast calls from one root are fused the
+// same way, whatever their types (as DDP broadcasts a model's initial
+// parameters, coalesced). While fn runs, this holds for Start calls on c from any
 // goroutine. Device sends and receives keep their stream order inside a
 // group too. Group may be nested; fn must not wait for the operations it
 // starts (an all-reduce held back would never finish).
@@ -55,7 +57,7 @@ func Group(ctx context.Context, c *Comm, fn func() error) error {
 		outer := c.grouping == 0
 		c.mu.Unlock()
 		if outer {
-			c.flushHeld() // the small all-reduces held back, fused
+			c.flushHeld() // the small collectives held back, fused
 		}
 	}()
 	return fn()

@@ -7,11 +7,15 @@ import (
 	"github.com/goccl/goccl/memory"
 )
 
-// Fusing small all-reduces in a Group. A training step often all-reduces
-// many small tensors (biases, norms, a loss); each is a round of latency.
-// Inside Group, StartAllReduce calls on host memory with the same type and
-// operator are held back and, when the group ends (or another operation
-// is issued), run as one all-reduce of their concatenation, as NCCL
+// Fusing small collectives in a Group. A training step often all-reduces
+// many small tensors (biases, norms, a loss), and a data-parallel job
+// starts by broadcasting every parameter and buffer from rank 0 (DDP
+// coalesces those broadcasts into buckets, _broadcast_coalesced); each
+// is a round of latency. Inside Group, StartAllReduce calls on host
+// memory with the same type and operator, and StartBroadcast calls on
+// host memory from the same root (of any types: a broadcast moves bytes),
+// are held back and, when the group ends (or another kind of operation is
+// issued), run as one operation on their concatenation, as NCCL
 // aggregates the operations of a group: every rank fuses the same calls
 // in the same order, so they agree on the fused operation.
 
@@ -30,8 +34,29 @@ type fused struct {
 // groupFusable reports whether k can wait for the group's end.
 func groupFusable(k *call) bool {
 	op := &k.op
-	return op.Coll == algorithms.CollAllReduce && !k.premul && op.Ready == nil &&
-		op.In.Kind() == memory.Host && op.Out.Kind() == memory.Host && op.Bytes(1) <= fuseMaxBytes
+	if op.Ready != nil || op.Out.Kind() != memory.Host || op.Bytes(1) > fuseMaxBytes {
+		return false
+	}
+	switch op.Coll {
+	case algorithms.CollAllReduce:
+		return !k.premul && op.In.Kind() == memory.Host
+	case algorithms.CollBroadcast:
+		return op.In.Len() == 0 || op.In.Kind() == memory.Host // no input off the root
+	}
+	return false
+}
+
+// fusesWith reports whether k can join the held call last in one
+// operation.
+func fusesWith(last, k *call) bool {
+	a, b := &last.op, &k.op
+	if a.Coll != b.Coll {
+		return false
+	}
+	if a.Coll == algorithms.CollBroadcast {
+		return a.Root == b.Root
+	}
+	return a.Type == b.Type && a.Red == b.Red
 }
 
 // hold keeps an all-reduce for the group's end and returns the caller's
@@ -49,7 +74,7 @@ func (c *Comm) hold(ctx context.Context, k *call) (*Request, bool, error) {
 	size := int(k.op.Bytes(1))
 	if n := len(c.held); n > 0 {
 		last := c.held[n-1]
-		if last.k.op.Type != k.op.Type || last.k.op.Red != k.op.Red || c.heldBytes+size > fuseMaxBytes {
+		if !fusesWith(&last.k, k) || c.heldBytes+size > fuseMaxBytes {
 			c.mu.Unlock()
 			c.flushHeld() // another kind: what is held goes first
 			c.mu.Lock()
@@ -64,8 +89,9 @@ func (c *Comm) hold(ctx context.Context, k *call) (*Request, bool, error) {
 }
 
 // flushHeld issues what a group holds: one call alone as it is, several
-// as one all-reduce of their concatenation, whose results are copied back
-// before their Requests finish.
+// as one operation on their concatenation, whose results are copied back
+// before their Requests finish. A fused broadcast is of bytes, packed on
+// the root only.
 func (c *Comm) flushHeld() {
 	c.mu.Lock()
 	held := c.held
@@ -79,13 +105,22 @@ func (c *Comm) flushHeld() {
 		total += h.size
 	}
 	pack := make([]byte, total)
-	off := 0
-	for _, h := range held {
-		copy(pack[off:], h.k.op.In.Bytes())
-		off += h.size
-	}
 	k := held[0].k
+	bcast := k.op.Coll == algorithms.CollBroadcast
+	if !bcast || c.rank == k.op.Root {
+		off := 0
+		for _, h := range held {
+			copy(pack[off:off+h.size], h.k.op.In.Bytes())
+			off += h.size
+		}
+	}
 	k.op.In, k.op.Out = memory.HostBuffer(pack), memory.HostBuffer(pack)
+	if bcast {
+		k.op.Type = Uint8.kernel()
+		if c.rank != k.op.Root {
+			k.op.In = memory.Buffer{}
+		}
+	}
 	k.op.Count = total / k.op.Type.Size()
 	fin := func(err error) {
 		off := 0

@@ -10,7 +10,11 @@
 //     (0.5 + ((i+2j) mod 5)/4) × the mean, so the largest is 1.5×) against
 //     AllToAll with every block padded to the largest;
 //   - eight all-reduces of 8 bytes started one by one against the same
-//     in a Group, which fuses them into one.
+//     in a Group, which fuses them into one;
+//   - eight broadcasts from rank 0 of a small model's tensors (weights of
+//     1 KiB to 16 KiB and their biases, 46 KiB in all) one by one against
+//     the same in a Group, fused into one (DDP's coalesced broadcast of
+//     the initial parameters).
 //
 // Run it under goccl-run, one rank per process:
 //
@@ -141,6 +145,43 @@ func run(ctx context.Context, c *collective.Comm, count, reps, iters int) error 
 			return err
 		}
 	}
+	params := make([][]float32, 8) // weights of 256..4096 floats and biases of 16..64
+	for i := range params {
+		n := 16 << (i / 2)
+		if i%2 == 0 {
+			n = 256 << (i / 2)
+		}
+		params[i] = make([]float32, n)
+	}
+	paramBytes := 0
+	for _, p := range params {
+		paramBytes += 4 * len(p)
+	}
+	bcasts := func(grouped bool) func(ctx context.Context) error {
+		return func(ctx context.Context) error {
+			var reqs []*collective.Request
+			issue := func() error {
+				for _, p := range params {
+					q, err := collective.StartBroadcast(ctx, c, p, p, 0)
+					if err != nil {
+						return err
+					}
+					reqs = append(reqs, q)
+				}
+				return nil
+			}
+			var err error
+			if grouped {
+				err = collective.Group(ctx, c, issue)
+			} else {
+				err = issue()
+			}
+			for _, q := range reqs {
+				err = errors.Join(err, q.Wait(ctx))
+			}
+			return err
+		}
+	}
 	forms := []form{
 		{"shift, even/odd order", float64(4 * count), shift(false)},
 		{"shift, receive first, grouped", float64(4 * count), shift(true)},
@@ -152,6 +193,8 @@ func run(ctx context.Context, c *collective.Comm, count, reps, iters int) error 
 		}},
 		{"8 all-reduces of 8 B, one by one", 64, smalls(false)},
 		{"8 all-reduces of 8 B in a Group", 64, smalls(true)},
+		{"8 broadcasts of parameters, one by one", float64(paramBytes), bcasts(false)},
+		{"8 broadcasts of parameters, Group", float64(paramBytes), bcasts(true)},
 	}
 	// Warm up, and size the rounds.
 	if iters == 0 {
@@ -195,8 +238,8 @@ func run(ctx context.Context, c *collective.Comm, count, reps, iters int) error 
 			m := median(times[k])
 			fmt.Printf("  %-34s %12.1f %10.2f\n", f.name, m*1e6, f.bytes/m/1e9)
 		}
-		fmt.Printf("# grouped/ordered time %.2f; alltoallv/padded time %.2f; fused/separate small all-reduces time %.2f\n",
-			median(times[1])/median(times[0]), median(times[2])/median(times[3]), median(times[5])/median(times[4]))
+		fmt.Printf("# grouped/ordered time %.2f; alltoallv/padded time %.2f; fused/separate small all-reduces time %.2f, broadcasts %.2f\n",
+			median(times[1])/median(times[0]), median(times[2])/median(times[3]), median(times[5])/median(times[4]), median(times[7])/median(times[6]))
 	}
 	return nil
 }
