@@ -58,7 +58,8 @@
 // Rabenseifner (recursive halving then doubling, for mid sizes), which
 // fold the extra ranks of a count that is not a power of two, and OneShot
 // (every rank sends its input to every other and reduces all n locally in
-// rank order: one hop, for small messages on few ranks), and Hier (the
+// rank order: one hop, for small messages on few ranks, and for every
+// size on two ranks over a link slower than the reduction), and Hier (the
 // hierarchical all-reduce for hosts of equal rank counts: reduce-scatter
 // inside each host, all-reduce of each shard across hosts, all-gather
 // inside each host).
