@@ -150,10 +150,11 @@ func Cost(p Problem, a Algorithm, c int) float64 {
 			// Where the link is slower than the reduction (TCP, RDMA), the
 			// receiver reduces each slice while the next is on the wire and
 			// only the link's time counts: measured over TCP with 2 ranks,
-			// 128 KiB to 32 MiB, one-shot took 0.42–0.71 of the ring's time
-			// in place and out (docs/performance.md, "The tuner's
-			// crossovers"). On shared memory copy and reduction share the
-			// memory and no such gain was seen: both count.
+			// one-shot took 0.42–0.47 of the ring's time at 128–512 KiB and
+			// 0.74–0.90 at 64 MiB, in place and out, level at 8 B
+			// (docs/performance.md, "The tuner's crossovers"). On shared
+			// memory copy and reduction share the memory and no such gain
+			// was seen: both count.
 			post := m.PostCost
 			if post == 0 {
 				post = DefaultPostCost

@@ -59,7 +59,7 @@ func fusesWith(last, k *call) bool {
 	return a.Type == b.Type && a.Red == b.Red
 }
 
-// hold keeps an all-reduce for the group's end and returns the caller's
+// hold keeps a small all-reduce or broadcast for the group's end and returns the caller's
 // Request; false when c is not in a group or k cannot be fused.
 func (c *Comm) hold(ctx context.Context, k *call) (*Request, bool, error) {
 	c.mu.Lock()
