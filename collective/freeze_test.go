@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"strconv"
@@ -85,7 +86,16 @@ func childFreeze(ctx context.Context, c *collective.Comm) int {
 	waker := func(after time.Duration, sig string) {
 		exec.Command("sh", "-c", fmt.Sprintf("sleep %.1f; kill -%s %d", after.Seconds(), sig, os.Getpid())).Start()
 	}
-	for i := 0; i < total; i++ {
+	limit := total
+	if mode == "stop" || mode == "shrink" {
+		// The victim stops itself 1 ms after the 200th, from another
+		// goroutine, to land mid-operation; on shared memory the other
+		// 400 small all-reduces can finish within that millisecond. So
+		// every rank runs on until the stop ends its loop (the waker's
+		// kill ends the victim's, and then the others' too).
+		limit = math.MaxInt
+	}
+	for i := 0; i < limit; i++ {
 		if c.Rank() == victim && i == at {
 			switch mode {
 			case "stop", "shrink":
