@@ -17,6 +17,14 @@ func NewLocalGroupNet(n int, opts ...Option) ([]*Comm, *mem.Network, error) {
 // GDRAllowedIn is gdrAllowed on a fake sysfs tree.
 var GDRAllowedIn = gdrAllowedIn
 
+// NICsNearGPU, Nearest and IBRankNearGPU are nearnic.go's, the first and
+// last on a fake sysfs tree.
+var (
+	NICsNearGPU   = nicsNearGPU
+	Nearest       = nearest
+	IBRankNearGPU = ibRankNearGPU
+)
+
 // RootListenAddr is rootListenAddr on the given interfaces.
 var RootListenAddr = rootListenAddr
 

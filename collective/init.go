@@ -230,6 +230,16 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		// here: listen on loopback, not on an interface others can reach.
 		addrs = loopbackAddrs(id.addr)
 	}
+	var gpu Device // this rank's, if any: its NIC is the nearest one (nearnic.go)
+	if len(cfg.devices) == 1 {
+		gpu = cfg.devices[0]
+	}
+	if cfg.SocketIfname != "" && (mode == TransportAuto || mode == TransportTCP) {
+		var why string
+		if addrs, why = nicsNearGPU("/", gpu, addrs); why != "" {
+			slog.Info("goccl: TCP on the NICs nearest this rank's GPU", "rank", rank, "nics", why)
+		}
+	}
 	// Both listeners exist before this rank is announced, so that a peer
 	// that dials at once finds them.
 	ln, err := net.Listen("tcp", net.JoinHostPort(addrs[0].Host(), "0"))
@@ -266,7 +276,7 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	var ibDevicePath string // how device operations cross RDMA, and why
 	var vln net.Listener
 	if mode == TransportAuto || mode == TransportVerbs {
-		p, err := openVerbsPort(cfg.IB)
+		p, err := openVerbsPort(cfg.IB, ibRankNearGPU("/", gpu))
 		switch {
 		case err == nil:
 			if vln, err = net.Listen("tcp", net.JoinHostPort(addrs[0].Host(), "0")); err != nil {
@@ -775,8 +785,10 @@ func channelsPerRank(hosts map[string]hostLoad) int {
 }
 
 // openVerbsPort opens the RDMA port the IB settings choose: on the
-// emulated test device with Emulate, through libibverbs otherwise.
-func openVerbsPort(ib IBConfig) (*verbs.Port, error) {
+// emulated test device with Emulate, through libibverbs otherwise; the
+// allowed devices in prefer's order (nearest the rank's GPU first), when
+// prefer is not nil.
+func openVerbsPort(ib IBConfig, prefer func(name string) int) (*verbs.Port, error) {
 	spec, err := verbs.ParseHCA(ib.HCA)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
@@ -791,5 +803,5 @@ func openVerbsPort(ib IBConfig) (*verbs.Port, error) {
 	if ib.GIDIndex != nil {
 		gid = *ib.GIDIndex
 	}
-	return verbs.OpenPort(pr, spec, gid)
+	return verbs.OpenPortPreferring(pr, spec, gid, prefer)
 }

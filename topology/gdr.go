@@ -58,22 +58,9 @@ func (t *Topo) GDR(gpu, nic *Node, net *Net, level PathType) (bool, PathType) {
 // the path between them. The GPU or the device missing from the tree is
 // an error that says which.
 func GDRToNIC(root, busID, ibDev string, level PathType) (bool, PathType, error) {
-	sys, err := DiscoverSysfs(root, []string{busID})
+	t, gpu, err := gpuTopo(root, busID)
 	if err != nil {
 		return false, DIS, err
-	}
-	t, err := Build(sys)
-	if err != nil {
-		return false, DIS, err
-	}
-	var gpu *Node
-	for _, g := range t.GPUs {
-		if normBusID(g.Name) == normBusID(busID) {
-			gpu = g
-		}
-	}
-	if gpu == nil {
-		return false, DIS, fmt.Errorf("GPU %s is not in the PCI tree below %s", busID, root)
 	}
 	for _, nic := range t.NICs {
 		for _, n := range nic.NICs {
@@ -84,4 +71,46 @@ func GDRToNIC(root, busID, ibDev string, level PathType) (bool, PathType, error)
 		}
 	}
 	return false, DIS, fmt.Errorf("RDMA device %s is not in the PCI tree below %s", ibDev, root)
+}
+
+// gpuTopo builds the topology of the PCI tree below root with the GPU at
+// busID in it, and returns that GPU's node.
+func gpuTopo(root, busID string) (*Topo, *Node, error) {
+	sys, err := DiscoverSysfs(root, []string{busID})
+	if err != nil {
+		return nil, nil, err
+	}
+	t, err := Build(sys)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, g := range t.GPUs {
+		if normBusID(g.Name) == normBusID(busID) {
+			return t, g, nil
+		}
+	}
+	return nil, nil, fmt.Errorf("GPU %s is not in the PCI tree below %s", busID, root)
+}
+
+// NICPaths reads the PCI tree below root (sysfs: "/" on a live system)
+// and returns the path type from the GPU at busID to every network
+// device in it, by name: RDMA devices ("mlx5_0") and network interfaces
+// ("eth0") alike. It is what a rank with a GPU needs to use the NIC
+// nearest its GPU, as NCCL gives each GPU the NIC with the best path
+// (ncclTopoGetLocalNet, src/graph/search.cc).
+func NICPaths(root, busID string) (map[string]PathType, error) {
+	t, gpu, err := gpuTopo(root, busID)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]PathType{}
+	for _, nic := range t.NICs {
+		p := t.Path(gpu, nic).Type
+		for _, n := range nic.NICs {
+			if n.Net != nil {
+				out[n.Net.Name] = p
+			}
+		}
+	}
+	return out, nil
 }

@@ -85,3 +85,31 @@ func TestGDRToNIC(t *testing.T) {
 	_, _, err = GDRToNIC("testdata/sysfs-2gpu", "0000:55:00.0", "mlx5_0", SYS)
 	require.Error(t, err)
 }
+
+// From each GPU of the fake tree, the path to every network device by
+// name: GPU 0 shares a PCIe switch with mlx5_0; GPU 1 is on the other
+// socket from it.
+func TestNICPaths(t *testing.T) {
+	p, err := NICPaths("testdata/sysfs-2gpu", "0000:03:00.0")
+	require.NoError(t, err)
+	require.Equal(t, PXB, p["mlx5_0"])
+	require.Contains(t, p, "eth0")
+	require.Greater(t, p["eth0"], PXB)
+	q, err := NICPaths("testdata/sysfs-2gpu", "0000:81:00.0")
+	require.NoError(t, err)
+	require.Equal(t, SYS, q["mlx5_0"])
+	t.Logf("GPU 0: %v; GPU 1: %v", p, q)
+	_, err = NICPaths("testdata/sysfs-2gpu", "0000:55:00.0")
+	require.ErrorContains(t, err, "0000:55:00.0")
+}
+
+// The two-rail tree: an Ethernet NIC beside the InfiniBand one, behind GPU
+// 0's PCIe switch.
+func TestNICPathsTwoRails(t *testing.T) {
+	p, err := NICPaths("testdata/sysfs-2rail", "0000:03:00.0")
+	require.NoError(t, err)
+	require.Equal(t, map[string]PathType{"mlx5_0": PXB, "eth1": PXB, "eth0": PHB}, p)
+	q, err := NICPaths("testdata/sysfs-2rail", "0000:81:00.0")
+	require.NoError(t, err)
+	require.Equal(t, map[string]PathType{"mlx5_0": SYS, "eth1": SYS, "eth0": SYS}, q)
+}

@@ -3,6 +3,7 @@ package verbs
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -105,6 +106,13 @@ func (p *Port) String() string {
 // OpenPort opens the first active port that spec allows, and chooses its
 // GID (gidIndex ≥ 0 forces one).
 func OpenPort(pr ibv.Provider, spec HCASpec, gidIndex int) (*Port, error) {
+	return OpenPortPreferring(pr, spec, gidIndex, nil)
+}
+
+// OpenPortPreferring is OpenPort trying the devices in the order of
+// rank (lower first; ties in the provider's order): the one nearest the
+// rank's GPU first, say. A nil rank keeps the provider's order.
+func OpenPortPreferring(pr ibv.Provider, spec HCASpec, gidIndex int, rank func(name string) int) (*Port, error) {
 	devs, err := pr.Devices()
 	if err != nil {
 		return nil, err
@@ -112,6 +120,7 @@ func OpenPort(pr ibv.Provider, spec HCASpec, gidIndex int) (*Port, error) {
 	if len(devs) == 0 {
 		return nil, ibv.ErrNoDevice
 	}
+	devs = preferDevices(devs, rank)
 	var why []string
 	for _, d := range devs {
 		allowed := false
@@ -201,4 +210,15 @@ func (p *Port) chooseGID(force int) error {
 	}
 	p.GIDIdx = best
 	return nil
+}
+
+// preferDevices returns devs sorted by rank, stably; devs itself when
+// rank is nil.
+func preferDevices(devs []ibv.DeviceInfo, rank func(name string) int) []ibv.DeviceInfo {
+	if rank == nil {
+		return devs
+	}
+	out := slices.Clone(devs)
+	slices.SortStableFunc(out, func(a, b ibv.DeviceInfo) int { return rank(a.Name) - rank(b.Name) })
+	return out
 }
