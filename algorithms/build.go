@@ -84,12 +84,12 @@ func Build(p Params) (*Schedule, error) {
 			s = relabel(p, ring, func(b builder) { rabenseifnerAllReduce(b, near) })
 		case OneShot:
 			s = relabel(p, ring, oneShotAllReduce)
-		case Hier:
+		case Hier, HierTree:
 			g, err := HostGrid(p.Hosts, n)
 			if err != nil {
 				return nil, err
 			}
-			hierAllReduce(b, g)
+			hierAllReduce(b, g, p.Algo == HierTree)
 		}
 	case CollReduceScatter:
 		ringReduceScatter(b, ring)
@@ -547,6 +547,13 @@ func treeAllReduce(b builder, tree func(t int) (parent int, children []int)) {
 		b.copy(Blocks(Input, 0, 2), Blocks(Output, 0, 2), true)
 		return
 	}
+	treeAllReduceOf(b, tree, func(buf Buf, t int) Ref { return Blocks(buf, t, 1) }, Input)
+}
+
+// treeAllReduceOf all-reduces blk(·, 0) up and down tree 0 and blk(·, 1)
+// up and down tree 1, starting from the values in src (Input, or Output
+// where an earlier phase left them there).
+func treeAllReduceOf(b builder, tree func(t int) (parent int, children []int), blk func(buf Buf, t int) Ref, src Buf) {
 	type node struct {
 		parent   int
 		children []int
@@ -556,7 +563,7 @@ func treeAllReduce(b builder, tree func(t int) (parent int, children []int)) {
 		trees[t].parent, trees[t].children = tree(t)
 	}
 	for t, nd := range trees {
-		in, out := Blocks(Input, t, 1), Blocks(Output, t, 1)
+		in, out := blk(src, t), blk(Output, t)
 		root := nd.parent < 0
 		cur := in
 		for k, c := range nd.children {
@@ -573,7 +580,7 @@ func treeAllReduce(b builder, tree func(t int) (parent int, children []int)) {
 		}
 	}
 	for t, nd := range trees {
-		out := Blocks(Output, t, 1)
+		out := blk(Output, t)
 		switch {
 		case nd.parent < 0:
 			for _, c := range nd.children {

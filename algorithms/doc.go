@@ -62,7 +62,8 @@
 // size on two ranks over a link slower than the reduction), and Hier (the
 // hierarchical all-reduce for hosts of equal rank counts: reduce-scatter
 // inside each host, all-reduce of each shard across hosts, all-gather
-// inside each host).
+// inside each host), on rings of hosts or, as HierTree, on a double binary
+// tree of them.
 // Reduce-scatter and all-gather: the halves of the ring. Broadcast and
 // reduce: a pipelined chain along the ring. All-to-all: pairwise exchange.
 // Send and recv: one transfer.

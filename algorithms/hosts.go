@@ -37,6 +37,11 @@ import (
 //
 //   - Hier (hierAllReduce) is the all-reduce built for hosts: phases
 //     inside and across hosts, for hosts with equal rank counts (Grid).
+//     Across hosts each local rank's shard goes around a ring of hosts
+//     (Hier), or up and down a double binary tree of them (HierTree: the
+//     flat tree's construction over host indices, each tree carrying half
+//     of the shard), which pays log2 h latencies for h-1 at twice the
+//     bytes on the host's link, for many hosts.
 //
 // Reduce-scatter, all-gather and all-to-all tie block j to rank j; the ring
 // versions already take any ring order, and all-to-all exchanges with
@@ -176,27 +181,35 @@ func (g Grid) sizes() string {
 }
 
 // hierAllReduce: with h hosts of m ranks, the piece is cut into m shards
-// of h blocks (shard c is blocks c·h .. c·h+h-1). Inside each host, a
+// of h blocks (shard c is blocks c·h .. c·h+h-1; of 2 blocks with tree,
+// one per tree of hosts, which then replace the ring). Inside each host, a
 // ring reduce-scatter leaves local rank i with shard i+1 reduced over its
 // host; local ranks i of all hosts then all-reduce that shard in a ring
 // of hosts (the ring all-reduce over its h blocks), which completes it;
 // and a ring all-gather inside each host spreads the m shards. This is
 // the SMP-aware all-reduce of MPI libraries (Träff 2009 surveys them;
 // NCCL gets the same traffic from its tree and CollNet patterns); each
-// phase is an existing ring, so messages on each connection keep order.
-func hierAllReduce(b builder, g Grid) {
+// phase is an existing ring (or tree), so messages on each connection
+// keep order.
+func hierAllReduce(b builder, g Grid, tree bool) {
 	h, m := g.Hosts, g.PerHost
-	b.s.Minor = h * m
+	// A shard is h blocks for the rings across hosts (one per host), two
+	// for the trees (one per tree).
+	per := h
+	if tree {
+		per = 2
+	}
+	b.s.Minor = per * m
 	host, i := locate(g.Ranks, b.s.Rank)
 	local := g.Ranks[host]
 	lprev, lnext := local[mod(i-1, m)], local[mod(i+1, m)]
-	shard := func(buf Buf, c int) Ref { return Blocks(buf, mod(c, m)*h, h) }
+	shard := func(buf Buf, c int) Ref { return Blocks(buf, mod(c, m)*per, per) }
 	if b.s.NRanks == 1 {
 		b.copy(shard(Input, 0), shard(Output, 0), true)
 		return
 	}
 	if m > 1 {
-		b.s.MsgBlocks = h
+		b.s.MsgBlocks = per
 	}
 	// 1. Reduce-scatter inside the host: this rank ends with shard own.
 	own := mod(i+1, m)
@@ -209,8 +222,24 @@ func hierAllReduce(b builder, g Grid) {
 		b.recvReduceCopy(lprev, shard(Input, own), shard(Output, own), h == 1)
 		cur = Output
 	}
-	// 2. All-reduce of the shard across hosts, among local ranks i.
-	if h > 1 {
+	// 2. All-reduce of the shard across hosts, among local ranks i: up
+	// and down a double binary tree of hosts (each tree carrying one of
+	// the shard's two blocks), or around a ring of them.
+	if h > 1 && tree {
+		rankOf := func(hs int) int { return g.Ranks[hs][i] }
+		treeAllReduceOf(b, func(t int) (int, []int) {
+			p, cs := DoubleBinaryTree(h, host, t)
+			if p >= 0 {
+				p = rankOf(p)
+			}
+			out := make([]int, len(cs))
+			for k, c := range cs {
+				out[k] = rankOf(c)
+			}
+			return p, out
+		}, func(buf Buf, t int) Ref { return Blocks(buf, own*2+t, 1) }, cur)
+	}
+	if h > 1 && !tree {
 		hprev, hnext := g.Ranks[mod(host-1, h)][i], g.Ranks[mod(host+1, h)][i]
 		blk := func(buf Buf, q int) Ref { return Blocks(buf, own*h+mod(q, h), 1) }
 		b.send(blk(cur, host), hnext)

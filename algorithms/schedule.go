@@ -94,10 +94,16 @@ const (
 	// all-gather inside each host. The network carries 2(h-1)/h of the
 	// data per host where a flat ring over n ranks carries 2(n-1)/n.
 	Hier
+	// HierTree: Hier with a double binary tree of hosts for the phase
+	// across them (each local rank's shard reduced up two trees and
+	// broadcast down): 2·log2 h network latencies where Hier's rings pay
+	// 2(h-1), for a host's link carrying 2 shards' worth instead of
+	// 2(h-1)/h. For many hosts.
+	HierTree
 	numAlgorithms
 )
 
-var algoNames = [...]string{"auto", "ring", "tree", "recdoubling", "rabenseifner", "pairwise", "p2p", "oneshot", "hier"}
+var algoNames = [...]string{"auto", "ring", "tree", "recdoubling", "rabenseifner", "pairwise", "p2p", "oneshot", "hier", "hiertree"}
 
 func (a Algorithm) String() string {
 	if a < numAlgorithms {
@@ -120,7 +126,7 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 func (a Algorithm) Supports(c Collective) bool {
 	switch c {
 	case CollAllReduce:
-		return a == Ring || a == Tree || a == RecDoubling || a == Rabenseifner || a == OneShot || a == Hier
+		return a == Ring || a == Tree || a == RecDoubling || a == Rabenseifner || a == OneShot || a == Hier || a == HierTree
 	case CollReduceScatter, CollAllGather, CollBroadcast, CollReduce:
 		return a == Ring
 	case CollAllToAll:

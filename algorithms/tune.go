@@ -172,7 +172,9 @@ func Cost(p Problem, a Algorithm, c int) float64 {
 			pf := float64(pw)
 			t = 2*L*alpha + (2*(pf-1)/pf*S*beta+(pf-1)/pf*S*gamma)/rabenseifnerEfficiency + fold
 		case Hier:
-			t = hierCost(p, c, S, chunks, gamma)
+			t = hierCost(p, c, S, chunks, gamma, false)
+		case HierTree:
+			t = hierCost(p, c, S, chunks, gamma, true)
 		}
 	case CollReduceScatter:
 		t = (n-1+chunks-1)*alpha + (n-1)/n*S*(beta+gamma)
@@ -197,7 +199,12 @@ func Cost(p Problem, a Algorithm, c int) float64 {
 // link, which carries 2(h-1)/h of it (a flat ring's link carries
 // 2(n-1)/n). Only for several hosts of several ranks each: otherwise it
 // is a ring, and the ring's cost stands.
-func hierCost(p Problem, c int, S, chunks, gamma float64) float64 {
+//
+// With tree, the phase across hosts is a double binary tree of hosts
+// (HierTree): 2·log2 h hops across instead of 2(h-1), and the host's link
+// carries about 2 shards' worth per local rank, 2S in all, as the flat
+// tree's cost counts it.
+func hierCost(p Problem, c int, S, chunks, gamma float64, tree bool) float64 {
 	h, m := float64(p.Hosts), float64(p.PerHost)
 	if p.Hosts < 2 || p.PerHost < 2 {
 		return math.Inf(1)
@@ -208,8 +215,12 @@ func hierCost(p Problem, c int, S, chunks, gamma float64) float64 {
 	}
 	betaIn := 1 / (in.Bandwidth * float64(min(c, in.MaxChannels)))
 	betaNet := 1 / (p.Link.Bandwidth * float64(min(c, p.Link.MaxChannels)))
-	hops := 2*(m-1)*in.Latency + 2*(h-1)*p.Link.Latency + (chunks-1)*max(in.Latency, p.Link.Latency)
-	bytes := max(2*(m-1)/m*S*betaIn, 2*(h-1)/h*S*betaNet)
+	across, netBytes := 2*(h-1), 2*(h-1)/h*S
+	if tree {
+		across, netBytes = 2*float64(log2ceil(p.Hosts)), 2*S
+	}
+	hops := 2*(m-1)*in.Latency + across*p.Link.Latency + (chunks-1)*max(in.Latency, p.Link.Latency)
+	bytes := max(2*(m-1)/m*S*betaIn, netBytes*betaNet)
 	return hops + bytes + ((m-1)/m+(h-1)/(h*m))*S*gamma
 }
 
@@ -218,7 +229,7 @@ func hierCost(p Problem, c int, S, chunks, gamma float64) float64 {
 func candidates(c Collective) []Algorithm {
 	switch c {
 	case CollAllReduce:
-		return []Algorithm{Ring, Tree, Rabenseifner, RecDoubling, OneShot, Hier}
+		return []Algorithm{Ring, Tree, Rabenseifner, RecDoubling, OneShot, Hier, HierTree}
 	case CollAllToAll:
 		return []Algorithm{Pairwise}
 	case CollSend, CollRecv:

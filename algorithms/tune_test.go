@@ -111,6 +111,17 @@ func TestTuneWeighsHierarchy(t *testing.T) {
 	alone := p
 	alone.Hosts, alone.PerHost = 4, 1
 	require.True(t, math.IsInf(Cost(alone, Hier, 1), 1), "one rank per host: a ring")
+	require.True(t, math.IsInf(Cost(alone, HierTree, 1), 1), "one rank per host: a tree")
+	// Across many hosts the rings' 2(h-1) network hops cost more than the
+	// trees' 2·log2 h until the bytes dominate: 128 hosts × 8, the trees
+	// by 10× at 8 B and still ahead at 1 MiB; 2 hosts at 64 MiB, the
+	// rings (the trees' host link carries 2S against the rings' S there).
+	many := Problem{Coll: CollAllReduce, NRanks: 1024, Bytes: 8, Link: net, Hosts: 128, PerHost: 8, Intra: shm}
+	require.Less(t, Cost(many, HierTree, 1), Cost(many, Hier, 1)/10)
+	many.Bytes = 1 << 20
+	require.Less(t, Cost(many, HierTree, 1), Cost(many, Hier, 1))
+	require.NotEqual(t, Hier, Tune(many, AlgoAuto, 0, 0).Algo)
+	require.Less(t, Cost(p, Hier, 2), Cost(p, HierTree, 2))
 }
 
 // Two ranks over a link slower than the reduction (TCP's model): the

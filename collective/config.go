@@ -319,7 +319,7 @@ func WithEnv(lookup func(string) (string, bool)) Option {
 // Environment variables, all read here and nowhere else. An invalid value
 // is an error, never a silent default.
 const (
-	EnvAlgo         = "GOCCL_ALGO"              // ring, tree, recdoubling, rabenseifner, oneshot, hier or auto
+	EnvAlgo         = "GOCCL_ALGO"              // ring, tree, recdoubling, rabenseifner, oneshot, hier, hiertree or auto
 	EnvNChannels    = "GOCCL_NCHANNELS"         // 1..32
 	EnvMaxChannels  = "GOCCL_MAX_NCHANNELS"     // 1..32
 	EnvChunkSize    = "GOCCL_CHUNK_SIZE"        // bytes, with an optional K, M or G suffix (powers of 1024)
@@ -391,7 +391,7 @@ func fromEnv(lookup func(string) (string, bool)) (Config, error) {
 	if v, ok := lookup(EnvAlgo); ok && v != "" {
 		a, err := algorithms.ParseAlgorithm(strings.TrimSpace(v))
 		if err != nil || (a != algorithms.AlgoAuto && !a.Supports(algorithms.CollAllReduce)) {
-			return c, bad(EnvAlgo, v, "auto, ring, tree, recdoubling, rabenseifner, oneshot or hier")
+			return c, bad(EnvAlgo, v, "auto, ring, tree, recdoubling, rabenseifner, oneshot, hier or hiertree")
 		}
 		c.Algorithm = a
 	}

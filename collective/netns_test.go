@@ -150,6 +150,7 @@ func TestMultiHostNamespaces(t *testing.T) {
 		{place: []int{0, 0, 1, 1}, tls: true}, {place: []int{0, 1}, verbs: true}, {place: []int{0, 0, 1, 1}, verbs: true},
 		{place: []int{0, 1, 0, 1}, ring: "0 2 | 1 3"}, {place: []int{0, 1, 0, 1}, algo: "tree"},
 		{place: []int{0, 1, 0, 1}, algo: "hier"}, {place: []int{0, 0, 0, 1, 1, 1}, algo: "hier"},
+		{place: []int{0, 0, 1, 1, 2, 2}, algo: "hiertree"},
 		{place: []int{0, 1, 2, 1, 2}, ring: "0 | 1 3 | 2 4"},
 	} {
 		place := shape.place

@@ -51,6 +51,11 @@ type Model struct {
 	// on one host or with one GPU per host, where it is the ring.
 	HierBus   float64
 	HierLatUs float64
+	// HierTreeBus and HierTreeLatUs are the same with a double binary
+	// tree of hosts across (algorithms.HierTree): 2·log2 h network
+	// latencies instead of 2(h-1), the ports carrying 2 times the data.
+	HierTreeBus   float64
+	HierTreeLatUs float64
 }
 
 // Prediction is the simulated result at one size.
@@ -169,12 +174,16 @@ func Simulate(t *Topo, l Layout) (*Model, error) {
 		perByte := math.Max(2*(g-1)/g/ring.Total(), 2*(h-1)/h/(float64(m.NICs)*m.NetBW))
 		m.HierBus = 2 * (n - 1) / n / perByte
 		m.HierLatUs = baseLatRing + 2*(g-1)*intraLat + 2*(h-1)*hwLatNetRing
+		perByte = math.Max(2*(g-1)/g/ring.Total(), 2/(float64(m.NICs)*m.NetBW))
+		m.HierTreeBus = 2 * (n - 1) / n / perByte
+		m.HierTreeLatUs = baseLatTree + 2*(g-1)*intraLat + 2*math.Log2(h)*hwLatNetTree
 	}
 	return m, nil
 }
 
 // PredictEach returns the model's all-reduce at size bytes for each
-// algorithm it models: ring, then tree and hier where they apply.
+// algorithm it models: ring, then tree, hier and hiertree where they
+// apply.
 func (m *Model) PredictEach(bytes int64) []Prediction {
 	n := m.Layout.Nodes * m.Layout.GPUsPerNode
 	factor := 1.0
@@ -200,6 +209,9 @@ func (m *Model) PredictEach(bytes int64) []Prediction {
 	}
 	if m.HierBus > 0 {
 		out = append(out, mk("hier", m.HierLatUs, m.HierBus, factor))
+	}
+	if m.HierTreeBus > 0 {
+		out = append(out, mk("hiertree", m.HierTreeLatUs, m.HierTreeBus, factor))
 	}
 	return out
 }

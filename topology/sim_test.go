@@ -138,7 +138,14 @@ func TestHierarchyModel(t *testing.T) {
 		want := math.Min(net, 2*(n-1)/n/(2*float64(l.GPUsPerNode-1)/float64(l.GPUsPerNode)/m.Ring.Total()))
 		require.InDelta(t, want, m.HierBus, want*1e-9, "%v", l)
 		each := m.PredictEach(8 << 30)
-		require.Equal(t, []string{"ring", "tree", "hier"}, []string{each[0].Algo, each[1].Algo, each[2].Algo})
+		require.Equal(t, []string{"ring", "tree", "hier", "hiertree"}, []string{each[0].Algo, each[1].Algo, each[2].Algo, each[3].Algo})
+		// Trees of hosts: log2 h network latencies where the rings pay
+		// h-1, and the ports carry 2 times the data (h/(h-1) of the rings').
+		require.LessOrEqual(t, m.HierTreeLatUs, m.HierLatUs, "%v", l)
+		if l.Nodes >= 16 {
+			require.Less(t, m.HierTreeLatUs*2, m.HierLatUs, "%v", l)
+		}
+		require.LessOrEqual(t, m.HierTreeBus, m.HierBus*(1+1e-9), "%v", l)
 		require.Greater(t, each[2].BusBW, each[0].BusBW, "%v: the network carries less", l)
 		require.Less(t, each[1].TimeUs, each[2].TimeUs*10, "sanity")
 	}

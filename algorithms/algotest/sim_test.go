@@ -182,7 +182,8 @@ func TestSimulateHostPlacements(t *testing.T) {
 	}
 }
 
-// TestSimulateHierarchical proves the hierarchical all-reduce for every
+// TestSimulateHierarchical proves the hierarchical all-reduce, with rings
+// and with trees across hosts (Hier, HierTree), for every
 // grid of 1..64 ranks (hosts × ranks per host), in block and round-robin
 // numbering and every variant, and that uneven hosts are refused.
 func TestSimulateHierarchical(t *testing.T) {
@@ -201,11 +202,13 @@ func TestSimulateHierarchical(t *testing.T) {
 						hosts[r] = r % h
 					}
 				}
-				for vi, v := range variants {
-					count := counts(n)[rng.IntN(len(counts(n)))]
-					cfg := algotest.Config{Coll: algorithms.CollAllReduce, Algo: algorithms.Hier, NRanks: n, Hosts: hosts, Count: count,
-						Channels: v.channels, Pieces: v.pieces, SliceElems: v.slice, Slots: v.slots, InPlace: v.inPlace, Seed: uint64(n*100 + h*10 + vi)}
-					require.NoError(t, algotest.Run(cfg), "%d hosts × %d, round robin %v, count %d", h, m, rr, count)
+				for _, algo := range []algorithms.Algorithm{algorithms.Hier, algorithms.HierTree} {
+					for vi, v := range variants {
+						count := counts(n)[rng.IntN(len(counts(n)))]
+						cfg := algotest.Config{Coll: algorithms.CollAllReduce, Algo: algo, NRanks: n, Hosts: hosts, Count: count,
+							Channels: v.channels, Pieces: v.pieces, SliceElems: v.slice, Slots: v.slots, InPlace: v.inPlace, Seed: uint64(n*100 + h*10 + vi)}
+						require.NoError(t, algotest.Run(cfg), "%v, %d hosts × %d, round robin %v, count %d", algo, h, m, rr, count)
+					}
 				}
 			}
 		}

@@ -198,10 +198,10 @@ func New(rank, nranks int, ep transport.Endpoint, cfg Config) (*Engine, error) {
 	}
 	grid, err := algorithms.HostGrid(cfg.Hosts, nranks)
 	if err != nil {
-		if cfg.Algo == algorithms.Hier {
+		if cfg.Algo == algorithms.Hier || cfg.Algo == algorithms.HierTree {
 			// Forced, it could never run: say so now, not at the first
 			// all-reduce.
-			return nil, fmt.Errorf("engine: algorithm hier forced: %w", err)
+			return nil, fmt.Errorf("engine: algorithm %v forced: %w", cfg.Algo, err)
 		}
 		grid = algorithms.Grid{Hosts: -1} // hosts of different sizes: no hierarchy
 	}
