@@ -68,18 +68,7 @@ func TestGroupFusesSmallAllReduces(t *testing.T) {
 			return fmt.Errorf("rank %d: %v %v %v %v", r, g, last, b, f[2])
 		}
 		// Three all-reduces and the broadcast were issued, not seven.
-		var buf bytes.Buffer
-		if err := c.DebugDump(&buf); err != nil {
-			return err
-		}
-		var d struct{ Ops []struct{ Op string } }
-		if err := json.Unmarshal(buf.Bytes(), &d); err != nil {
-			return err
-		}
-		if len(d.Ops) != 4 {
-			return fmt.Errorf("rank %d: %d operations recorded, want 3 fused all-reduces and a broadcast: %+v", r, len(d.Ops), d.Ops)
-		}
-		return nil
+		return recordedOps(c, 4, "3 fused all-reduces and a broadcast")
 	})
 }
 
@@ -150,17 +139,22 @@ func TestGroupFusesSmallBroadcasts(t *testing.T) {
 		if out[0] != 1.5 || out[1] != 1.5 || other[0] != 0 {
 			return fmt.Errorf("rank %d: out of place %v, from root 0 %v", r, out, other)
 		}
-		var buf bytes.Buffer
-		if err := c.DebugDump(&buf); err != nil {
-			return err
-		}
-		var d struct{ Ops []struct{ Op string } }
-		if err := json.Unmarshal(buf.Bytes(), &d); err != nil {
-			return err
-		}
-		if len(d.Ops) != 2 {
-			return fmt.Errorf("rank %d: %d operations recorded, want the fused broadcast from rank 1 and the one from rank 0: %+v", r, len(d.Ops), d.Ops)
-		}
-		return nil
+		return recordedOps(c, 2, "the fused broadcast from rank 1 and the one from rank 0")
 	})
+}
+
+// recordedOps checks that c's flight recorder holds want operations.
+func recordedOps(c *collective.Comm, want int, what string) error {
+	var buf bytes.Buffer
+	if err := c.DebugDump(&buf); err != nil {
+		return err
+	}
+	var d struct{ Ops []struct{ Op string } }
+	if err := json.Unmarshal(buf.Bytes(), &d); err != nil {
+		return err
+	}
+	if len(d.Ops) != want {
+		return fmt.Errorf("rank %d: %d operations recorded, want %s: %+v", c.Rank(), len(d.Ops), what, d.Ops)
+	}
+	return nil
 }

@@ -120,12 +120,14 @@ func run(ctx context.Context, c *collective.Comm, count, reps, iters int) error 
 	for i := range small {
 		small[i] = make([]float32, 2)
 	}
-	smalls := func(grouped bool) func(ctx context.Context) error {
+	// many starts one operation per buffer, one by one or in a Group, and
+	// waits for them all.
+	many := func(bufs [][]float32, start func(ctx context.Context, v []float32) (*collective.Request, error), grouped bool) func(ctx context.Context) error {
 		return func(ctx context.Context) error {
 			var reqs []*collective.Request
 			issue := func() error {
-				for _, v := range small {
-					q, err := collective.StartAllReduce(ctx, c, v, v, collective.Sum)
+				for _, v := range bufs {
+					q, err := start(ctx, v)
 					if err != nil {
 						return err
 					}
@@ -144,6 +146,12 @@ func run(ctx context.Context, c *collective.Comm, count, reps, iters int) error 
 			}
 			return err
 		}
+	}
+	sum := func(ctx context.Context, v []float32) (*collective.Request, error) {
+		return collective.StartAllReduce(ctx, c, v, v, collective.Sum)
+	}
+	fromRoot := func(ctx context.Context, v []float32) (*collective.Request, error) {
+		return collective.StartBroadcast(ctx, c, v, v, 0)
 	}
 	params := make([][]float32, 8) // weights of 256..4096 floats and biases of 16..64
 	for i := range params {
@@ -157,31 +165,6 @@ func run(ctx context.Context, c *collective.Comm, count, reps, iters int) error 
 	for _, p := range params {
 		paramBytes += 4 * len(p)
 	}
-	bcasts := func(grouped bool) func(ctx context.Context) error {
-		return func(ctx context.Context) error {
-			var reqs []*collective.Request
-			issue := func() error {
-				for _, p := range params {
-					q, err := collective.StartBroadcast(ctx, c, p, p, 0)
-					if err != nil {
-						return err
-					}
-					reqs = append(reqs, q)
-				}
-				return nil
-			}
-			var err error
-			if grouped {
-				err = collective.Group(ctx, c, issue)
-			} else {
-				err = issue()
-			}
-			for _, q := range reqs {
-				err = errors.Join(err, q.Wait(ctx))
-			}
-			return err
-		}
-	}
 	forms := []form{
 		{"shift, even/odd order", float64(4 * count), shift(false)},
 		{"shift, receive first, grouped", float64(4 * count), shift(true)},
@@ -191,10 +174,10 @@ func run(ctx context.Context, c *collective.Comm, count, reps, iters int) error 
 		{"alltoall, padded to the largest", frac * float64(4*largest*n), func(ctx context.Context) error {
 			return collective.AllToAll(ctx, c, ps, pr)
 		}},
-		{"8 all-reduces of 8 B, one by one", 64, smalls(false)},
-		{"8 all-reduces of 8 B in a Group", 64, smalls(true)},
-		{"8 broadcasts of parameters, one by one", float64(paramBytes), bcasts(false)},
-		{"8 broadcasts of parameters, Group", float64(paramBytes), bcasts(true)},
+		{"8 all-reduces of 8 B, one by one", 64, many(small, sum, false)},
+		{"8 all-reduces of 8 B in a Group", 64, many(small, sum, true)},
+		{"8 broadcasts of parameters, one by one", float64(paramBytes), many(params, fromRoot, false)},
+		{"8 broadcasts of parameters, Group", float64(paramBytes), many(params, fromRoot, true)},
 	}
 	// Warm up, and size the rounds.
 	if iters == 0 {
