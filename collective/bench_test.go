@@ -200,3 +200,61 @@ func benchCollective(b *testing.B, n, size int, coll algorithms.Collective) {
 	elapsed := time.Since(start)
 	b.ReportMetric(float64(size)/(elapsed.Seconds()/float64(b.N))*factor/1e9, "busbw-GB/s")
 }
+
+// BenchmarkPreMulSum is a pre-multiplied sum against a plain one, in
+// place and out of place: what DDP's averaging costs on top of the sum.
+func BenchmarkPreMulSum(b *testing.B) {
+	const n = 2
+	for _, size := range []int{1 << 20, 64 << 20} {
+		for _, inPlace := range []bool{false, true} {
+			for _, premul := range []bool{false, true} {
+				b.Run(fmt.Sprintf("bytes=%s/inplace=%v/premul=%v", sizeName(size), inPlace, premul), func(b *testing.B) {
+					comms, err := collective.NewLocalGroup(n, collective.WithEnv(nil))
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer func() {
+						for _, c := range comms {
+							c.Close()
+						}
+					}()
+					count := size / 4
+					ops := make([]collective.Op, n)
+					sends, recvs := make([][]float32, n), make([][]float32, n)
+					for r, c := range comms {
+						ops[r] = collective.Sum
+						if premul {
+							if ops[r], err = c.PreMulSum(0.5); err != nil {
+								b.Fatal(err)
+							}
+						}
+						sends[r] = make([]float32, count)
+						recvs[r] = sends[r]
+						if !inPlace {
+							recvs[r] = make([]float32, count)
+						}
+					}
+					ctx := context.Background()
+					run := func(iters int) {
+						var wg sync.WaitGroup
+						for r, c := range comms {
+							wg.Go(func() {
+								for range iters {
+									if err := collective.AllReduce(ctx, c, sends[r], recvs[r], ops[r]); err != nil {
+										b.Error(err)
+										return
+									}
+								}
+							})
+						}
+						wg.Wait()
+					}
+					run(2)
+					b.SetBytes(int64(size))
+					b.ResetTimer()
+					run(b.N)
+				})
+			}
+		}
+	}
+}
