@@ -123,17 +123,25 @@ func scaleBytes(t DataType, dst, src []byte, s float64) {
 	case Float64:
 		scaleBy(dst, src, s)
 	case Float16Type:
-		f := float32(s)
-		scaleWith(dst, src, func(x Float16) Float16 { return Float16From(x.Float32() * f) })
+		d, x, f := viewAs[Float16](dst), viewAs[Float16](src), float32(s)
+		for i, v := range x[:len(d)] {
+			d[i] = Float16From(v.Float32() * f)
+		}
 	case BFloat16Type:
-		f := float32(s)
-		scaleWith(dst, src, func(x BFloat16) BFloat16 { return BFloat16From(x.Float32() * f) })
+		d, x, f := viewAs[BFloat16](dst), viewAs[BFloat16](src), float32(s)
+		for i, v := range x[:len(d)] {
+			d[i] = BFloat16From(v.Float32() * f)
+		}
 	case Float8E4M3Type:
-		f := float32(s)
-		scaleWith(dst, src, func(x Float8E4M3) Float8E4M3 { return Float8E4M3From(x.Float32() * f) })
+		d, x, f := viewAs[Float8E4M3](dst), viewAs[Float8E4M3](src), float32(s)
+		for i, v := range x[:len(d)] {
+			d[i] = Float8E4M3From(v.Float32() * f)
+		}
 	case Float8E5M2Type:
-		f := float32(s)
-		scaleWith(dst, src, func(x Float8E5M2) Float8E5M2 { return Float8E5M2From(x.Float32() * f) })
+		d, x, f := viewAs[Float8E5M2](dst), viewAs[Float8E5M2](src), float32(s)
+		for i, v := range x[:len(d)] {
+			d[i] = Float8E5M2From(v.Float32() * f)
+		}
 	}
 }
 
@@ -152,12 +160,6 @@ func scaleBy[T int8 | uint8 | int32 | uint32 | int64 | uint64 | float32 | float6
 	}
 }
 
-func scaleWith[T Number](dst, src []byte, f func(T) T) {
-	d, s := viewAs[T](dst), viewAs[T](src)
-	for i := range d {
-		d[i] = f(s[i])
-	}
-}
 
 func viewAs[T Number](b []byte) []T {
 	var z T
