@@ -287,6 +287,7 @@ func run() error {
 	}
 
 	// Report.
+	var verdict []verdictRow
 	for _, s := range settings {
 		fmt.Printf("\n## %s (medians of %d runs; ratio < 1 in time and > 1 in busbw favour goccl)\n\n", s, *reps)
 		gm := medianRows(results[key{s, "goccl"}], s)
@@ -294,10 +295,19 @@ func run() error {
 		if len(gm) > 0 {
 			reports = append(reports, &bench.Report{Tool: "goccl-perf", Label: "goccl", Collective: s.coll, NRanks: s.np, Rows: gm})
 		}
+		best := map[int64]verdictRow{}
 		for _, p := range avail {
 			pm := medianRows(results[key{s, p.name}], s)
 			if len(pm) == 0 {
 				continue
+			}
+			for _, g := range gm {
+				if q, ok := nearest(pm, g.Bytes); ok {
+					if b, seen := best[g.Bytes]; !seen || q.OutOfPlace.TimeUs < b.peerUs {
+						best[g.Bytes] = verdictRow{s: s, bytes: g.Bytes, peer: p.name, gUs: g.OutOfPlace.TimeUs, peerUs: q.OutOfPlace.TimeUs,
+							ratio: ratio(g.OutOfPlace.TimeUs, q.OutOfPlace.TimeUs)}
+					}
+				}
 			}
 			reports = append(reports, &bench.Report{Tool: p.name, Label: p.label, Collective: s.coll, NRanks: s.np, Rows: pm})
 			fmt.Printf("%-12s %14s %14s %8s %12s %12s %8s\n", "size", "goccl us", p.name+" us", "time x", "goccl GB/s", p.name+" GB/s", "busbw x")
@@ -317,6 +327,11 @@ func run() error {
 				return err
 			}
 		}
+		for _, g := range gm {
+			if b, ok := best[g.Bytes]; ok {
+				verdict = append(verdict, b)
+			}
+		}
 		if len(reports) > 0 {
 			png := filepath.Join(*out, s.file()+".png")
 			if err := bench.Plot(png, s.String(), reports, false); err != nil {
@@ -325,7 +340,38 @@ func run() error {
 			fmt.Printf("plot: %s\n", png)
 		}
 	}
+	printVerdict(os.Stdout, verdict)
 	return nil
+}
+
+// verdictRow is goccl against the fastest peer at one setting and size.
+type verdictRow struct {
+	s           setting
+	bytes       int64
+	ratio       float64 // goccl's time over the fastest peer's
+	peer        string  // the fastest peer
+	gUs, peerUs float64
+}
+
+// printVerdict prints, for every setting and size, goccl's time over the
+// fastest peer's there, and counts where goccl is ahead.
+func printVerdict(w io.Writer, rows []verdictRow) {
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\n## Verdict: goccl's time over the fastest peer's (< 1: goccl ahead)\n\n")
+	fmt.Fprintf(w, "%-34s %-10s %10s %12s %12s %s\n", "setting", "size", "time x", "goccl us", "best us", "best peer")
+	ahead := 0
+	for _, r := range rows {
+		mark := ""
+		if r.ratio < 1 {
+			ahead++
+		} else {
+			mark = "  <- behind"
+		}
+		fmt.Fprintf(w, "%-34s %-10s %10.2f %12.2f %12.2f %s%s\n", r.s, sizeName(r.bytes), r.ratio, r.gUs, r.peerUs, r.peer, mark)
+	}
+	fmt.Fprintf(w, "\ngoccl ahead of every peer at %d of %d settings and sizes\n", ahead, len(rows))
 }
 
 // runTool runs one benchmark command, logs its output and parses its table.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -43,4 +44,19 @@ func TestNearestMatchesRoundedSizes(t *testing.T) {
 	require.Equal(t, "256 MiB", sizeName(256<<20))
 	require.Equal(t, "8 B", sizeName(8))
 	require.Equal(t, []string{"a", "b"}, split(" a, ,b "))
+}
+
+// The verdict marks where goccl is behind the fastest peer and counts
+// where it is ahead.
+func TestVerdict(t *testing.T) {
+	var b strings.Builder
+	s := setting{coll: bench.AllReduce, np: 2, transport: "tcp"}
+	printVerdict(&b, []verdictRow{
+		{s: s, bytes: 8, ratio: 1.2, peer: "mpich", gUs: 6, peerUs: 5},
+		{s: s, bytes: 64 << 20, ratio: 0.4, peer: "ompi", gUs: 20000, peerUs: 50000},
+	})
+	out := b.String()
+	require.Contains(t, out, "goccl ahead of every peer at 1 of 2 settings and sizes")
+	require.Regexp(t, `8 B +1\.20 .* mpich  <- behind`, out)
+	require.NotContains(t, out[strings.Index(out, "64 MiB"):], "behind")
 }
