@@ -14,6 +14,11 @@ import (
 // order, the same kernels in the same order on every rank, so every rank
 // gets the same bits. Where the connections' one-shot (oneshot.go) posts
 // n-1 times and waits on n-1 segments, this touches one entry per rank.
+// Small broadcasts, all-gathers and reduce-scatters run there the same
+// way: the root posts and the others read its entry (marking the
+// collective as theirs, so the root knows when it may reuse the entry);
+// every rank posts its block and reads everyone's; every rank posts its
+// whole input and folds everyone's copy of its own block.
 //
 // Every other collective marks its sequence number on the board, so that
 // ranks that disagree (one on the board, another on the connections)
@@ -35,8 +40,23 @@ type boardKernels struct {
 // (Config.Algo) keeps every operation on the connections, and device
 // memory stays off it (the board is host memory).
 func (e *Engine) onBoard(op *Op) bool {
-	return e.board != nil && e.cfg.Algo == algorithms.AlgoAuto && op.Coll == algorithms.CollAllReduce &&
-		op.Bytes(e.nranks) <= int64(e.board.Max()) && !onDevice(op)
+	if e.board == nil || e.cfg.Algo != algorithms.AlgoAuto || onDevice(op) {
+		return false
+	}
+	switch op.Coll {
+	case algorithms.CollAllReduce, algorithms.CollBroadcast, algorithms.CollAllGather, algorithms.CollReduceScatter:
+		return boardPost(op, e.nranks) <= int64(e.board.Max())
+	}
+	return false
+}
+
+// boardPost is the bytes a rank posts for op on the board: its input (an
+// all-gather's block, a reduce-scatter's n blocks).
+func boardPost(op *Op, n int) int64 {
+	if op.Coll == algorithms.CollReduceScatter {
+		return op.Bytes(n)
+	}
+	return op.Bytes(1)
 }
 
 // boardPlan is the plan of an operation on the board; sig is its
@@ -70,7 +90,7 @@ func (e *Engine) markOff(op *Op, seq uint64, sig uint32) {
 	}
 }
 
-// runOnBoard runs an all-reduce on the board.
+// runOnBoard runs a small collective on the board.
 func (e *Engine) runOnBoard(ctx context.Context, op *Op, seq uint64) (Plan, error) {
 	k := &e.boardK
 	if key := keyOf(op); key != k.key || !k.host.ready {
@@ -78,39 +98,92 @@ func (e *Engine) runOnBoard(ctx context.Context, op *Op, seq uint64) (Plan, erro
 		k.host.setup(op, e.nranks)
 	}
 	pl := boardPlan(op, seq, k.sig)
-	nb := op.Count * op.Type.Size()
-	in, out := op.In.Bytes()[:nb], op.Out.Bytes()[:nb]
+	n, me := e.nranks, e.rank
+	nb := op.Count * op.Type.Size() // one block
+	post := int(boardPost(op, n))
 	fail := func(peer int, err error) error {
 		return &StepError{Channel: 0, Piece: 0, Step: 0, Kind: algorithms.SendRecv, Peer: peer, Err: err}
+	}
+	// read returns rank r's post for seq, checked against this rank's.
+	read := func(r int) ([]byte, error) {
+		e.boardPeer.Store(int32(r))
+		sig, data, posted, err := e.board.Read(ctx, r, seq)
+		if err != nil {
+			return nil, fail(r, err)
+		}
+		if !posted || sig != pl.Sig || len(data) != post {
+			want := transport.Tag{Op: seq, Sig: pl.Sig}
+			return nil, fail(r, &MismatchError{Peer: r, Got: transport.Tag{Op: seq, Sig: sig}, Want: want, GotBytes: len(data), WantBytes: post, OffBoard: !posted})
+		}
+		return data, nil
 	}
 	e.boardPeer.Store(-1)
 	e.curSched.Store(&boardSched)
 	defer e.curSched.Store(nil)
+	if op.Coll == algorithms.CollBroadcast && me != op.Root {
+		// Reached this collective (done reading the last): the root may
+		// reuse its entry of two collectives ago.
+		e.board.Mark(seq, pl.Sig)
+		data, err := read(op.Root)
+		if err != nil {
+			return pl, err
+		}
+		copy(op.Out.Bytes()[:nb], data)
+		return pl, nil
+	}
+	in := op.In.Bytes()[:post]
 	// In place, the output overwrites the input before this rank's turn
-	// in the reduction comes: keep a copy.
-	mine := in
-	if op.In.Overlaps(op.Out) {
-		e.boardMine = append(e.boardMine[:0], in...)
+	// in a reduction comes: keep a copy of the block it reduces.
+	var mine []byte
+	switch op.Coll {
+	case algorithms.CollAllReduce:
+		mine = in
+	case algorithms.CollReduceScatter:
+		mine = in[me*nb : (me+1)*nb]
+	}
+	if mine != nil && op.In.Overlaps(op.Out) {
+		e.boardMine = append(e.boardMine[:0], mine...)
 		mine = e.boardMine
 	}
 	if err := e.board.Post(ctx, seq, pl.Sig, in); err != nil {
 		return pl, fail(-1, err)
 	}
-	for r := range e.nranks {
-		src := mine
-		if r != e.rank {
-			e.boardPeer.Store(int32(r))
-			sig, data, posted, err := e.board.Read(ctx, r, seq)
-			if err != nil {
-				return pl, fail(r, err)
-			}
-			if !posted || sig != pl.Sig || len(data) != nb {
-				want := transport.Tag{Op: seq, Sig: pl.Sig}
-				return pl, fail(r, &MismatchError{Peer: r, Got: transport.Tag{Op: seq, Sig: sig}, Want: want, GotBytes: len(data), WantBytes: nb, OffBoard: !posted})
-			}
-			src = data
+	switch op.Coll {
+	case algorithms.CollBroadcast: // the root
+		if out := op.Out.Bytes()[:nb]; !op.Out.SameStart(op.In) {
+			copy(out, in)
 		}
-		k.host.fold(out, src, r, e.nranks)
+	case algorithms.CollAllGather:
+		out := op.Out.Bytes()[:n*nb]
+		for r := range n {
+			src := in
+			if r != me {
+				data, err := read(r)
+				if err != nil {
+					return pl, err
+				}
+				src = data
+			}
+			if dst := out[r*nb : (r+1)*nb]; r != me || !op.Out.Slice(r*nb, (r+1)*nb).SameStart(op.In) {
+				copy(dst, src)
+			}
+		}
+	default: // all-reduce, reduce-scatter: fold this rank's block of every post
+		out := op.Out.Bytes()[:nb]
+		for r := range n {
+			src := mine
+			if r != me {
+				data, err := read(r)
+				if err != nil {
+					return pl, err
+				}
+				src = data
+				if op.Coll == algorithms.CollReduceScatter {
+					src = data[me*nb : (me+1)*nb]
+				}
+			}
+			k.host.fold(out, src, r, n)
+		}
 	}
 	return pl, nil
 }

@@ -3,8 +3,10 @@ package engine
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net"
 	"sync"
@@ -147,7 +149,7 @@ func TestBoardMismatches(t *testing.T) {
 		{"broadcast", func() *Op {
 			b := make([]byte, 16)
 			return &Op{Coll: algorithms.CollBroadcast, Type: kernels.Float32, Count: 4, In: memory.HostBuffer(b), Out: memory.HostBuffer(b)}
-		}, "it called broadcast(float32)"},
+		}, "broadcast(float32)"}, // both on the board now: named by rank 1 (it called allreduce, this rank broadcast) or by the others (it called broadcast)
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			es := shmEngines(t, 3, Config{})
@@ -246,4 +248,99 @@ func TestForcedAlgorithmStaysOffTheBoard(t *testing.T) {
 	})
 	require.NoError(t, errors.Join(errs...))
 	require.Equal(t, algorithms.Ring, pls[0].Algo)
+}
+
+// TestBoardMovesSmallCollectives: broadcast (from every root), all-gather
+// and reduce-scatter small enough for the board run there, in place and
+// not, and give what the connections' ring gives (GOCCL_ALGO=ring keeps
+// them off the board), bit for bit on every rank; one a byte too large
+// for the board runs over the connections.
+func TestBoardMovesSmallCollectives(t *testing.T) {
+	for _, n := range []int{2, 3, 4} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			onBoard := shmEngines(t, n, Config{})
+			onConns := shmEngines(t, n, Config{Algo: algorithms.Ring})
+			rng := rand.New(rand.NewPCG(uint64(n), 2))
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			type tc struct {
+				coll  algorithms.Collective
+				root  int
+				count int // elements per block
+			}
+			var cases []tc
+			for root := range n {
+				cases = append(cases, tc{algorithms.CollBroadcast, root, 1 + rng.IntN(shm.BoardMax/4)})
+			}
+			cases = append(cases, tc{algorithms.CollAllGather, 0, 1 + rng.IntN(shm.BoardMax/4)},
+				tc{algorithms.CollReduceScatter, 0, 1 + rng.IntN(shm.BoardMax/4/n)})
+			for _, c := range cases {
+				for _, inPlace := range []bool{false, true} {
+					inLen, outLen := c.count, c.count
+					switch c.coll {
+					case algorithms.CollAllGather:
+						outLen = n * c.count
+					case algorithms.CollReduceScatter:
+						inLen = n * c.count
+					}
+					ins := make([][]byte, n)
+					for r := range ins {
+						ins[r] = make([]byte, 4*inLen)
+						for i := 0; i < inLen; i++ {
+							// Whole numbers: the board folds in rank order, the ring
+							// in ring order; with exact sums the two agree.
+							binary.LittleEndian.PutUint32(ins[r][4*i:], math.Float32bits(float32(rng.IntN(201)-100)))
+						}
+					}
+					run := func(es []*Engine) ([][]byte, []Plan) {
+						outs := make([][]byte, n)
+						ops := make([]*Op, n)
+						for r := range n {
+							in := append([]byte(nil), ins[r]...)
+							var inBuf, outBuf memory.Buffer
+							switch {
+							case !inPlace:
+								inBuf, outBuf = memory.HostBuffer(in), memory.HostBuffer(make([]byte, 4*outLen))
+							case c.coll == algorithms.CollAllGather:
+								out := make([]byte, 4*outLen)
+								copy(out[4*r*c.count:], in)
+								outBuf = memory.HostBuffer(out)
+								inBuf = outBuf.Slice(4*r*c.count, 4*(r+1)*c.count)
+							case c.coll == algorithms.CollReduceScatter:
+								inBuf = memory.HostBuffer(in)
+								outBuf = inBuf.Slice(4*r*c.count, 4*(r+1)*c.count)
+							default:
+								inBuf, outBuf = memory.HostBuffer(in), memory.HostBuffer(in)
+							}
+							if c.coll == algorithms.CollBroadcast && r != c.root && !inPlace {
+								inBuf = memory.Buffer{}
+							}
+							ops[r] = &Op{Coll: c.coll, Type: kernels.Float32, Red: kernels.Sum, Count: c.count, Root: c.root, In: inBuf, Out: outBuf}
+						}
+						pls, errs := runPlans(es, ctx, func(r int) *Op { return ops[r] })
+						require.NoError(t, errors.Join(errs...), "%v root %d in place %v", c.coll, c.root, inPlace)
+						for r := range n {
+							outs[r] = append([]byte(nil), ops[r].Out.Bytes()...)
+						}
+						return outs, pls
+					}
+					got, pls := run(onBoard)
+					want, wpls := run(onConns)
+					require.Same(t, &boardSched, pls[0].Sched, "%v on the board", c.coll)
+					require.NotSame(t, &boardSched, wpls[0].Sched)
+					for r := range n {
+						require.Equal(t, want[r], got[r], "%v root %d in place %v, rank %d", c.coll, c.root, inPlace, r)
+					}
+				}
+			}
+			// A byte over the board's size: the connections.
+			big := shm.BoardMax/4 + 1
+			pls, errs := runPlans(onBoard, ctx, func(r int) *Op {
+				b := make([]byte, 4*big)
+				return &Op{Coll: algorithms.CollBroadcast, Type: kernels.Float32, Count: big, In: memory.HostBuffer(b), Out: memory.HostBuffer(b)}
+			})
+			require.NoError(t, errors.Join(errs...))
+			require.NotSame(t, &boardSched, pls[0].Sched)
+		})
+	}
 }

@@ -79,9 +79,10 @@
 // When every rank of a communicator is on this host, Init calls
 // JoinBoard: rank 0 creates one more memfd segment, the board, and hands
 // it to each other rank as it hands over pair segments. Each rank has two
-// entries there (for even and odd collectives) of BoardMax bytes, and an
-// all-reduce that fits is one post to its entry and a read of everyone
-// else's (board_linux.go has the layout and the rule for reusing an
+// entries there (for even and odd collectives) of BoardMax bytes, and a
+// collective that fits is one post to its entry and a read of everyone
+// else's (the engine's board.go says which; board_linux.go has the layout
+// and the rule for reusing an
 // entry). Readers wait as on a connection, on the board's one futex word.
 // A rank that aborts raises a flag there with its reason; a rank whose
 // process dies leaves no flag, and the communicator's watch (the
