@@ -66,20 +66,11 @@ func benchAllReduce(b *testing.B, n, size int, opts ...collective.Option) {
 		}
 	}
 	ctx := context.Background()
-	run := func(iters int) {
-		var wg sync.WaitGroup
-		for r, c := range comms {
-			wg.Go(func() {
-				for i := 0; i < iters; i++ {
-					if err := collective.AllReduce(ctx, c, sends[r], recvs[r], collective.Sum); err != nil {
-						b.Error(err)
-						return
-					}
-				}
-			})
-		}
-		wg.Wait()
+	ops := make([]func() error, n)
+	for r, c := range comms {
+		ops[r] = func() error { return collective.AllReduce(ctx, c, sends[r], recvs[r], collective.Sum) }
 	}
+	run := func(iters int) { runEach(b, ops, iters) }
 	run(2) // warm up: connections, slots, schedules
 	b.SetBytes(int64(size))
 	b.ResetTimer()
@@ -178,20 +169,7 @@ func benchCollective(b *testing.B, n, size int, coll algorithms.Collective) {
 			factor = float64(n-1) / float64(n)
 		}
 	}
-	run := func(iters int) {
-		var wg sync.WaitGroup
-		for r := range comms {
-			wg.Go(func() {
-				for i := 0; i < iters; i++ {
-					if err := ops[r](); err != nil {
-						b.Error(err)
-						return
-					}
-				}
-			})
-		}
-		wg.Wait()
-	}
+	run := func(iters int) { runEach(b, ops, iters) }
 	run(2)
 	b.SetBytes(int64(size))
 	b.ResetTimer()
@@ -219,42 +197,45 @@ func BenchmarkPreMulSum(b *testing.B) {
 						}
 					}()
 					count := size / 4
-					ops := make([]collective.Op, n)
-					sends, recvs := make([][]float32, n), make([][]float32, n)
+					ctx := context.Background()
+					ops := make([]func() error, n)
 					for r, c := range comms {
-						ops[r] = collective.Sum
+						op := collective.Sum
 						if premul {
-							if ops[r], err = c.PreMulSum(0.5); err != nil {
+							if op, err = c.PreMulSum(0.5); err != nil {
 								b.Fatal(err)
 							}
 						}
-						sends[r] = make([]float32, count)
-						recvs[r] = sends[r]
+						send := make([]float32, count)
+						recv := send
 						if !inPlace {
-							recvs[r] = make([]float32, count)
+							recv = make([]float32, count)
 						}
+						ops[r] = func() error { return collective.AllReduce(ctx, c, send, recv, op) }
 					}
-					ctx := context.Background()
-					run := func(iters int) {
-						var wg sync.WaitGroup
-						for r, c := range comms {
-							wg.Go(func() {
-								for range iters {
-									if err := collective.AllReduce(ctx, c, sends[r], recvs[r], ops[r]); err != nil {
-										b.Error(err)
-										return
-									}
-								}
-							})
-						}
-						wg.Wait()
-					}
-					run(2)
+					runEach(b, ops, 2)
 					b.SetBytes(int64(size))
 					b.ResetTimer()
-					run(b.N)
+					runEach(b, ops, b.N)
 				})
 			}
 		}
 	}
+}
+
+// runEach runs ops[r] iters times on rank r's goroutine, all ranks at
+// once, and returns when every rank is done (or has failed).
+func runEach(b *testing.B, ops []func() error, iters int) {
+	var wg sync.WaitGroup
+	for _, op := range ops {
+		wg.Go(func() {
+			for range iters {
+				if err := op(); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
 }

@@ -160,7 +160,6 @@ func scaleBy[T int8 | uint8 | int32 | uint32 | int64 | uint64 | float32 | float6
 	}
 }
 
-
 func viewAs[T Number](b []byte) []T {
 	var z T
 	if len(b) == 0 {
