@@ -132,58 +132,51 @@ func (e *Engine) runOnBoard(ctx context.Context, op *Op, seq uint64) (Plan, erro
 		return pl, nil
 	}
 	in := op.In.Bytes()[:post]
-	// In place, the output overwrites the input before this rank's turn
-	// in a reduction comes: keep a copy of the block it reduces.
-	var mine []byte
-	switch op.Coll {
-	case algorithms.CollAllReduce:
-		mine = in
-	case algorithms.CollReduceScatter:
+	// What this rank takes of its own post: its input, or a
+	// reduce-scatter's block of it. In place, the output overwrites the
+	// input before this rank's turn in a reduction comes: keep a copy.
+	mine := in
+	if op.Coll == algorithms.CollReduceScatter {
 		mine = in[me*nb : (me+1)*nb]
 	}
-	if mine != nil && op.In.Overlaps(op.Out) {
+	if op.Coll.Reduces() && op.In.Overlaps(op.Out) {
 		e.boardMine = append(e.boardMine[:0], mine...)
 		mine = e.boardMine
 	}
 	if err := e.board.Post(ctx, seq, pl.Sig, in); err != nil {
 		return pl, fail(-1, err)
 	}
-	switch op.Coll {
-	case algorithms.CollBroadcast: // the root
-		if out := op.Out.Bytes()[:nb]; !op.Out.SameStart(op.In) {
-			copy(out, in)
+	if op.Coll == algorithms.CollBroadcast { // the root
+		if !op.Out.SameStart(op.In) {
+			copy(op.Out.Bytes()[:nb], in)
 		}
-	case algorithms.CollAllGather:
-		out := op.Out.Bytes()[:n*nb]
-		for r := range n {
-			src := in
-			if r != me {
-				data, err := read(r)
-				if err != nil {
-					return pl, err
-				}
-				src = data
-			}
-			if dst := out[r*nb : (r+1)*nb]; r != me || !op.Out.Slice(r*nb, (r+1)*nb).SameStart(op.In) {
-				copy(dst, src)
-			}
+		return pl, nil
+	}
+	// from returns what this rank takes of rank r's post: all of it, or
+	// its own block of a reduce-scatter's.
+	from := func(r int) ([]byte, error) {
+		if r == me {
+			return mine, nil
 		}
-	default: // all-reduce, reduce-scatter: fold this rank's block of every post
-		out := op.Out.Bytes()[:nb]
-		for r := range n {
-			src := mine
-			if r != me {
-				data, err := read(r)
-				if err != nil {
-					return pl, err
-				}
-				src = data
-				if op.Coll == algorithms.CollReduceScatter {
-					src = data[me*nb : (me+1)*nb]
-				}
-			}
-			k.host.fold(out, src, r, n)
+		data, err := read(r)
+		if err != nil || op.Coll != algorithms.CollReduceScatter {
+			return data, err
 		}
+		return data[me*nb : (me+1)*nb], nil
+	}
+	for r := range n {
+		src, err := from(r)
+		if err != nil {
+			return pl, err
+		}
+		if op.Coll == algorithms.CollAllGather {
+			if dst := op.Out.Slice(r*nb, (r+1)*nb); r != me || !dst.SameStart(op.In) {
+				copy(dst.Bytes(), src)
+			}
+			continue
+		}
+		// All-reduce, reduce-scatter: fold this rank's block of every post.
+		k.host.fold(op.Out.Bytes()[:nb], src, r, n)
 	}
 	return pl, nil
 }
