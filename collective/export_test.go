@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/goccl/goccl/algorithms"
+	"github.com/goccl/goccl/internal/netif"
 	"github.com/goccl/goccl/internal/wire"
 	"github.com/goccl/goccl/transport/mem"
 )
@@ -17,12 +18,14 @@ func NewLocalGroupNet(n int, opts ...Option) ([]*Comm, *mem.Network, error) {
 // GDRAllowedIn is gdrAllowed on a fake sysfs tree.
 var GDRAllowedIn = gdrAllowedIn
 
-// NICsNearGPU, Nearest and IBRankNearGPU are nearnic.go's, the first and
-// last on a fake sysfs tree.
+// NICsNearGPU and IBRankNearGPU are gpuNICs's narrow and ibRank on a
+// fake sysfs tree; Nearest is nearnic.go's.
 var (
-	NICsNearGPU   = nicsNearGPU
+	NICsNearGPU = func(root string, dev Device, addrs []netif.Addr) ([]netif.Addr, string) {
+		return newGPUNICs(root, dev).narrow(addrs)
+	}
 	Nearest       = nearest
-	IBRankNearGPU = ibRankNearGPU
+	IBRankNearGPU = func(root string, dev Device) func(string) int { return newGPUNICs(root, dev).ibRank() }
 )
 
 // RootListenAddr is rootListenAddr on the given interfaces.

@@ -234,9 +234,10 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	if len(cfg.devices) == 1 {
 		gpu = cfg.devices[0]
 	}
+	near := newGPUNICs("/", gpu)
 	if cfg.SocketIfname != "" && (mode == TransportAuto || mode == TransportTCP) {
 		var why string
-		if addrs, why = nicsNearGPU("/", gpu, addrs); why != "" {
+		if addrs, why = near.narrow(addrs); why != "" {
 			slog.Info("goccl: TCP on the NICs nearest this rank's GPU", "rank", rank, "nics", why)
 		}
 	}
@@ -276,7 +277,7 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	var ibDevicePath string // how device operations cross RDMA, and why
 	var vln net.Listener
 	if mode == TransportAuto || mode == TransportVerbs {
-		p, err := openVerbsPort(cfg.IB, ibRankNearGPU("/", gpu))
+		p, err := openVerbsPort(cfg.IB, near.ibRank())
 		switch {
 		case err == nil:
 			if vln, err = net.Listen("tcp", net.JoinHostPort(addrs[0].Host(), "0")); err != nil {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/goccl/goccl/internal/netif"
 	"github.com/goccl/goccl/topology"
@@ -72,12 +73,27 @@ func nearest(names []string, dist map[string]topology.PathType) []string {
 	return out
 }
 
-// nicsNearGPU narrows addrs, the interfaces GOCCL_SOCKET_IFNAME chose
-// (one or more addresses each), to those of the interfaces nearest dev's
-// GPU in the PCI tree below root, keeping their order. It returns addrs
-// unchanged, and "", when there is nothing to narrow; else the narrowed
-// list and what it did, for the log.
-func nicsNearGPU(root string, dev Device, addrs []netif.Addr) ([]netif.Addr, string) {
+// gpuNICs is a rank's GPU and the paths from it to the network devices
+// below a sysfs root, read once, when first asked (TCP and RDMA both
+// ask; without a GPU or a choice to make, nobody reads the tree).
+type gpuNICs struct {
+	dev   Device
+	paths func() map[string]topology.PathType
+}
+
+func newGPUNICs(root string, dev Device) gpuNICs {
+	return gpuNICs{dev: dev, paths: sync.OnceValue(func() map[string]topology.PathType {
+		p, _ := gpuNICPaths(root, dev)
+		return p
+	})}
+}
+
+// narrow narrows addrs, the interfaces GOCCL_SOCKET_IFNAME chose (one or
+// more addresses each), to those of the interfaces nearest the GPU,
+// keeping their order. It returns addrs unchanged, and "", when there is
+// nothing to narrow; else the narrowed list and what it did, for the log.
+func (g gpuNICs) narrow(addrs []netif.Addr) ([]netif.Addr, string) {
+	dev := g.dev
 	var names []string
 	for _, a := range addrs {
 		if !slices.Contains(names, a.Iface) {
@@ -87,7 +103,7 @@ func nicsNearGPU(root string, dev Device, addrs []netif.Addr) ([]netif.Addr, str
 	if len(names) < 2 {
 		return addrs, ""
 	}
-	dist, _ := gpuNICPaths(root, dev)
+	dist := g.paths()
 	keep := nearest(names, dist)
 	if keep == nil {
 		return addrs, ""
@@ -107,10 +123,10 @@ func nicsNearGPU(root string, dev Device, addrs []netif.Addr) ([]netif.Addr, str
 	return out, fmt.Sprintf("%s nearest GPU %s (%v); not %s", strings.Join(keep, ","), dev.Info().PCIBusID, dist[keep[0]], strings.Join(far, ", "))
 }
 
-// ibRankNearGPU orders RDMA devices for verbs.OpenPortPreferring: by the
-// path from dev's GPU, unknown ones last; nil without a GPU or a tree.
-func ibRankNearGPU(root string, dev Device) func(name string) int {
-	dist, _ := gpuNICPaths(root, dev)
+// ibRank orders RDMA devices for verbs.OpenPortPreferring: by the path
+// from the GPU, unknown ones last; nil without a GPU or a tree.
+func (g gpuNICs) ibRank() func(name string) int {
+	dist := g.paths()
 	if dist == nil {
 		return nil
 	}
