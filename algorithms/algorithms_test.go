@@ -53,6 +53,61 @@ func TestSpansPartition(t *testing.T) {
 	}
 }
 
+// TestSpansUnevenBlocks: with per-block offsets (AllToAllv), every piece
+// of every block lies inside that block, the pieces of a block tile it
+// once, and a block of the same length on the other side (the peer's,
+// with other offsets) is cut into pieces and minor blocks of the same
+// lengths: sender and receiver see the same stream of slices.
+func TestSpansUnevenBlocks(t *testing.T) {
+	lens := [][]int{{0, 5, 23, 1}, {7, 0, 0, 19}, {3, 3, 3, 3}}
+	for _, in := range lens {
+		for _, out := range lens {
+			offsOf := func(ls []int) []int {
+				offs := []int{0}
+				for _, k := range ls {
+					offs = append(offs, offs[len(offs)-1]+k)
+				}
+				return offs
+			}
+			l := NewLayout(CollAllToAll, 4, 1, 0, 23)
+			l.InOffs, l.OutOffs = offsOf(in), offsOf(out)
+			require.Equal(t, l.InOffs[4], l.InLen())
+			require.Equal(t, l.OutOffs[4], l.OutLen())
+			for pieces := 1; pieces <= 4; pieces++ {
+				for minor := 1; minor <= 3; minor++ {
+					for _, side := range []struct {
+						buf  Buf
+						offs []int
+						ls   []int
+					}{{Input, l.InOffs, in}, {Output, l.OutOffs, out}} {
+						seen := make([]int, side.offs[4])
+						for m := range 4 {
+							for p := range pieces {
+								for j := range minor {
+									spans := l.Spans(nil, Blocks(side.buf, m*minor+j, 1), minor, p, pieces)
+									// The same length as a uniform block of this one's length.
+									u := Layout{Majors: 1, K: side.ls[m], InHi: 1, OutHi: 1}
+									require.Equal(t, SpansLen(u.Spans(nil, Blocks(Input, j, 1), minor, p, pieces)), SpansLen(spans))
+									for _, sp := range spans {
+										require.GreaterOrEqual(t, sp.Off, side.offs[m])
+										require.LessOrEqual(t, sp.Off+sp.Len, side.offs[m+1], "inside block %d", m)
+										for i := sp.Off; i < sp.Off+sp.Len; i++ {
+											seen[i]++
+										}
+									}
+								}
+							}
+						}
+						for i, c := range seen {
+							require.Equal(t, 1, c, "element %d of %v (lengths %v, %d pieces, minor %d)", i, side.buf, side.ls, pieces, minor)
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
 func TestSpansOffsetsPerBuffer(t *testing.T) {
 	// Reduce-scatter on rank 2 of 4 with 5 elements per rank: Output holds
 	// only block 2, at offset 0.

@@ -21,6 +21,14 @@ type Layout struct {
 	K            int // elements per major block
 	InLo, InHi   int
 	OutLo, OutHi int
+	// InOffs and OutOffs, when set (len Majors+1, ascending), place major
+	// block m of Input (of Output) at element InOffs[m], with
+	// InOffs[m+1]-InOffs[m] elements, in place of m*K with K each: an
+	// all-to-all of uneven blocks (AllToAllv). Each block is cut into the
+	// same pieces and minor blocks as a uniform one, by its own length, so
+	// a sender and its receiver, which agree on the block's length, see
+	// the same stream of slices.
+	InOffs, OutOffs []int
 }
 
 // NewLayout returns the layout of collective c on rank of nranks with k
@@ -58,8 +66,19 @@ func NewLayout(c Collective, nranks, rank, root, k int) Layout {
 }
 
 // InLen and OutLen return the buffer lengths in elements.
-func (l Layout) InLen() int  { return (l.InHi - l.InLo) * l.K }
-func (l Layout) OutLen() int { return (l.OutHi - l.OutLo) * l.K }
+func (l Layout) InLen() int {
+	if l.InOffs != nil {
+		return l.InOffs[l.InHi] - l.InOffs[l.InLo]
+	}
+	return (l.InHi - l.InLo) * l.K
+}
+
+func (l Layout) OutLen() int {
+	if l.OutOffs != nil {
+		return l.OutOffs[l.OutHi] - l.OutOffs[l.OutLo]
+	}
+	return (l.OutHi - l.OutLo) * l.K
+}
 
 // Span is a run of elements [Off, Off+Len) of one buffer.
 type Span struct{ Off, Len int }
@@ -93,9 +112,9 @@ func (l Layout) Covers(ref Ref, minor int) bool {
 // sender and receiver alike, so both sides see the same stream of slices.
 // It panics if ref is outside the buffer (Validate rules that out).
 func (l Layout) Spans(dst []Span, ref Ref, minor, p, pieces int) []Span {
-	base := l.InLo
+	base, offs := l.InLo, l.InOffs
 	if ref.Buf == Output {
-		base = l.OutLo
+		base, offs = l.OutLo, l.OutOffs
 	}
 	if !l.Covers(ref, minor) {
 		panic(fmt.Sprintf("algorithms: %v outside the buffer (layout %+v, minor %d)", ref, l, minor))
@@ -105,8 +124,16 @@ func (l Layout) Spans(dst []Span, ref Ref, minor, p, pieces int) []Span {
 	last := -1 // index in dst of the span this call may still extend
 	for b := int(ref.Block); b < int(ref.Block+ref.N); b++ {
 		m, j := b/minor, b%minor
-		lo := (m-base)*l.K + plo + split(plen, minor, j)
-		hi := (m-base)*l.K + plo + split(plen, minor, j+1)
+		start := (m - base) * l.K
+		if offs != nil {
+			// This block's own length and place (uneven blocks).
+			k := offs[m+1] - offs[m]
+			start = offs[m] - offs[base]
+			plo, phi = split(k, pieces, p), split(k, pieces, p+1)
+			plen = phi - plo
+		}
+		lo := start + plo + split(plen, minor, j)
+		hi := start + plo + split(plen, minor, j+1)
 		if hi == lo {
 			continue
 		}

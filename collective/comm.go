@@ -70,13 +70,18 @@ type Comm struct {
 
 	// The bootstrap watch (watch.go); nil in a local group.
 	rootWatch *bootstrap.Watch
-	watchExit chan struct{}
-	shrunk    chan *wire.Table // a shrink's new table, from the watcher
-	id        UniqueID         // the job (its secret), for Shrink
-	lookup    func(string) (string, bool)
-	told      sync.Once      // the root is told of this rank's abort once (see silence)
-	splits    uint64         // Splits so far (guarded by mu): every rank counts them alike
-	premul    map[Op]float64 // PreMulSum operators (guarded by mu), by Op
+	// watchReady, when set, is closed once rootWatch has come (or will
+	// not): a split child's watch comes after the child (watchLater).
+	watchReady   chan struct{}
+	abandonWatch func()
+	watchExit    chan struct{}
+	shrunk       chan *wire.Table // a shrink's new table, from the watcher
+	id           UniqueID         // the job (its secret), for Shrink
+	lookup       func(string) (string, bool)
+	facts        *hostFacts     // what Init learnt of this host, for Split and Shrink
+	told         sync.Once      // the root is told of this rank's abort once (see silence)
+	splits       uint64         // Splits so far (guarded by mu): every rank counts them alike
+	premul       map[Op]float64 // PreMulSum operators (guarded by mu), by Op
 	// In a Group (guarded by mu): its nesting, and the all-reduces held
 	// back to be fused (fuse.go).
 	grouping   int
@@ -354,12 +359,12 @@ func (c *Comm) watch() {
 		}
 		te := &timeoutError{op: op.name, seq: op.cseq, d: c.cfg.Timeout, progress: c.eng.Progress(),
 			bytes: op.op.Bytes(c.size)}
-		if c.rootWatch != nil {
+		if w := c.rootConn(); w != nil {
 			// Ask the root to compare where every rank waits: its
 			// diagnosis aborts this communicator (and every rank's) with
 			// the rank at the end of the chain (diagnose.go).
 			c.timedOut.Store(te)
-			if c.rootWatch.ReportStall(wire.Stall{Seq: op.cseq, Timeout: int64(c.cfg.Timeout), Op: op.name}) == nil {
+			if w.ReportStall(wire.Stall{Seq: op.cseq, Timeout: int64(c.cfg.Timeout), Op: op.name}) == nil {
 				select {
 				case <-c.stopWatch:
 					return

@@ -92,7 +92,8 @@
 //
 // Comm.Split makes communicators of subsets of the ranks (data-parallel
 // and tensor-parallel groups, say), each a full communicator with a
-// bootstrap of its own; a failure in one does not abort the others.
+// watch of its own; what the child needs is traded over the parent's
+// connections, and a failure in one does not abort the others.
 // Package collectivetest runs a function on N ranks, in process or in N
 // processes, for the tests of code built on goccl.
 //

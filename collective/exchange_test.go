@@ -24,36 +24,58 @@ func TestAllToAllvUnevenBlocks(t *testing.T) {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
 			// With the package users test their own code with.
 			collectivetest.Run(t, n, func(ctx context.Context, c *collective.Comm) error {
-				r := c.Rank()
-				sc, rc := make([]int, n), make([]int, n)
-				var send []int32
-				for j := range n {
-					sc[j], rc[j] = unevenCounts(r, j), unevenCounts(j, r)
-					for k := range sc[j] {
-						send = append(send, int32(r*1_000_000+j*1000+k))
+				// Blocks of a few elements, then of up to 400 000 (many
+				// slots, pieces and channels); some are empty.
+				for _, scale := range []int{1, 1000} {
+					if err := checkAllToAllv(ctx, c, scale); err != nil {
+						return err
 					}
-				}
-				total := 0
-				for _, k := range rc {
-					total += k
-				}
-				recv := make([]int32, total+3) // room to spare is allowed
-				if err := collective.AllToAllv(ctx, c, send, sc, recv, rc); err != nil {
-					return err
-				}
-				off := 0
-				for i := range n {
-					for k := range rc[i] {
-						if want := int32(i*1_000_000 + r*1000 + k); recv[off+k] != want {
-							return fmt.Errorf("rank %d: element %d of the block from %d is %d, want %d", r, k, i, recv[off+k], want)
-						}
-					}
-					off += rc[i]
 				}
 				return nil
 			})
 		})
 	}
+}
+
+// checkAllToAllv runs an AllToAllv of blocks of unevenCounts × scale
+// elements, each element naming its sender, receiver and place, and
+// checks every block, and that recv's room to spare is left alone.
+func checkAllToAllv(ctx context.Context, c *collective.Comm, scale int) error {
+	n, r := c.Size(), c.Rank()
+	sc, rc := make([]int, n), make([]int, n)
+	var send []int32
+	for j := range n {
+		sc[j], rc[j] = unevenCounts(r, j)*scale, unevenCounts(j, r)*scale
+		for k := range sc[j] {
+			send = append(send, int32(r*100_000_000+j*1_000_000+k))
+		}
+	}
+	total := 0
+	for _, k := range rc {
+		total += k
+	}
+	recv := make([]int32, total+3) // room to spare is allowed
+	for i := total; i < len(recv); i++ {
+		recv[i] = -7
+	}
+	if err := collective.AllToAllv(ctx, c, send, sc, recv, rc); err != nil {
+		return err
+	}
+	off := 0
+	for i := range n {
+		for k := range rc[i] {
+			if want := int32(i*100_000_000 + r*1_000_000 + k); recv[off+k] != want {
+				return fmt.Errorf("rank %d, scale %d: element %d of the block from %d is %d, want %d", r, scale, k, i, recv[off+k], want)
+			}
+		}
+		off += rc[i]
+	}
+	for i := total; i < len(recv); i++ {
+		if recv[i] != -7 {
+			return fmt.Errorf("rank %d, scale %d: element %d past the blocks was written (%d)", r, scale, i, recv[i])
+		}
+	}
+	return nil
 }
 
 // Counts that disagree between the ends of a block are an error on every

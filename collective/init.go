@@ -187,24 +187,43 @@ func Init(ctx context.Context, id UniqueID, nranks, rank int, opts ...Option) (*
 	if err != nil {
 		return nil, err
 	}
-	return initProcs(ctx, id, nranks, rank, cfg, lookup)
+	return initProcs(ctx, id, nranks, rank, cfg, lookup, nil)
 }
 
-func initProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, lookup func(string) (string, bool)) (*Comm, error) {
-	return buildProcs(ctx, id, nranks, rank, cfg, lookup, func(ctx context.Context, info wire.PeerInfo) (wire.Table, *bootstrap.Watch, error) {
-		return bootstrap.JoinWatch(ctx, id.addr, id.secret[:], info, bootstrap.WithTLS(cfg.tls))
+func initProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, lookup func(string) (string, bool), facts *hostFacts) (*Comm, error) {
+	return buildProcs(ctx, id, nranks, rank, cfg, lookup, facts, func(ctx context.Context, info wire.PeerInfo) (meeting, error) {
+		t, w, err := bootstrap.JoinWatch(ctx, id.addr, id.secret[:], info, bootstrap.WithTLS(cfg.tls))
+		return meeting{table: t, watch: readyWatch(w)}, err
 	})
 }
 
 // rendezvous trades this rank's PeerInfo for the job's table: with the
 // root at init, through the old communicator's root connection at a
-// shrink.
-type rendezvous func(ctx context.Context, info wire.PeerInfo) (wire.Table, *bootstrap.Watch, error)
+// shrink, over the parent's connections at a split.
+type rendezvous func(ctx context.Context, info wire.PeerInfo) (meeting, error)
+
+// meeting is what a rendezvous gives: the table, and the watched
+// connection to the root, which a split child's rank joins while its
+// transports come up (watch waits for it; it may return nil: no watch).
+type meeting struct {
+	table    wire.Table
+	rootAddr string // the root's, when it is not the UniqueID's (a split child's)
+	watch    func() (*bootstrap.Watch, error)
+	abandon  func() // the setup failed before watch was called
+	// later: the communicator is ready before the watch; it takes the
+	// watch when it comes (Comm.watchLater), and cancel gives up on it.
+	later  bool
+	cancel func()
+}
+
+func readyWatch(w *bootstrap.Watch) func() (*bootstrap.Watch, error) {
+	return func() (*bootstrap.Watch, error) { return w, nil }
+}
 
 // buildProcs makes a communicator between processes: listeners, the
 // rendezvous, then the transports to every peer. The table decides this
 // rank's place (a shrink renumbers the survivors).
-func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, lookup func(string) (string, bool), rdv rendezvous) (*Comm, error) {
+func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, lookup func(string) (string, bool), facts *hostFacts, rdv rendezvous) (*Comm, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, cfg.InitTimeout)
@@ -217,30 +236,13 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	if mode == TransportShm && !shm.Supported {
 		return fail(fmt.Errorf("%w: GOCCL_TRANSPORT=shm: %v", ErrInvalidArgument, shm.ErrUnsupported))
 	}
-	ifs, err := netif.System()
-	if err != nil {
-		return fail(err)
-	}
-	addrs, err := netif.Select(ifs, cfg.SocketIfname)
-	if err != nil {
-		return fail(err)
-	}
-	if cfg.SocketIfname == "" && loopbackRoot(id.addr) {
-		// The root is reachable from this host only, so every rank is
-		// here: listen on loopback, not on an interface others can reach.
-		addrs = loopbackAddrs(id.addr)
-	}
-	var gpu Device // this rank's, if any: its NIC is the nearest one (nearnic.go)
-	if len(cfg.devices) == 1 {
-		gpu = cfg.devices[0]
-	}
-	near := newGPUNICs("/", gpu)
-	if cfg.SocketIfname != "" && (mode == TransportAuto || mode == TransportTCP) {
-		var why string
-		if addrs, why = near.narrow(addrs); why != "" {
-			slog.Info("goccl: TCP on the NICs nearest this rank's GPU", "rank", rank, "nics", why)
+	if facts == nil {
+		var err error
+		if facts, err = localFacts(id, rank, cfg, lookup); err != nil {
+			return fail(err)
 		}
 	}
+	addrs, near, nics := facts.addrs, facts.near, facts.nics
 	// Both listeners exist before this rank is announced, so that a peer
 	// that dials at once finds them.
 	ln, err := net.Listen("tcp", net.JoinHostPort(addrs[0].Host(), "0"))
@@ -259,9 +261,7 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 			l.Close()
 		}
 	}
-	nics := []netif.Addr{addrs[0]}
-	if cfg.SocketIfname != "" && (mode == TransportAuto || mode == TransportTCP) {
-		nics = netif.PerInterface(addrs)
+	if len(nics) > 1 {
 		for _, a := range nics[1:] {
 			l, err := net.Listen("tcp", net.JoinHostPort(a.Host(), "0"))
 			if err != nil {
@@ -313,26 +313,8 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 			vport.Ctx.Close()
 		}
 	}
-	hostID := cfg.HostID
-	if hostID == "" {
-		if hostID, err = netif.HostID(lookup); err != nil {
-			closeListeners()
-			return fail(err)
-		}
-	}
-	summary := hostSummary{CPUs: runtime.NumCPU(), NetNS: netNamespace()}
-	// Each interface's speed (sysfs), for the tuner and the INFO summary;
-	// NetMbps is their sum, 0 when any is unknown.
-	nicSpeeds := make([]float64, len(nics)) // bytes per second; 0 unknown
-	netBW, known := 0.0, true
-	for i, a := range nics {
-		var ok bool
-		nicSpeeds[i], ok = netif.Speed(a.Iface)
-		netBW, known = netBW+nicSpeeds[i], known && ok
-	}
-	if known {
-		summary.NetMbps = uint32(min(netBW*8/1e6, math.MaxUint32))
-	}
+	hostID, nicSpeeds := facts.hostID, facts.nicSpeeds
+	summary := hostSummary{CPUs: runtime.NumCPU(), NetNS: facts.netNS, NetMbps: facts.netMbps}
 	for i, l := range nicLns {
 		summary.NICs = append(summary.NICs, l.Addr().String())
 		summary.NICNames = append(summary.NICNames, nics[i+1].Iface)
@@ -346,15 +328,24 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	}
 	info := wire.PeerInfo{Rank: uint32(rank), NRanks: uint32(nranks), PID: uint32(os.Getpid()),
 		HostID: hostID, DataAddr: ln.Addr().String(), Version: Version, Topology: summary.encode()}
-	table, watch, err := rdv(ctx, info)
+	m, err := rdv(ctx, info)
 	if err != nil {
 		closeListeners()
 		return fail(err)
 	}
+	table := m.table
+	if m.rootAddr != "" {
+		id.addr = m.rootAddr
+	}
+	var watch *bootstrap.Watch
+	watched := false // m.watch has been called
 	baseFail := fail
 	fail = func(err error) (*Comm, error) {
-		if watch != nil {
+		switch {
+		case watch != nil:
 			watch.Close()
+		case !watched && m.abandon != nil:
+			m.abandon()
 		}
 		return baseFail(err)
 	}
@@ -535,8 +526,10 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		rep.all = append(rep.all, ep)
 		if nShm == nranks-1 {
 			// Every rank is on this host: small all-reduces go on a board
-			// they all share (transport/shm's JoinBoard).
-			if err := ep.JoinBoard(ctx); err != nil {
+			// they all share (transport/shm's JoinBoard), joined while
+			// the communicator gets ready (the engine waits for it at the
+			// first collective).
+			if err := ep.StartBoard(); err != nil {
 				rep.Close(err)
 				return fail(err)
 			}
@@ -574,6 +567,13 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		link.Bandwidth = min(link.Bandwidth, tcpNICBound(table.Peers, tcpRanks)/float64(link.MaxChannels))
 	}
 	intra := intraLink(table.Peers, link)
+	if m.watch != nil && !m.later {
+		watched = true
+		if watch, err = m.watch(); err != nil {
+			ep.Close(err)
+			return fail(err)
+		}
+	}
 	c, err := newComm(rank, nranks, cfg, ep, link, dev, hostLabels(table.Peers), intra)
 	if err != nil {
 		ep.Close(err)
@@ -592,12 +592,82 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		c.ibPort = vport.String()
 		c.ibDevicePath = ibDevicePath
 	}
-	c.id, c.lookup = id, lookup
-	if watch != nil {
+	c.id, c.lookup, c.facts = id, lookup, facts
+	switch {
+	case watch != nil:
 		c.startWatch(watch)
+	case m.later:
+		watched = true
+		c.watchLater(m.watch, m.cancel)
 	}
 	c.logReady()
 	return c, nil
+}
+
+// hostFacts are what a rank learns about its host before it listens:
+// where to listen, which interfaces TCP stripes over and how fast they
+// are, which host it is. Init reads them (netif, sysfs, /proc); a Split
+// child takes its parent's, which are the same process's.
+type hostFacts struct {
+	addrs     []netif.Addr // where this rank listens, best first
+	near      gpuNICs      // the NICs nearest this rank's GPU
+	nics      []netif.Addr // one per interface TCP spreads over (addrs[0]'s first)
+	nicSpeeds []float64    // nics' speeds, bytes per second; 0 unknown
+	netMbps   uint32       // their sum, 0 when any is unknown
+	hostID    string
+	netNS     string
+}
+
+func localFacts(id UniqueID, rank int, cfg Config, lookup func(string) (string, bool)) (*hostFacts, error) {
+	ifs, err := netif.System()
+	if err != nil {
+		return nil, err
+	}
+	addrs, err := netif.Select(ifs, cfg.SocketIfname)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.SocketIfname == "" && loopbackRoot(id.addr) {
+		// The root is reachable from this host only, so every rank is
+		// here: listen on loopback, not on an interface others can reach.
+		addrs = loopbackAddrs(id.addr)
+	}
+	var gpu Device // this rank's, if any: its NIC is the nearest one (nearnic.go)
+	if len(cfg.devices) == 1 {
+		gpu = cfg.devices[0]
+	}
+	f := &hostFacts{near: newGPUNICs("/", gpu), hostID: cfg.HostID, netNS: netNamespace()}
+	mode := cfg.Transport
+	tcpToo := mode == TransportAuto || mode == TransportTCP
+	if cfg.SocketIfname != "" && tcpToo {
+		var why string
+		if addrs, why = f.near.narrow(addrs); why != "" {
+			slog.Info("goccl: TCP on the NICs nearest this rank's GPU", "rank", rank, "nics", why)
+		}
+	}
+	f.addrs, f.nics = addrs, []netif.Addr{addrs[0]}
+	if cfg.SocketIfname != "" && tcpToo {
+		// A GOCCL_SOCKET_IFNAME that names several interfaces spreads each
+		// TCP connection's sockets over them (a listener on each).
+		f.nics = netif.PerInterface(addrs)
+	}
+	if f.hostID == "" {
+		if f.hostID, err = netif.HostID(lookup); err != nil {
+			return nil, err
+		}
+	}
+	// Each interface's speed (sysfs), for the tuner and the INFO summary.
+	f.nicSpeeds = make([]float64, len(f.nics))
+	netBW, known := 0.0, true
+	for i, a := range f.nics {
+		var ok bool
+		f.nicSpeeds[i], ok = netif.Speed(a.Iface)
+		netBW, known = netBW+f.nicSpeeds[i], known && ok
+	}
+	if known {
+		f.netMbps = uint32(min(netBW*8/1e6, math.MaxUint32))
+	}
+	return f, nil
 }
 
 // InitFromEnv joins the job a launcher started this process in. It reads,
@@ -658,7 +728,7 @@ func InitFromEnv(ctx context.Context, opts ...Option) (*Comm, error) {
 			if err != nil {
 				return nil, fmt.Errorf("goccl: rank 0 hosts the root at %s: %w", env.Root, err)
 			}
-			c, err := initProcs(ctx, id, env.Size, env.Rank, cfg, lookup)
+			c, err := initProcs(ctx, id, env.Size, env.Rank, cfg, lookup, nil)
 			if err != nil {
 				r.Close()
 				if rerr := r.Err(); rerr != nil && !errors.Is(err, rerr) {
@@ -668,7 +738,7 @@ func InitFromEnv(ctx context.Context, opts ...Option) (*Comm, error) {
 			return c, err
 		}
 	}
-	return initProcs(ctx, id, env.Size, env.Rank, cfg, lookup)
+	return initProcs(ctx, id, env.Size, env.Rank, cfg, lookup, nil)
 }
 
 var unauthenticatedWarning sync.Once

@@ -720,6 +720,10 @@ func childMain(scenario string) int {
 		return childP2P(ctx, c)
 	case "split":
 		return childSplit(ctx, c)
+	case "splitclose":
+		return childSplitThenClose(ctx, c)
+	case "splitidlekill":
+		return childSplitIdleDeath(ctx, c)
 	case "kill":
 		victim, _ := strconv.Atoi(os.Getenv("GOCCL_TEST_VICTIM"))
 		count, _ := strconv.Atoi(os.Getenv("GOCCL_TEST_COUNT"))
@@ -799,6 +803,13 @@ func childCollectives(ctx context.Context, c *collective.Comm) error {
 	for i, v := range in {
 		if v != uint32(prev*7+i) {
 			return fmt.Errorf("recv element %d = %d, want %d", i, v, prev*7+i)
+		}
+	}
+	// Uneven all-to-alls: blocks of a few elements, then of up to 120 000
+	// (several slots, pieces and channels), some empty.
+	for _, scale := range []int{1, 300} {
+		if err := checkAllToAllv(ctx, c, scale); err != nil {
+			return err
 		}
 	}
 	return c.Barrier(ctx)

@@ -11,6 +11,7 @@ import (
 	"sync"
 
 	"github.com/goccl/goccl/internal/bootstrap"
+	"github.com/goccl/goccl/internal/wire"
 )
 
 // NoColor is the color of a rank that takes part in Split but joins no
@@ -25,11 +26,16 @@ const NoColor = -1
 // A child is a full communicator: every collective, Start*, the
 // point-to-point lanes, the flight recorder, the heartbeat, failure
 // propagation and Shrink work on it as on one made by Init. Between
-// processes each child has a bootstrap root of its own, hosted by its
-// rank 0's process (the parent's connections carry the exchange of colors
-// and of the root's address, then the child connects on its own), so a
-// child learns of a member that dies, or stops answering, exactly as fast
-// as a parent does. Parent and children may be used in turn, and from
+// processes the parent's connections carry what the child needs (the
+// colors, then each member's PeerInfo and the address of the child's
+// bootstrap root, hosted by its rank 0's process), and each member takes
+// the parent's view of its host: no trip to a root, no interface scan.
+// Split returns once the child's transports are up; its board (one host)
+// and its watch (the connection to its root) are joined in the
+// background. Until the watch has come (a few milliseconds) a member that
+// dies is seen on the child's connections only; after, a child learns of
+// a member that dies, or stops answering, exactly as fast as a parent
+// does. Parent and children may be used in turn, and from
 // different goroutines, each in its own issue order. A failure in one
 // does not abort the others: an Abort, a timeout or a mismatch on a child
 // leaves the parent and its siblings usable, and the reverse; a rank
@@ -79,13 +85,18 @@ func (c *Comm) Split(ctx context.Context, color, key int) (*Comm, error) {
 	if c.peers == nil {
 		return c.splitLocal(ctx, seq, color, members, rank)
 	}
-	return c.splitProcs(ctx, seq, color, all, members, rank)
+	return c.splitProcs(ctx, seq, color, members, rank)
 }
 
-// splitProcs makes the child between processes: its rank 0 starts a root,
-// the parent's ranks all-gather the roots' ports, and every member joins
-// its root as Init does.
-func (c *Comm) splitProcs(ctx context.Context, seq uint64, color int, all []int64, members []int, rank int) (*Comm, error) {
+// splitProcs makes the child between processes. The parent's ranks
+// trade what a child needs over the parent's own connections (two small
+// all-gathers: each rank's PeerInfo with its new listeners, and the port
+// of the root that each child's rank 0 starts), so the child's table is
+// ready without a trip to a root. Split returns once the child's
+// transports are up; each member joins the root for the watch in the
+// background (Comm.watchLater). The host facts (interfaces, their
+// speeds, the host's id) are the parent's.
+func (c *Comm) splitProcs(ctx context.Context, seq uint64, color int, members []int, rank int) (*Comm, error) {
 	fail := func(err error) (*Comm, error) {
 		return nil, fmt.Errorf("goccl: rank %d: split: %w", c.rank, err)
 	}
@@ -97,31 +108,79 @@ func (c *Comm) splitProcs(ctx context.Context, seq uint64, color int, all []int6
 		root, rootErr = bootstrap.StartRoot(net.JoinHostPort(c.dataHost(c.rank), "0"), bootstrap.RootOptions{
 			Secret: id.secret[:], Version: Version, Timeout: c.cfg.InitTimeout, Watch: true, TLS: c.cfg.tls, Heartbeat: heartbeatOf(c.cfg)})
 		if rootErr != nil {
-			port = -1 // the members hear of it below
+			port = -1 // the members hear of it in the exchange
 		} else {
 			_, p, _ := net.SplitHostPort(root.Addr().String())
 			fmt.Sscan(p, &port)
 		}
 	}
-	ports := make([]int64, c.size)
-	if err := AllGather(ctx, c, []int64{port}, ports); err != nil {
-		if root != nil {
-			root.Close()
-		}
-		return fail(err)
-	}
 	if color == NoColor {
+		// No child here, but the members' exchange is the parent's.
+		if _, _, err := c.splitExchange(ctx, port, nil); err != nil {
+			return fail(err)
+		}
 		return nil, nil
 	}
-	if rootErr != nil {
-		return fail(fmt.Errorf("starting the new communicator's bootstrap root: %w", rootErr))
-	}
-	leader := members[0]
-	if ports[leader] <= 0 {
-		return fail(fmt.Errorf("rank %d (the new communicator's rank 0) could not start its bootstrap root", leader))
-	}
-	id.addr = net.JoinHostPort(c.dataHost(leader), fmt.Sprint(ports[leader]))
-	child, err := initProcs(ctx, id, len(members), rank, c.cfg, c.lookup)
+	child, err := buildProcs(ctx, id, len(members), rank, c.cfg, c.lookup, c.facts, func(ctx context.Context, info wire.PeerInfo) (meeting, error) {
+		ports, infos, err := c.splitExchange(ctx, port, info.Append(nil))
+		if err != nil {
+			return meeting{}, err
+		}
+		if rootErr != nil {
+			return meeting{}, fmt.Errorf("starting the new communicator's bootstrap root: %w", rootErr)
+		}
+		leader := members[0]
+		if ports[leader] <= 0 {
+			return meeting{}, fmt.Errorf("rank %d (the new communicator's rank 0) could not start its bootstrap root", leader)
+		}
+		m := meeting{rootAddr: net.JoinHostPort(c.dataHost(leader), fmt.Sprint(ports[leader]))}
+		for i, r := range members {
+			p, _, err := wire.ParsePeerInfo(infos[r])
+			if err == nil && (int(p.Rank) != i || int(p.NRanks) != len(members)) {
+				err = fmt.Errorf("it says rank %d of %d, want %d of %d", p.Rank, p.NRanks, i, len(members))
+			}
+			if err != nil {
+				return meeting{}, fmt.Errorf("rank %d's part of the exchange: %w", r, err)
+			}
+			m.table.Peers = append(m.table.Peers, p)
+		}
+		// The watched connection to the child's root, joined in the
+		// background: the child is ready before (Comm.watchLater).
+		joinCtx, cancel := context.WithTimeout(context.Background(), c.cfg.InitTimeout)
+		m.later = true
+		type joined struct {
+			t   wire.Table
+			w   *bootstrap.Watch
+			err error
+		}
+		done := make(chan joined, 1)
+		go func() {
+			t, w, err := bootstrap.JoinWatch(joinCtx, m.rootAddr, id.secret[:], info, bootstrap.WithTLS(c.cfg.tls))
+			done <- joined{t, w, err}
+		}()
+		m.watch = func() (*bootstrap.Watch, error) {
+			defer cancel()
+			j := <-done
+			if j.err != nil {
+				return nil, fmt.Errorf("joining the new communicator's bootstrap root: %w", j.err)
+			}
+			if !sameTable(j.t, m.table) {
+				j.w.Close()
+				return nil, errOtherTable
+			}
+			return j.w, nil
+		}
+		m.cancel = cancel
+		m.abandon = func() {
+			cancel()
+			go func() {
+				if j := <-done; j.w != nil {
+					j.w.Close()
+				}
+			}()
+		}
+		return m, nil
+	})
 	if err != nil {
 		if root != nil {
 			root.Close()
@@ -129,6 +188,48 @@ func (c *Comm) splitProcs(ctx context.Context, seq uint64, color int, all []int6
 		return fail(err)
 	}
 	return child, nil
+}
+
+// splitExchange all-gathers every parent rank's root port and its
+// PeerInfo for the child (empty from a rank with no child) over c, and
+// returns them by parent rank.
+func (c *Comm) splitExchange(ctx context.Context, port int64, info []byte) ([]int64, [][]byte, error) {
+	mine := []int64{port, int64(len(info))}
+	all := make([]int64, 2*c.size)
+	if err := AllGather(ctx, c, mine, all); err != nil {
+		return nil, nil, err
+	}
+	most := int64(0)
+	for r := range c.size {
+		if l := all[2*r+1]; l < 0 || l > wire.MaxFrame {
+			return nil, nil, fmt.Errorf("rank %d's PeerInfo would be %d bytes", r, l)
+		} else {
+			most = max(most, l)
+		}
+	}
+	blob := make([]byte, int(most))
+	copy(blob, info)
+	blobs := make([]byte, c.size*int(most))
+	if most > 0 {
+		if err := AllGather(ctx, c, blob, blobs); err != nil {
+			return nil, nil, err
+		}
+	}
+	ports := make([]int64, c.size)
+	infos := make([][]byte, c.size)
+	for r := range c.size {
+		ports[r] = all[2*r]
+		infos[r] = blobs[r*int(most) : r*int(most)+int(all[2*r+1])]
+	}
+	return ports, infos, nil
+}
+
+// sameTable reports whether two tables name the same ranks in the same
+// order.
+func sameTable(a, b wire.Table) bool {
+	return slices.EqualFunc(a.Peers, b.Peers, func(p, q wire.PeerInfo) bool {
+		return p.Rank == q.Rank && p.PID == q.PID && p.HostID == q.HostID && p.DataAddr == q.DataAddr
+	})
 }
 
 // dataHost is the address rank r's data listener is on: where this rank

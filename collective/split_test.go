@@ -5,6 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -180,6 +184,131 @@ func TestMultiProcessSplit(t *testing.T) {
 			t.Logf("rank 0: %s", res[0].output)
 		})
 	}
+}
+
+// TestMultiProcessSplitThenClose: children closed right after Split,
+// while their boards and watches are still being joined in the
+// background, many times over: nothing hangs, no connection is dropped
+// half-way (the peers would log it), and no goroutine is left.
+func TestMultiProcessSplitThenClose(t *testing.T) {
+	for _, tr := range transports() {
+		t.Run(tr, func(t *testing.T) {
+			res := spawn(t, "splitclose", gocclEnvs(t, 4, transportEnv(t, tr)...), nil)
+			requireAllOK(t, res)
+			for _, r := range res {
+				require.Contains(t, r.output, "split and closed 30 times", "rank %d", r.rank)
+				require.NotContains(t, r.output, "dropped", "rank %d: a hand-over broken by a close", r.rank)
+				require.NotContains(t, r.output, "no watch", "rank %d", r.rank)
+			}
+			t.Logf("rank 0: %s", res[0].output)
+		})
+	}
+}
+
+func childSplitThenClose(ctx context.Context, c *collective.Comm) int {
+	fail := func(err error) int {
+		fmt.Fprintf(os.Stderr, "FAIL: %v\n", err)
+		return 1
+	}
+	before := runtime.NumGoroutine()
+	start := time.Now()
+	for i := range 30 {
+		color := 0
+		if i%2 == 1 {
+			color = c.Rank() % 2
+		}
+		child, err := c.Split(ctx, color, c.Rank())
+		if err != nil {
+			return fail(err)
+		}
+		if i%3 == 2 {
+			// Some used at once, before their board has come.
+			v := []int64{1}
+			if err := collective.AllReduce(ctx, child, v, v, collective.Sum); err != nil || v[0] != int64(child.Size()) {
+				return fail(errors.Join(err, fmt.Errorf("sum %d on a child of %d", v[0], child.Size())))
+			}
+		}
+		t0 := time.Now()
+		if err := child.Close(); err != nil {
+			return fail(err)
+		}
+		if d := time.Since(t0); d > 500*time.Millisecond {
+			return fail(fmt.Errorf("split %d: Close took %v", i, d))
+		}
+	}
+	if err := c.Barrier(ctx); err != nil {
+		return fail(err)
+	}
+	took := time.Since(start)
+	// The children's goroutines end with their Close; a root's, in the
+	// process of a child's rank 0, once every member has said goodbye.
+	deadline := time.Now().Add(5 * time.Second)
+	for runtime.NumGoroutine() > before+2 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if g := runtime.NumGoroutine(); g > before+2 {
+		return fail(fmt.Errorf("%d goroutines after 30 splits and closes, %d before", g, before))
+	}
+	fmt.Printf("split and closed 30 times in %v; goroutines %d before, %d after\n", took.Round(time.Millisecond), before, runtime.NumGoroutine())
+	return 0
+}
+
+// TestMultiProcessSplitIdleDeath: a member of an idle child dies; the
+// child's other members learn it from the child's own watch (joined after
+// Split returned) within 3 s, naming the member by its rank in the child.
+func TestMultiProcessSplitIdleDeath(t *testing.T) {
+	const n, victim = 4, 3 // parent rank 3 is rank 1 of the odd child
+	res := spawn(t, "splitidlekill", gocclEnvs(t, n, "GOCCL_TEST_VICTIM="+strconv.Itoa(victim)), nil)
+	for _, r := range res {
+		if r.rank == victim {
+			require.NotEqual(t, 0, r.code)
+			continue
+		}
+		require.Equal(t, 0, r.code, "rank %d:\n%s", r.rank, r.output)
+		t.Logf("rank %d: %s", r.rank, strings.TrimSpace(r.output))
+		if r.rank%2 == 1 {
+			require.Contains(t, r.output, "child learned after", "rank %d", r.rank)
+		}
+	}
+}
+
+func childSplitIdleDeath(ctx context.Context, c *collective.Comm) int {
+	fail := func(format string, args ...any) int {
+		fmt.Fprintf(os.Stderr, "FAIL: "+format+"\n", args...)
+		return 1
+	}
+	victim, _ := strconv.Atoi(os.Getenv("GOCCL_TEST_VICTIM"))
+	child, err := c.Split(ctx, c.Rank()%2, c.Rank())
+	if err != nil {
+		return fail("split: %v", err)
+	}
+	defer child.Close()
+	if err := child.Barrier(ctx); err != nil {
+		return fail("barrier: %v", err)
+	}
+	if c.Rank() == victim {
+		time.Sleep(200 * time.Millisecond)
+		syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	}
+	if c.Rank()%2 != victim%2 {
+		return 0 // the other child: nothing to learn
+	}
+	start := time.Now()
+	select {
+	case <-child.Context().Done():
+	case <-time.After(20 * time.Second):
+		return fail("no news of the victim's death on the child after 20 s")
+	}
+	cause := context.Cause(child.Context())
+	want := fmt.Sprintf("rank %d", victim/2) // its rank in the odd child
+	if !strings.Contains(cause.Error(), want) {
+		return fail("the cause does not name %s: %v", want, cause)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		return fail("learned after %v", d)
+	}
+	fmt.Printf("child learned after %v: %v\n", time.Since(start), cause)
+	return 0
 }
 
 func childSplit(ctx context.Context, c *collective.Comm) int {

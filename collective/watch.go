@@ -19,6 +19,56 @@ import (
 // rank, in milliseconds, instead of at their next operation that needs
 // it or at its timeout.
 
+// watchLater starts the watch of a communicator that was ready before
+// its watched connection to the root (a split child's): join waits for
+// that connection. Until it has come, failures travel on the data path
+// only (a peer that dies is seen on its connections), an abort is not
+// told to the root (the join tells it, once it comes) and Shrink waits
+// for it. Close waits for it for a while (joinGrace), then gives up on
+// it (cancel ends join).
+func (c *Comm) watchLater(join func() (*bootstrap.Watch, error), cancel func()) {
+	ready := make(chan struct{})
+	c.watchReady, c.abandonWatch = ready, cancel
+	go func() {
+		defer close(ready)
+		w, err := join()
+		if err != nil {
+			if !c.ended.Load() {
+				c.logger(SubsysInit).Warn("goccl: this communicator has no watch over its bootstrap root: a failure reaches this rank on its connections only", "rank", c.rank, "err", err)
+			}
+			if errors.Is(err, errOtherTable) {
+				c.abort(err)
+			}
+			return
+		}
+		c.startWatch(w)
+		if c.ended.Load() && c.ctx.Err() != nil {
+			// Aborted before the watch came: tell the root now.
+			if cause := context.Cause(c.ctx); !errors.Is(cause, ErrClosed) {
+				c.told.Do(func() {})
+				w.Abort(cause.Error())
+			}
+		}
+	}()
+}
+
+// errOtherTable: a split child's root has another table than the ranks
+// traded.
+var errOtherTable = errors.New("the new communicator's root has another table than the ranks exchanged")
+
+// rootConn returns the watched connection to the root: nil when there is
+// none, or none yet (watchLater).
+func (c *Comm) rootConn() *bootstrap.Watch {
+	if c.watchReady != nil {
+		select {
+		case <-c.watchReady:
+		default:
+			return nil
+		}
+	}
+	return c.rootWatch
+}
+
 // startWatch takes over a rank's watched connection to the root.
 func (c *Comm) startWatch(w *bootstrap.Watch) {
 	c.rootWatch = w
@@ -169,10 +219,9 @@ func (c *Comm) watchRoot(w *bootstrap.Watch, timeout time.Duration) {
 
 // tellRoot tells the root this rank aborts (once, from abort).
 func (c *Comm) tellRoot(cause error) {
-	if c.rootWatch == nil {
-		return
+	if w := c.rootConn(); w != nil {
+		w.Abort(cause.Error()) // best effort: at most a second
 	}
-	c.rootWatch.Abort(cause.Error()) // best effort: at most a second
 }
 
 // silence keeps this rank's coming abort from being told to the root.
@@ -180,6 +229,14 @@ func (c *Comm) silence() { c.told.Do(func() {}) }
 
 // leaveWatch says goodbye to the root and waits for the watcher to end.
 func (c *Comm) leaveWatch() {
+	if ready := c.watchReady; ready != nil {
+		select {
+		case <-ready:
+		case <-time.After(joinGrace):
+			c.abandonWatch()
+			<-ready
+		}
+	}
 	if c.rootWatch == nil {
 		return
 	}
@@ -213,25 +270,36 @@ func (c *Comm) Shrink(ctx context.Context) (*Comm, error) {
 	if ctx == nil {
 		return nil, c.argError("shrink", "nil context")
 	}
+	if ready := c.watchReady; ready != nil {
+		select {
+		case <-ready:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("goccl: rank %d: shrink: waiting for the watch over the bootstrap root: %w", c.rank, context.Cause(ctx))
+		}
+	}
 	if c.rootWatch == nil {
-		return nil, c.argError("shrink", "needs a communicator made by Init or InitFromEnv (this one has no root to meet the survivors at)")
+		return nil, c.argError("shrink", "needs a communicator with a bootstrap root to meet the survivors at (made by Init, InitFromEnv or Split, whose watch came)")
 	}
 	c.silence() // the others are shrinking too: nothing to tell
 	c.abort(ErrShrunk)
-	return buildProcs(ctx, c.id, c.size, c.rank, c.cfg, c.lookup, func(ctx context.Context, info wire.PeerInfo) (wire.Table, *bootstrap.Watch, error) {
+	return buildProcs(ctx, c.id, c.size, c.rank, c.cfg, c.lookup, c.facts, func(ctx context.Context, info wire.PeerInfo) (meeting, error) {
 		if err := c.rootWatch.Shrink(info); err != nil {
-			return wire.Table{}, nil, fmt.Errorf("asking the root for a shrink: %w", err)
+			return meeting{}, fmt.Errorf("asking the root for a shrink: %w", err)
 		}
 		select {
 		case t := <-c.shrunk:
-			return *t, nil, nil
+			return meeting{table: *t}, nil
 		case <-c.watchExit:
-			return wire.Table{}, nil, errors.New("lost the connection to the root while shrinking (did its process exit?)")
+			return meeting{}, errors.New("lost the connection to the root while shrinking (did its process exit?)")
 		case <-ctx.Done():
-			return wire.Table{}, nil, fmt.Errorf("waiting for the other survivors to shrink: %w", context.Cause(ctx))
+			return meeting{}, fmt.Errorf("waiting for the other survivors to shrink: %w", context.Cause(ctx))
 		}
 	})
 }
+
+// joinGrace bounds how long Close waits for a watch that is still being
+// joined (watchLater) before it abandons it.
+const joinGrace = 2 * time.Second
 
 // heartbeatOf is the heartbeat timeout cfg asks for; 0: none.
 func heartbeatOf(cfg Config) time.Duration {

@@ -249,6 +249,14 @@ type Board interface {
 	Read(ctx context.Context, r int, seq uint64) (sig uint32, data []byte, posted bool, err error)
 }
 
+// BoardJoiner is implemented by a Board that is still being set up when
+// the endpoint hands it out (shared memory's joins in the background
+// while the communicator is made). Joined waits until it is ready, or
+// fails; no other method may be called before Joined has succeeded.
+type BoardJoiner interface {
+	Joined(ctx context.Context) error
+}
+
 // BoardHolder is implemented by endpoints that may share a Board among
 // all of a communicator's ranks.
 type BoardHolder interface {

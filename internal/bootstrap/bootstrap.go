@@ -99,6 +99,10 @@ type Root struct {
 	log  *slog.Logger
 	done chan struct{}
 	wg   sync.WaitGroup // accept loop and connection goroutines
+	// quiet is closed once the heartbeat has nobody left to ping (every
+	// rank gone, or Close): it ends at once, not at its next tick.
+	quiet     chan struct{}
+	quietOnce sync.Once
 
 	drops handshake.DropLog // sampled: a stranger hammering the port cannot flood the log
 
@@ -149,7 +153,7 @@ func StartRoot(addr string, opts RootOptions) (*Root, error) {
 	if opts.Timeout <= 0 {
 		opts.Timeout = DefaultRootTimeout
 	}
-	r := &Root{ln: ln, opts: opts, log: opts.Logger, done: make(chan struct{}), conns: map[net.Conn]struct{}{}}
+	r := &Root{ln: ln, opts: opts, log: opts.Logger, done: make(chan struct{}), quiet: make(chan struct{}), conns: map[net.Conn]struct{}{}}
 	if r.log == nil {
 		r.log = slog.Default()
 	}
@@ -182,6 +186,7 @@ func (r *Root) Close() error {
 	r.fail(errors.New("the root was closed before every rank registered"))
 	r.mu.Lock()
 	r.watching = false // the connections end: the ranks just stop watching
+	r.hush()
 	for c := range r.conns {
 		c.Close()
 	}
@@ -418,7 +423,12 @@ func (r *Root) heartbeat() {
 	defer t.Stop()
 	ping := pingFrame(r.opts.Heartbeat)
 	last := time.Now()
-	for range t.C {
+	for {
+		select {
+		case <-t.C:
+		case <-r.quiet:
+			return
+		}
 		r.mu.Lock()
 		if !r.watching || r.gone == r.nranks {
 			r.mu.Unlock()
@@ -751,8 +761,14 @@ func (r *Root) rankGone(rank int, why error) {
 	r.gone++
 	r.out[rank] = true
 	r.checkShrinkLocked()
+	if r.gone == r.nranks {
+		r.hush()
+	}
 	r.mu.Unlock()
 }
+
+// hush ends the heartbeat.
+func (r *Root) hush() { r.quietOnce.Do(func() { close(r.quiet) }) }
 
 func (r *Root) register(reg *registration) error {
 	info := reg.info

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/goccl/goccl/algorithms"
@@ -81,6 +82,60 @@ func (pl *Plan) AlgoName() string {
 		return "board"
 	}
 	return pl.Algo.String()
+}
+
+// awaitBoard waits, before the first collective, for a board that joins
+// in the background (transport.BoardJoiner), failing at once when a peer
+// has gone or goes meanwhile, as dial does for a connection.
+func (e *Engine) awaitBoard(ctx context.Context, op *Op) error {
+	if e.boardUp || e.board == nil || op.Coll == algorithms.CollSend || op.Coll == algorithms.CollRecv {
+		return nil
+	}
+	j, ok := e.board.(transport.BoardJoiner)
+	if !ok {
+		e.boardUp = true
+		return nil
+	}
+	cctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	g := &e.gone
+	id := new(int)
+	g.mu.Lock()
+	for p, err := range g.err {
+		cancel(&transport.PeerError{Peer: p, Op: "board", Err: err})
+	}
+	if g.waiting == nil {
+		g.waiting = map[int]map[*int]context.CancelCauseFunc{}
+	}
+	for p := range e.nranks {
+		if p == e.rank {
+			continue
+		}
+		if g.waiting[p] == nil {
+			g.waiting[p] = map[*int]context.CancelCauseFunc{}
+		}
+		g.waiting[p][id] = func(err error) { cancel(&transport.PeerError{Peer: p, Op: "board", Err: err}) }
+	}
+	g.mu.Unlock()
+	err := j.Joined(cctx)
+	g.mu.Lock()
+	for p := range e.nranks {
+		delete(g.waiting[p], id)
+	}
+	g.mu.Unlock()
+	if err != nil {
+		peer := -1 // rank 0 hands the board to every rank
+		if e.rank != 0 {
+			peer = 0 // and the others wait for it
+		}
+		var pe *transport.PeerError
+		if errors.As(context.Cause(cctx), &pe) {
+			peer = pe.Peer
+		}
+		return &StepError{Channel: 0, Piece: 0, Step: -1, Kind: algorithms.SendRecv, Peer: peer, Err: err}
+	}
+	e.boardUp = true
+	return nil
 }
 
 // markOff records on the board that collective seq runs elsewhere.

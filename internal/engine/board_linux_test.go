@@ -12,6 +12,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 
@@ -27,6 +28,35 @@ import (
 // on one host.
 func shmEngines(t *testing.T, n int, cfg Config) []*Engine {
 	t.Helper()
+	eps := shmEndpoints(t, n)
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for r, ep := range eps {
+		wg.Go(func() { errs[r] = ep.JoinBoard(context.Background()) })
+	}
+	wg.Wait()
+	require.NoError(t, errors.Join(errs...))
+	return boardEngines(t, eps, cfg)
+}
+
+func boardEngines(t *testing.T, eps []*shm.Endpoint, cfg Config) []*Engine {
+	t.Helper()
+	if cfg.MaxChannels == 0 {
+		cfg.MaxChannels = 2
+	}
+	cfg.Link = testLink
+	es := make([]*Engine, len(eps))
+	for r, ep := range eps {
+		var err error
+		es[r], err = New(r, len(eps), ep, cfg)
+		require.NoError(t, err)
+		require.NotNil(t, es[r].board)
+	}
+	return es
+}
+
+func shmEndpoints(t *testing.T, n int) []*shm.Endpoint {
+	t.Helper()
 	lns := make([]*net.UnixListener, n)
 	addrs := make([]string, n)
 	for r := range lns {
@@ -41,25 +71,63 @@ func shmEngines(t *testing.T, n int, cfg Config) []*Engine {
 		eps[r] = ep
 		t.Cleanup(func() { ep.Close(nil) })
 	}
-	var wg sync.WaitGroup
-	errs := make([]error, n)
-	for r, ep := range eps {
-		wg.Go(func() { errs[r] = ep.JoinBoard(context.Background()) })
+	return eps
+}
+
+// f32Bytes is v's memory.
+func f32Bytes(v []float32) []byte { return unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v)) }
+
+// TestBoardJoinedInTheBackground: endpoints that StartBoard (as Init and
+// Split do) hand the engine a board still being joined; the first
+// collective waits for it and runs there, and so does every later one.
+func TestBoardJoinedInTheBackground(t *testing.T) {
+	const n = 3
+	eps := shmEndpoints(t, n)
+	for _, ep := range eps {
+		require.NoError(t, ep.StartBoard())
 	}
-	wg.Wait()
-	require.NoError(t, errors.Join(errs...))
-	if cfg.MaxChannels == 0 {
-		cfg.MaxChannels = 2
+	es := boardEngines(t, eps, Config{})
+	_, joining := es[1].board.(transport.BoardJoiner)
+	require.True(t, joining, "the engine holds the board being joined")
+	for round := range 3 {
+		outs := make([][]float32, n)
+		pls, errs := runPlans(es, context.Background(), func(r int) *Op {
+			outs[r] = []float32{float32(r + round), 1}
+			return &Op{Coll: algorithms.CollAllReduce, Type: kernels.Float32, Red: kernels.Sum, Count: 2,
+				In: memory.HostBuffer(f32Bytes(outs[r])), Out: memory.HostBuffer(f32Bytes(outs[r]))}
+		})
+		require.NoError(t, errors.Join(errs...))
+		for r := range n {
+			require.True(t, pls[r].OnBoard(), "round %d, rank %d on the board", round, r)
+			require.Equal(t, []float32{float32(3 + 3*round), 3}, outs[r], "round %d, rank %d", round, r)
+		}
 	}
-	cfg.Link = testLink
-	es := make([]*Engine, n)
-	for r, ep := range eps {
-		var err error
-		es[r], err = New(r, n, ep, cfg)
-		require.NoError(t, err)
-		require.NotNil(t, es[r].board)
-	}
-	return es
+}
+
+// TestBoardJoinFailsWhenAPeerGoes: rank 0 never hands the board over;
+// rank 1's first collective waits for it until the communicator learns
+// that rank 0 has gone (PeerGone, from the root's watch), then fails at
+// once, naming rank 0.
+func TestBoardJoinFailsWhenAPeerGoes(t *testing.T) {
+	const n = 2
+	eps := shmEndpoints(t, n)
+	require.NoError(t, eps[1].StartBoard()) // and never rank 0
+	e, err := New(1, n, eps[1], Config{MaxChannels: 2, Link: testLink})
+	require.NoError(t, err)
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		e.PeerGone(0, errors.New("rank 0 closed its communicator"))
+	}()
+	start := time.Now()
+	v := []float32{1}
+	_, err = e.Run(context.Background(), &Op{Coll: algorithms.CollAllReduce, Type: kernels.Float32, Red: kernels.Sum, Count: 1,
+		In: memory.HostBuffer(f32Bytes(v)), Out: memory.HostBuffer(f32Bytes(v))})
+	var se *StepError
+	require.ErrorAs(t, err, &se)
+	require.Equal(t, 0, se.Peer)
+	require.ErrorContains(t, err, "rank 0 closed its communicator")
+	require.Less(t, time.Since(start), 5*time.Second, "at once, not at the setup timeout")
+	eps[1].Close(err) // an abort: it does not wait for the join, as a graceful close would
 }
 
 // runPlans runs op(r) on every engine concurrently and returns the plans.

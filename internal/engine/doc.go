@@ -56,7 +56,10 @@
 // # The board
 //
 // When every rank of the communicator shares one host, the transport may
-// offer a board (transport.Board): memory all of them map. An all-reduce
+// offer a board (transport.Board): memory all of them map, which may
+// still be being joined when the engine gets it (transport.BoardJoiner:
+// the first collective waits for it, and fails at once, naming the peer,
+// when the communicator learns that a peer has gone). An all-reduce
 // of at most Board.Max bytes then skips the connections: each rank posts
 // its input to its entry once and reduces everyone's entries in rank
 // order (board.go). Broadcasts, all-gathers and reduce-scatters that fit

@@ -69,6 +69,13 @@ type Op struct {
 	// Red Sum): the signature says so, so that a rank that sums plainly
 	// against one that pre-multiplies is a mismatch.
 	PreMul bool
+	// InOffs and OutOffs make an all-to-all of uneven blocks (AllToAllv):
+	// block j of In, for rank j, is elements [InOffs[j], InOffs[j+1]), and
+	// block i of Out, from rank i, [OutOffs[i], OutOffs[i+1])
+	// (algorithms.Layout). Count is then the largest block of the whole
+	// exchange, the same on every rank: the plan is made for it. The
+	// caller makes sure that each block's length agrees with its peer's.
+	InOffs, OutOffs []int
 }
 
 // sigPreMul is the operator field of a pre-multiplied sum's signature.
@@ -146,6 +153,7 @@ type Engine struct {
 	boardK    boardKernels
 	boardMine []byte       // a copy of the input, in place
 	boardPeer atomic.Int32 // whom a board operation waits for, for Progress
+	boardUp   bool         // the board is joined (transport.BoardJoiner)
 	// oneShotPeer: whom a one-shot all-reduce waits for (oneshot.go).
 	oneShotPeer atomic.Int32
 }
@@ -217,6 +225,35 @@ func New(rank, nranks int, ep transport.Endpoint, cfg Config) (*Engine, error) {
 		e.board = bh.Board()
 	}
 	return e, nil
+}
+
+// checkBlocks checks an all-to-all's uneven blocks against its buffers.
+func (e *Engine) checkBlocks(op *Op) error {
+	if op.InOffs == nil && op.OutOffs == nil {
+		return nil
+	}
+	if op.Coll != algorithms.CollAllToAll {
+		return fmt.Errorf("uneven blocks on a %v", op.Coll)
+	}
+	es := op.Type.Size()
+	for _, b := range []struct {
+		name string
+		offs []int
+		buf  memory.Buffer
+	}{{"send", op.InOffs, op.In}, {"receive", op.OutOffs, op.Out}} {
+		if len(b.offs) != e.nranks+1 || b.offs[0] != 0 {
+			return fmt.Errorf("%d %s offsets starting at %v for %d ranks; want %d from 0", len(b.offs), b.name, b.offs[:min(1, len(b.offs))], e.nranks, e.nranks+1)
+		}
+		for j := range e.nranks {
+			if k := b.offs[j+1] - b.offs[j]; k < 0 || k > op.Count {
+				return fmt.Errorf("%s block %d has %d elements; want 0 to the largest block, %d", b.name, j, k, op.Count)
+			}
+		}
+		if last := b.offs[e.nranks]; int64(last)*int64(es) > int64(b.buf.Len()) {
+			return fmt.Errorf("%s blocks end at element %d; the buffer holds %d", b.name, last, b.buf.Len()/es)
+		}
+	}
+	return nil
 }
 
 // Bytes is the operation's size on nranks ranks as nccl-tests counts it
@@ -494,7 +531,13 @@ func (e *Engine) Run(ctx context.Context, op *Op) (Plan, error) {
 	if err := e.CheckMemory(op, dev); err != nil {
 		return Plan{}, fmt.Errorf("engine: %w", err)
 	}
+	if err := e.checkBlocks(op); err != nil {
+		return Plan{}, fmt.Errorf("engine: %w", err)
+	}
 	seq := e.nextSeq(op)
+	if err := e.awaitBoard(ctx, op); err != nil {
+		return Plan{Seq: seq}, err
+	}
 	if op.Count == 0 {
 		// Nothing moves, so nothing is checked: like NCCL, a zero count is
 		// a no-op that does not synchronise.
@@ -516,6 +559,12 @@ func (e *Engine) Run(ctx context.Context, op *Op) (Plan, error) {
 		e.lastKey, e.lastPlan = k, &cp
 	}
 	pl.Seq = seq
+	if op.InOffs != nil {
+		// Uneven blocks: the plan is the largest block's, the layout this
+		// call's.
+		pl.layout.InOffs, pl.layout.OutOffs = op.InOffs, op.OutOffs
+		pl.spans = nil
+	}
 	e.markOff(op, seq, pl.Sig)
 	for len(e.runs) < pl.Channels {
 		e.runs = append(e.runs, &chanRun{conns: make([]transport.Conn, e.nranks), sent: make([]uint32, e.nranks), recvd: make([]uint32, e.nranks),
@@ -810,6 +859,9 @@ type StepError struct {
 }
 
 func (e *StepError) Error() string {
+	if e.Step < 0 && e.Peer < 0 {
+		return fmt.Sprintf("channel %d: setting up: %v", e.Channel, e.Err)
+	}
 	if e.Step < 0 {
 		return fmt.Sprintf("channel %d: connecting to rank %d: %v", e.Channel, e.Peer, e.Err)
 	}

@@ -345,30 +345,79 @@ func appendBoardMsg(b []byte, n int) []byte {
 // boardKey files the board among the pending segments.
 var boardKey = connKey{peer: 0, ch: -1}
 
-// Board implements transport.BoardHolder: the board JoinBoard made, or
-// nil.
+// Board implements transport.BoardHolder: the board JoinBoard made, the
+// one StartBoard is joining (a transport.BoardJoiner), or nil.
 func (e *Endpoint) Board() transport.Board {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.board == nil {
-		return nil
+	switch {
+	case e.board != nil:
+		return e.board
+	case e.joining != nil:
+		return e.joining
 	}
-	return e.board
+	return nil
 }
 
 // JoinBoard makes the board every rank of the communicator shares, when
 // all of them are this endpoint's peers (Options.Peers has no gaps):
 // rank 0 creates it and hands it to the others, who wait for it. Every
-// rank must call it, once, before its first operation.
+// rank must call it (or StartBoard), once, before its first operation.
 func (e *Endpoint) JoinBoard(ctx context.Context) error {
+	if err := e.boardPeers(); err != nil || e.o.NRanks < 2 {
+		return err
+	}
+	_, err := e.joinBoard(ctx)
+	return err
+}
+
+// StartBoard is JoinBoard in the background: it returns at once, and
+// Board returns a board whose Joined waits for the join to finish
+// (rank 0's hand-overs, a few round trips between processes each, would
+// otherwise be on the path of making every communicator). The join is
+// bounded by the setup timeout and ends when the endpoint closes.
+func (e *Endpoint) StartBoard() error {
+	if err := e.boardPeers(); err != nil || e.o.NRanks < 2 {
+		return err
+	}
+	j := &joiningBoard{done: make(chan struct{})}
+	e.mu.Lock()
+	switch {
+	case e.closed:
+		e.mu.Unlock()
+		return transport.ErrClosed
+	case e.board != nil || e.joining != nil:
+		e.mu.Unlock()
+		return errors.New("shm: StartBoard called twice")
+	}
+	e.joining = j
+	e.mu.Unlock()
+	go func() {
+		defer close(j.done)
+		ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
+		defer cancel()
+		go func() { // Close ends the join
+			select {
+			case <-e.done:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		j.b, j.err = e.joinBoard(ctx)
+	}()
+	return nil
+}
+
+func (e *Endpoint) boardPeers() error {
 	for r, p := range e.o.Peers {
 		if p == "" && r != e.o.Rank {
 			return fmt.Errorf("shm: rank %d is not a shared-memory peer, so there is no board", r)
 		}
 	}
-	if e.o.NRanks < 2 {
-		return nil
-	}
+	return nil
+}
+
+func (e *Endpoint) joinBoard(ctx context.Context) (*board, error) {
 	var seg *segment
 	var err error
 	if e.o.Rank == 0 {
@@ -377,20 +426,82 @@ func (e *Endpoint) JoinBoard(ctx context.Context) error {
 		seg, _, err = e.awaitIncoming(ctx, boardKey)
 	}
 	if err != nil {
-		return fmt.Errorf("shm: board: %w", err)
+		return nil, fmt.Errorf("shm: board: %w", err)
 	}
 	b := &board{e: e, seg: seg, me: e.o.Rank, n: e.o.NRanks, seen: make([]uint64, e.o.NRanks)}
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed || e.board != nil {
-		seg.detach()
-		if e.closed {
-			return transport.ErrClosed
-		}
-		return errors.New("shm: JoinBoard called twice")
+	closed, cause, twice := e.closed, e.cause, e.board != nil
+	if !closed && !twice {
+		e.board = b
 	}
-	e.board = b
-	return nil
+	e.mu.Unlock()
+	switch {
+	case closed:
+		// Closed meanwhile: the others may have it, and learn from it
+		// that this rank has gone, as from Close.
+		b.leave(cause)
+		return nil, transport.ErrClosed
+	case twice:
+		seg.detach()
+		return nil, errors.New("shm: JoinBoard called twice")
+	}
+	return b, nil
+}
+
+// joiningBoard is the board StartBoard is joining.
+type joiningBoard struct {
+	done chan struct{} // closed when the join has finished; then b or err
+	b    *board
+	err  error
+}
+
+var _ transport.BoardJoiner = (*joiningBoard)(nil)
+
+// Joined implements transport.BoardJoiner.
+func (j *joiningBoard) Joined(ctx context.Context) error {
+	select {
+	case <-j.done:
+		return j.err
+	case <-ctx.Done():
+		return fmt.Errorf("shm: waiting for the board: %w", context.Cause(ctx))
+	}
+}
+
+// joined is the board, once Joined has succeeded.
+func (j *joiningBoard) joined() (*board, error) {
+	select {
+	case <-j.done:
+		if j.err != nil {
+			return nil, j.err
+		}
+		return j.b, nil
+	default:
+		return nil, errors.New("shm: the board is used before it is joined (call Joined first)")
+	}
+}
+
+func (j *joiningBoard) Max() int { return BoardMax }
+
+func (j *joiningBoard) Post(ctx context.Context, seq uint64, sig uint32, data []byte) error {
+	b, err := j.joined()
+	if err != nil {
+		return err
+	}
+	return b.Post(ctx, seq, sig, data)
+}
+
+func (j *joiningBoard) Mark(seq uint64, sig uint32) {
+	if b, err := j.joined(); err == nil {
+		b.Mark(seq, sig)
+	}
+}
+
+func (j *joiningBoard) Read(ctx context.Context, r int, seq uint64) (uint32, []byte, bool, error) {
+	b, err := j.joined()
+	if err != nil {
+		return 0, nil, false, err
+	}
+	return b.Read(ctx, r, seq)
 }
 
 // createBoard makes a new board for n members and returns its descriptor
@@ -416,14 +527,29 @@ func (e *Endpoint) makeBoard(ctx context.Context) (*segment, error) {
 		return nil, err
 	}
 	defer unix.Close(fd)
+	// To every peer at once: each hand-over is a few round trips between
+	// processes, and a board for n ranks would otherwise take n-1 of them
+	// in turn.
+	errs := make(chan error, n-1)
 	for peer := 1; peer < n; peer++ {
-		s := wire.ConnSetup{From: uint32(e.o.Rank), To: uint32(peer), NSocks: 1, Flags: wire.ConnBoard}
-		c, err := e.handOver(ctx, peer, s, appendBoardMsg(nil, n), fd)
-		if err != nil {
-			seg.detach()
-			return nil, err
+		go func() {
+			s := wire.ConnSetup{From: uint32(e.o.Rank), To: uint32(peer), NSocks: 1, Flags: wire.ConnBoard}
+			c, err := e.handOver(ctx, peer, s, appendBoardMsg(nil, n), fd)
+			if err == nil {
+				c.Close()
+			}
+			errs <- err
+		}()
+	}
+	var first error
+	for range n - 1 {
+		if err := <-errs; err != nil && first == nil {
+			first = err
 		}
-		c.Close()
+	}
+	if first != nil {
+		seg.detach()
+		return nil, first
 	}
 	return seg, nil
 }

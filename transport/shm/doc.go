@@ -76,9 +76,12 @@
 //
 // # The board
 //
-// When every rank of a communicator is on this host, Init calls
-// JoinBoard: rank 0 creates one more memfd segment, the board, and hands
-// it to each other rank as it hands over pair segments. Each rank has two
+// When every rank of a communicator is on this host, Init and Split call
+// StartBoard (JoinBoard in the background): rank 0 creates one more memfd
+// segment, the board, and hands it to every other rank at once, as it
+// hands over pair segments; the engine waits for it at the first
+// collective (transport.BoardJoiner), and a graceful Close lets a join in
+// flight finish rather than break the hand-overs. Each rank has two
 // entries there (for even and odd collectives) of BoardMax bytes, and a
 // collective that fits is one post to its entry and a read of everyone
 // else's (the engine's board.go says which; board_linux.go has the layout

@@ -13,6 +13,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -67,7 +68,8 @@ type Endpoint struct {
 	done    chan struct{} // closed by Close
 	closing chan struct{} // closed when Close has finished
 
-	board *board // see JoinBoard
+	board   *board        // see JoinBoard
+	joining *joiningBoard // see StartBoard
 
 	down atomic.Bool // Close has begun: waiters stop
 }
@@ -355,10 +357,25 @@ func (e *Endpoint) handOver(ctx context.Context, peer int, s wire.ConnSetup, msg
 	return c.(*net.UnixConn), nil
 }
 
+// joinGrace bounds how long a graceful Close waits for a board join in
+// flight.
+const joinGrace = 2 * time.Second
+
 // Close implements transport.Endpoint. A second Close waits for the first
 // to finish.
 func (e *Endpoint) Close(cause error) error {
 	e.mu.Lock()
+	if j := e.joining; j != nil && cause == nil && !e.closed {
+		// A graceful close lets a board join in flight finish (the peers
+		// are all there, so it takes a few round trips), rather than
+		// break the hand-overs under the peers' feet.
+		e.mu.Unlock()
+		select {
+		case <-j.done:
+		case <-time.After(joinGrace):
+		}
+		e.mu.Lock()
+	}
 	if e.closed {
 		if cause != nil && e.cause == nil {
 			e.cause = cause
@@ -375,9 +392,14 @@ func (e *Endpoint) Close(cause error) error {
 	for _, c := range e.conns {
 		conns = append(conns, c)
 	}
-	b := e.board
+	b, j := e.board, e.joining
 	e.mu.Unlock()
 	e.acc.Close()
+	if j != nil {
+		// A join in the background ends now (done is closed), and leaves
+		// the board itself if it got it.
+		<-j.done
+	}
 	for _, p := range e.pending.Close() {
 		if p.k == boardKey { // handed over, never joined
 			b = &board{e: e, seg: p.seg, me: e.o.Rank, n: e.o.NRanks}

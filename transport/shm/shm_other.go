@@ -33,6 +33,9 @@ func (e *Endpoint) Caps() transport.Caps { return transport.Caps{} }
 
 func (e *Endpoint) Close(cause error) error { return nil }
 
+// StartBoard fails with ErrUnsupported.
+func (e *Endpoint) StartBoard() error { return ErrUnsupported }
+
 // JoinBoard fails with ErrUnsupported.
 func (e *Endpoint) JoinBoard(ctx context.Context) error { return ErrUnsupported }
 
