@@ -80,6 +80,8 @@ type Comm struct {
 	lookup       func(string) (string, bool)
 	facts        *hostFacts     // what Init learnt of this host, for Split and Shrink
 	told         sync.Once      // the root is told of this rank's abort once (see silence)
+	toldRoot     atomic.Bool    // it has been, or need not be (tellOnce)
+	leaving      atomic.Bool    // Close gave up waiting for a watch still being joined
 	splits       uint64         // Splits so far (guarded by mu): every rank counts them alike
 	premul       map[Op]float64 // PreMulSum operators (guarded by mu), by Op
 	// In a Group (guarded by mu): its nesting, and the all-reduces held
@@ -410,8 +412,10 @@ func (c *Comm) abortAfter(cause error, grace time.Duration) {
 	c.told.Do(func() { c.tellRoot(cause) })
 }
 
-// Close waits for this rank's pending operations to finish, then releases
-// the communicator; afterwards every call fails with ErrClosed. Peers that
+// Close waits for this rank's pending operations to finish (and for a
+// board or a watch still being joined in the background: a few round
+// trips, at most 2 s each when a peer never came), then releases the
+// communicator; afterwards every call fails with ErrClosed. Peers that
 // still expect data from this rank fail instead of waiting for it. Close is
 // idempotent and safe to call concurrently; when it returns, no goroutine
 // of the communicator is left. To cancel pending operations instead of

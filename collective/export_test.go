@@ -1,6 +1,7 @@
 package collective
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/goccl/goccl/algorithms"
@@ -67,4 +68,10 @@ func IntraLinkIsShm(hosts []string, shmOK []bool) bool {
 		peers = append(peers, wire.PeerInfo{Rank: uint32(r), HostID: h, Topology: s.encode()})
 	}
 	return intraLink(peers, tcpLink) == func() algorithms.LinkModel { l := shmLink; l.MaxChannels = tcpLink.MaxChannels; return l }()
+}
+
+// SplitExchange is Split's exchange over c: the ports, the PeerInfo
+// blobs and the ranks that failed before it.
+func (c *Comm) SplitExchange(ctx context.Context, port int64, info []byte, failed bool) ([]int64, [][]byte, []bool, error) {
+	return c.splitExchange(ctx, port, info, failed)
 }

@@ -349,6 +349,14 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		}
 		return baseFail(err)
 	}
+	if m.watch != nil && !m.later {
+		// Init's: it came with the table.
+		watched = true
+		if watch, err = m.watch(); err != nil {
+			closeListeners()
+			return fail(err)
+		}
+	}
 	// Where this rank stands in the table (a shrink renumbers).
 	me := -1
 	for i, p := range table.Peers {
@@ -529,7 +537,7 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 			// they all share (transport/shm's JoinBoard), joined while
 			// the communicator gets ready (the engine waits for it at the
 			// first collective).
-			if err := ep.StartBoard(); err != nil {
+			if err := ep.StartBoard(cfg.InitTimeout); err != nil {
 				rep.Close(err)
 				return fail(err)
 			}
@@ -567,13 +575,6 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		link.Bandwidth = min(link.Bandwidth, tcpNICBound(table.Peers, tcpRanks)/float64(link.MaxChannels))
 	}
 	intra := intraLink(table.Peers, link)
-	if m.watch != nil && !m.later {
-		watched = true
-		if watch, err = m.watch(); err != nil {
-			ep.Close(err)
-			return fail(err)
-		}
-	}
 	c, err := newComm(rank, nranks, cfg, ep, link, dev, hostLabels(table.Peers), intra)
 	if err != nil {
 		ep.Close(err)

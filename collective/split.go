@@ -116,15 +116,22 @@ func (c *Comm) splitProcs(ctx context.Context, seq uint64, color int, members []
 	}
 	if color == NoColor {
 		// No child here, but the members' exchange is the parent's.
-		if _, _, err := c.splitExchange(ctx, port, nil); err != nil {
+		if _, _, _, err := c.splitExchange(ctx, port, nil, false); err != nil {
 			return fail(err)
 		}
 		return nil, nil
 	}
+	exchanged := false
 	child, err := buildProcs(ctx, id, len(members), rank, c.cfg, c.lookup, c.facts, func(ctx context.Context, info wire.PeerInfo) (meeting, error) {
-		ports, infos, err := c.splitExchange(ctx, port, info.Append(nil))
+		exchanged = true
+		ports, infos, failed, err := c.splitExchange(ctx, port, info.Append(nil), false)
 		if err != nil {
 			return meeting{}, err
+		}
+		for _, r := range members {
+			if failed[r] {
+				return meeting{}, fmt.Errorf("rank %d could not set up its part of the new communicator (its error is its own)", r)
+			}
 		}
 		if rootErr != nil {
 			return meeting{}, fmt.Errorf("starting the new communicator's bootstrap root: %w", rootErr)
@@ -182,6 +189,12 @@ func (c *Comm) splitProcs(ctx context.Context, seq uint64, color int, members []
 		return m, nil
 	})
 	if err != nil {
+		if !exchanged {
+			// Failed before the exchange (its listeners): take part in it
+			// all the same, saying so, so that the parent's ranks stay in
+			// step and this color's members fail at once.
+			c.splitExchange(ctx, port, nil, true)
+		}
 		if root != nil {
 			root.Close()
 		}
@@ -192,18 +205,26 @@ func (c *Comm) splitProcs(ctx context.Context, seq uint64, color int, members []
 
 // splitExchange all-gathers every parent rank's root port and its
 // PeerInfo for the child (empty from a rank with no child) over c, and
-// returns them by parent rank.
-func (c *Comm) splitExchange(ctx context.Context, port int64, info []byte) ([]int64, [][]byte, error) {
+// returns them by parent rank, with the ranks that failed before it
+// (failed: this one did).
+func (c *Comm) splitExchange(ctx context.Context, port int64, info []byte, failed bool) ([]int64, [][]byte, []bool, error) {
 	mine := []int64{port, int64(len(info))}
+	if failed {
+		mine[1] = -1
+	}
 	all := make([]int64, 2*c.size)
 	if err := AllGather(ctx, c, mine, all); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	most := int64(0)
+	gone := make([]bool, c.size)
 	for r := range c.size {
-		if l := all[2*r+1]; l < 0 || l > wire.MaxFrame {
-			return nil, nil, fmt.Errorf("rank %d's PeerInfo would be %d bytes", r, l)
-		} else {
+		switch l := all[2*r+1]; {
+		case l == -1:
+			gone[r], all[2*r+1] = true, 0
+		case l < 0 || l > wire.MaxFrame:
+			return nil, nil, nil, fmt.Errorf("rank %d's PeerInfo would be %d bytes", r, l)
+		default:
 			most = max(most, l)
 		}
 	}
@@ -212,7 +233,7 @@ func (c *Comm) splitExchange(ctx context.Context, port int64, info []byte) ([]in
 	blobs := make([]byte, c.size*int(most))
 	if most > 0 {
 		if err := AllGather(ctx, c, blob, blobs); err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 	}
 	ports := make([]int64, c.size)
@@ -221,7 +242,7 @@ func (c *Comm) splitExchange(ctx context.Context, port int64, info []byte) ([]in
 		ports[r] = all[2*r]
 		infos[r] = blobs[r*int(most) : r*int(most)+int(all[2*r+1])]
 	}
-	return ports, infos, nil
+	return ports, infos, gone, nil
 }
 
 // sameTable reports whether two tables name the same ranks in the same

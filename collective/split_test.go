@@ -162,6 +162,35 @@ func TestSplitFailureStaysInTheChild(t *testing.T) {
 	}
 }
 
+// TestSplitExchange: a rank that failed before Split's exchange (its
+// listeners, say) still takes part in it, saying so, so that every rank
+// learns it at once and the parent stays in step.
+func TestSplitExchange(t *testing.T) {
+	comms := newGroup(t, 3)
+	type got struct {
+		ports  []int64
+		infos  [][]byte
+		failed []bool
+	}
+	res := make([]got, 3)
+	errs := runRanks(t, comms, func(r int, c *collective.Comm) error {
+		info := []byte(strings.Repeat("x", r+1))
+		var err error
+		res[r].ports, res[r].infos, res[r].failed, err = c.SplitExchange(context.Background(), int64(100+r), info, r == 1)
+		return err
+	})
+	require.NoError(t, errors.Join(errs...))
+	for r := range 3 {
+		require.Equal(t, []int64{100, 101, 102}, res[r].ports, "rank %d", r)
+		require.Equal(t, []bool{false, true, false}, res[r].failed, "rank %d", r)
+		require.Equal(t, "x", string(res[r].infos[0]))
+		require.Empty(t, res[r].infos[1], "a failed rank sends no PeerInfo")
+		require.Equal(t, "xxx", string(res[r].infos[2]))
+	}
+	// The parent is still in step.
+	require.NoError(t, errors.Join(runRanks(t, comms, func(_ int, c *collective.Comm) error { return c.Barrier(context.Background()) })...))
+}
+
 func TestSplitBadArguments(t *testing.T) {
 	comms := newGroup(t, 1)
 	_, err := comms[0].Split(context.Background(), -2, 0)

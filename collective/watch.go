@@ -30,10 +30,10 @@ func (c *Comm) watchLater(join func() (*bootstrap.Watch, error), cancel func()) 
 	ready := make(chan struct{})
 	c.watchReady, c.abandonWatch = ready, cancel
 	go func() {
-		defer close(ready)
 		w, err := join()
 		if err != nil {
-			if !c.ended.Load() {
+			close(ready)
+			if !c.ended.Load() && !c.leaving.Load() {
 				c.logger(SubsysInit).Warn("goccl: this communicator has no watch over its bootstrap root: a failure reaches this rank on its connections only", "rank", c.rank, "err", err)
 			}
 			if errors.Is(err, errOtherTable) {
@@ -42,14 +42,23 @@ func (c *Comm) watchLater(join func() (*bootstrap.Watch, error), cancel func()) 
 			return
 		}
 		c.startWatch(w)
+		close(ready)
+		// An abort before ready was closed found no watch to tell: tell
+		// the root now (tellOnce makes it once, whoever comes first).
 		if c.ended.Load() && c.ctx.Err() != nil {
-			// Aborted before the watch came: tell the root now.
 			if cause := context.Cause(c.ctx); !errors.Is(cause, ErrClosed) {
-				c.told.Do(func() {})
-				w.Abort(cause.Error())
+				c.tellOnce(w, cause)
 			}
 		}
 	}()
+}
+
+// tellOnce sends the root this rank's abort, once: from abort, or from
+// watchLater for an abort that came before the watch.
+func (c *Comm) tellOnce(w *bootstrap.Watch, cause error) {
+	if c.toldRoot.CompareAndSwap(false, true) {
+		w.Abort(cause.Error()) // best effort: at most a second
+	}
 }
 
 // errOtherTable: a split child's root has another table than the ranks
@@ -220,12 +229,15 @@ func (c *Comm) watchRoot(w *bootstrap.Watch, timeout time.Duration) {
 // tellRoot tells the root this rank aborts (once, from abort).
 func (c *Comm) tellRoot(cause error) {
 	if w := c.rootConn(); w != nil {
-		w.Abort(cause.Error()) // best effort: at most a second
+		c.tellOnce(w, cause)
 	}
 }
 
 // silence keeps this rank's coming abort from being told to the root.
-func (c *Comm) silence() { c.told.Do(func() {}) }
+func (c *Comm) silence() {
+	c.told.Do(func() {})
+	c.toldRoot.Store(true)
+}
 
 // leaveWatch says goodbye to the root and waits for the watcher to end.
 func (c *Comm) leaveWatch() {
@@ -233,6 +245,7 @@ func (c *Comm) leaveWatch() {
 		select {
 		case <-ready:
 		case <-time.After(joinGrace):
+			c.leaving.Store(true) // the join's failure is Close's doing: no warning
 			c.abandonWatch()
 			<-ready
 		}

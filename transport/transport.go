@@ -252,7 +252,8 @@ type Board interface {
 // BoardJoiner is implemented by a Board that is still being set up when
 // the endpoint hands it out (shared memory's joins in the background
 // while the communicator is made). Joined waits until it is ready, or
-// fails; no other method may be called before Joined has succeeded.
+// fails; no method but Max (a constant) may be called before Joined has
+// succeeded.
 type BoardJoiner interface {
 	Joined(ctx context.Context) error
 }

@@ -83,12 +83,18 @@ func f32Bytes(v []float32) []byte { return unsafe.Slice((*byte)(unsafe.Pointer(&
 func TestBoardJoinedInTheBackground(t *testing.T) {
 	const n = 3
 	eps := shmEndpoints(t, n)
-	for _, ep := range eps {
-		require.NoError(t, ep.StartBoard())
+	for _, ep := range eps[1:] {
+		require.NoError(t, ep.StartBoard(0))
 	}
-	es := boardEngines(t, eps, Config{})
-	_, joining := es[1].board.(transport.BoardJoiner)
+	// Rank 0, which hands the board over, has not started: rank 1's
+	// engine gets a board still being joined.
+	e1, err := New(1, n, eps[1], Config{MaxChannels: 2, Link: testLink})
+	require.NoError(t, err)
+	_, joining := e1.board.(transport.BoardJoiner)
 	require.True(t, joining, "the engine holds the board being joined")
+	require.NoError(t, eps[0].StartBoard(0))
+	es := boardEngines(t, eps, Config{})
+	es[1] = e1
 	for round := range 3 {
 		outs := make([][]float32, n)
 		pls, errs := runPlans(es, context.Background(), func(r int) *Op {
@@ -102,6 +108,10 @@ func TestBoardJoinedInTheBackground(t *testing.T) {
 			require.Equal(t, []float32{float32(3 + 3*round), 3}, outs[r], "round %d, rank %d", round, r)
 		}
 	}
+	// Joined once, a board is ready even to a context that has ended.
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	require.NoError(t, es[0].board.(transport.BoardJoiner).Joined(ended))
 }
 
 // TestBoardJoinFailsWhenAPeerGoes: rank 0 never hands the board over;
@@ -111,7 +121,7 @@ func TestBoardJoinedInTheBackground(t *testing.T) {
 func TestBoardJoinFailsWhenAPeerGoes(t *testing.T) {
 	const n = 2
 	eps := shmEndpoints(t, n)
-	require.NoError(t, eps[1].StartBoard()) // and never rank 0
+	require.NoError(t, eps[1].StartBoard(0)) // and never rank 0
 	e, err := New(1, n, eps[1], Config{MaxChannels: 2, Link: testLink})
 	require.NoError(t, err)
 	go func() {

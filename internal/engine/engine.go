@@ -253,6 +253,10 @@ func (e *Engine) checkBlocks(op *Op) error {
 			return fmt.Errorf("%s blocks end at element %d; the buffer holds %d", b.name, last, b.buf.Len()/es)
 		}
 	}
+	me := e.rank
+	if s, r := op.InOffs[me+1]-op.InOffs[me], op.OutOffs[me+1]-op.OutOffs[me]; s != r {
+		return fmt.Errorf("this rank's own block is %d elements to send and %d to receive", s, r)
+	}
 	return nil
 }
 

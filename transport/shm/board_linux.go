@@ -375,8 +375,10 @@ func (e *Endpoint) JoinBoard(ctx context.Context) error {
 // Board returns a board whose Joined waits for the join to finish
 // (rank 0's hand-overs, a few round trips between processes each, would
 // otherwise be on the path of making every communicator). The join is
-// bounded by the setup timeout and ends when the endpoint closes.
-func (e *Endpoint) StartBoard() error {
+// bounded by timeout (the setup timeout if 0; a communicator passes its
+// init timeout, as the ranks may reach it that far apart) and ends when
+// the endpoint closes; a join that fails is logged when it does.
+func (e *Endpoint) StartBoard(timeout time.Duration) error {
 	if err := e.boardPeers(); err != nil || e.o.NRanks < 2 {
 		return err
 	}
@@ -394,7 +396,10 @@ func (e *Endpoint) StartBoard() error {
 	e.mu.Unlock()
 	go func() {
 		defer close(j.done)
-		ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
+		if timeout <= 0 {
+			timeout = setupTimeout
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
 		go func() { // Close ends the join
 			select {
@@ -404,6 +409,9 @@ func (e *Endpoint) StartBoard() error {
 			}
 		}()
 		j.b, j.err = e.joinBoard(ctx)
+		if j.err != nil && !e.down.Load() {
+			e.log.Warn("goccl: shm: no board: small collectives will fail at their first use", "rank", e.o.Rank, "err", j.err)
+		}
 	}()
 	return nil
 }
@@ -459,6 +467,11 @@ var _ transport.BoardJoiner = (*joiningBoard)(nil)
 
 // Joined implements transport.BoardJoiner.
 func (j *joiningBoard) Joined(ctx context.Context) error {
+	select {
+	case <-j.done: // first: a board that has come is used, even on an ended context
+		return j.err
+	default:
+	}
 	select {
 	case <-j.done:
 		return j.err

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"time"
 
 	"github.com/goccl/goccl/transport"
 )
@@ -34,7 +35,7 @@ func (e *Endpoint) Caps() transport.Caps { return transport.Caps{} }
 func (e *Endpoint) Close(cause error) error { return nil }
 
 // StartBoard fails with ErrUnsupported.
-func (e *Endpoint) StartBoard() error { return ErrUnsupported }
+func (e *Endpoint) StartBoard(time.Duration) error { return ErrUnsupported }
 
 // JoinBoard fails with ErrUnsupported.
 func (e *Endpoint) JoinBoard(ctx context.Context) error { return ErrUnsupported }
