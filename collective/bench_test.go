@@ -45,16 +45,24 @@ func BenchmarkAllReduce(b *testing.B) {
 	}
 }
 
-func benchAllReduce(b *testing.B, n, size int, opts ...collective.Option) {
+// benchGroup makes n ranks in this process for one run of a benchmark;
+// done closes them (at the end of the run, not of the benchmark, as
+// newGroup's cleanup would: a benchmark's function runs several times).
+func benchGroup(b *testing.B, n int, opts ...collective.Option) ([]*collective.Comm, func()) {
 	comms, err := collective.NewLocalGroup(n, append([]collective.Option{collective.WithEnv(nil)}, opts...)...)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer func() {
+	return comms, func() {
 		for _, c := range comms {
 			c.Close()
 		}
-	}()
+	}
+}
+
+func benchAllReduce(b *testing.B, n, size int, opts ...collective.Option) {
+	comms, done := benchGroup(b, n, opts...)
+	defer done()
 	count := size / 4
 	sends := make([][]float32, n)
 	recvs := make([][]float32, n)
@@ -134,15 +142,8 @@ func BenchmarkCollectives(b *testing.B) {
 }
 
 func benchCollective(b *testing.B, n, size int, coll algorithms.Collective) {
-	comms, err := collective.NewLocalGroup(n, collective.WithEnv(nil))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer func() {
-		for _, c := range comms {
-			c.Close()
-		}
-	}()
+	comms, done := benchGroup(b, n)
+	defer done()
 	count := size / 4 // nccl-tests' size: see algorithms.Problem.Bytes
 	factor := 1.0
 	ctx := context.Background()
@@ -187,21 +188,15 @@ func BenchmarkPreMulSum(b *testing.B) {
 		for _, inPlace := range []bool{false, true} {
 			for _, premul := range []bool{false, true} {
 				b.Run(fmt.Sprintf("bytes=%s/inplace=%v/premul=%v", sizeName(size), inPlace, premul), func(b *testing.B) {
-					comms, err := collective.NewLocalGroup(n, collective.WithEnv(nil))
-					if err != nil {
-						b.Fatal(err)
-					}
-					defer func() {
-						for _, c := range comms {
-							c.Close()
-						}
-					}()
+					comms, done := benchGroup(b, n)
+					defer done()
 					count := size / 4
 					ctx := context.Background()
 					ops := make([]func() error, n)
 					for r, c := range comms {
 						op := collective.Sum
 						if premul {
+							var err error
 							if op, err = c.PreMulSum(0.5); err != nil {
 								b.Fatal(err)
 							}

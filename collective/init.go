@@ -193,7 +193,7 @@ func Init(ctx context.Context, id UniqueID, nranks, rank int, opts ...Option) (*
 func initProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, lookup func(string) (string, bool), facts *hostFacts) (*Comm, error) {
 	return buildProcs(ctx, id, nranks, rank, cfg, lookup, facts, func(ctx context.Context, info wire.PeerInfo) (meeting, error) {
 		t, w, err := bootstrap.JoinWatch(ctx, id.addr, id.secret[:], info, bootstrap.WithTLS(cfg.tls))
-		return meeting{table: t, watch: readyWatch(w)}, err
+		return meeting{table: t, watch: w}, err
 	})
 }
 
@@ -203,21 +203,18 @@ func initProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, l
 type rendezvous func(ctx context.Context, info wire.PeerInfo) (meeting, error)
 
 // meeting is what a rendezvous gives: the table, and the watched
-// connection to the root, which a split child's rank joins while its
-// transports come up (watch waits for it; it may return nil: no watch).
+// connection to the root (Init's), or a join of it still under way (a
+// split child's, which the communicator takes when it comes:
+// Comm.watchLater), or neither (a shrink's).
 type meeting struct {
 	table    wire.Table
 	rootAddr string // the root's, when it is not the UniqueID's (a split child's)
-	watch    func() (*bootstrap.Watch, error)
-	abandon  func() // the setup failed before watch was called
-	// later: the communicator is ready before the watch; it takes the
-	// watch when it comes (Comm.watchLater), and cancel gives up on it.
-	later  bool
-	cancel func()
-}
-
-func readyWatch(w *bootstrap.Watch) func() (*bootstrap.Watch, error) {
-	return func() (*bootstrap.Watch, error) { return w, nil }
+	watch    *bootstrap.Watch
+	// join waits for the watched connection still being joined; cancel
+	// gives up on it; abandon does both, for a setup that failed.
+	join    func() (*bootstrap.Watch, error)
+	cancel  func()
+	abandon func()
 }
 
 // buildProcs makes a communicator between processes: listeners, the
@@ -337,25 +334,15 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	if m.rootAddr != "" {
 		id.addr = m.rootAddr
 	}
-	var watch *bootstrap.Watch
-	watched := false // m.watch has been called
 	baseFail := fail
 	fail = func(err error) (*Comm, error) {
 		switch {
-		case watch != nil:
-			watch.Close()
-		case !watched && m.abandon != nil:
+		case m.watch != nil:
+			m.watch.Close()
+		case m.abandon != nil:
 			m.abandon()
 		}
 		return baseFail(err)
-	}
-	if m.watch != nil && !m.later {
-		// Init's: it came with the table.
-		watched = true
-		if watch, err = m.watch(); err != nil {
-			closeListeners()
-			return fail(err)
-		}
 	}
 	// Where this rank stands in the table (a shrink renumbers).
 	me := -1
@@ -595,11 +582,10 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	}
 	c.id, c.lookup, c.facts = id, lookup, facts
 	switch {
-	case watch != nil:
-		c.startWatch(watch)
-	case m.later:
-		watched = true
-		c.watchLater(m.watch, m.cancel)
+	case m.watch != nil:
+		c.startWatch(m.watch)
+	case m.join != nil:
+		c.watchLater(m.join, m.cancel)
 	}
 	c.logReady()
 	return c, nil

@@ -154,7 +154,6 @@ func (c *Comm) splitProcs(ctx context.Context, seq uint64, color int, members []
 		// The watched connection to the child's root, joined in the
 		// background: the child is ready before (Comm.watchLater).
 		joinCtx, cancel := context.WithTimeout(context.Background(), c.cfg.InitTimeout)
-		m.later = true
 		type joined struct {
 			t   wire.Table
 			w   *bootstrap.Watch
@@ -165,7 +164,7 @@ func (c *Comm) splitProcs(ctx context.Context, seq uint64, color int, members []
 			t, w, err := bootstrap.JoinWatch(joinCtx, m.rootAddr, id.secret[:], info, bootstrap.WithTLS(c.cfg.tls))
 			done <- joined{t, w, err}
 		}()
-		m.watch = func() (*bootstrap.Watch, error) {
+		m.join = func() (*bootstrap.Watch, error) {
 			defer cancel()
 			j := <-done
 			if j.err != nil {

@@ -98,31 +98,17 @@ func (e *Engine) awaitBoard(ctx context.Context, op *Op) error {
 	}
 	cctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	g := &e.gone
-	id := new(int)
-	g.mu.Lock()
-	for p, err := range g.err {
-		cancel(&transport.PeerError{Peer: p, Op: "board", Err: err})
-	}
-	if g.waiting == nil {
-		g.waiting = map[int]map[*int]context.CancelCauseFunc{}
-	}
+	peers := make([]int, 0, e.nranks-1)
 	for p := range e.nranks {
-		if p == e.rank {
-			continue
+		if p != e.rank {
+			peers = append(peers, p)
 		}
-		if g.waiting[p] == nil {
-			g.waiting[p] = map[*int]context.CancelCauseFunc{}
-		}
-		g.waiting[p][id] = func(err error) { cancel(&transport.PeerError{Peer: p, Op: "board", Err: err}) }
 	}
-	g.mu.Unlock()
+	stop := e.cancelWhenGone(cancel, func(p int, err error) error {
+		return &transport.PeerError{Peer: p, Op: "board", Err: err}
+	}, peers...)
 	err := j.Joined(cctx)
-	g.mu.Lock()
-	for p := range e.nranks {
-		delete(g.waiting[p], id)
-	}
-	g.mu.Unlock()
+	stop()
 	if err != nil {
 		peer := -1 // rank 0 hands the board to every rank
 		if e.rank != 0 {

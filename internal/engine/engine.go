@@ -761,19 +761,12 @@ func (e *Engine) dial(ctx context.Context, peer, ch int) (transport.Conn, error)
 		g.mu.Unlock()
 		return e.arrived(ctx, peer, ch, err)
 	}
-	cctx, cancel := context.WithCancelCause(ctx)
-	id := new(int)
-	if g.waiting == nil {
-		g.waiting = map[int]map[*int]context.CancelCauseFunc{}
-	}
-	if g.waiting[peer] == nil {
-		g.waiting[peer] = map[*int]context.CancelCauseFunc{}
-	}
-	g.waiting[peer][id] = cancel
 	g.mu.Unlock()
+	cctx, cancel := context.WithCancelCause(ctx)
+	stop := e.cancelWhenGone(cancel, func(_ int, err error) error { return err }, peer)
 	c, err := e.ep.Connect(cctx, peer, ch)
+	stop()
 	g.mu.Lock()
-	delete(g.waiting[peer], id)
 	gone := g.err[peer]
 	g.mu.Unlock()
 	cancel(nil)
@@ -781,6 +774,35 @@ func (e *Engine) dial(ctx context.Context, peer, ch int) (transport.Conn, error)
 		return e.arrived(ctx, peer, ch, gone)
 	}
 	return c, err
+}
+
+// cancelWhenGone makes PeerGone of any of peers cancel with what cause
+// makes of the peer's error, until stop is called; a peer that has gone
+// already cancels at once.
+func (e *Engine) cancelWhenGone(cancel context.CancelCauseFunc, cause func(peer int, err error) error, peers ...int) (stop func()) {
+	g := &e.gone
+	id := new(int)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.waiting == nil {
+		g.waiting = map[int]map[*int]context.CancelCauseFunc{}
+	}
+	for _, p := range peers {
+		if err := g.err[p]; err != nil {
+			cancel(cause(p, err))
+		}
+		if g.waiting[p] == nil {
+			g.waiting[p] = map[*int]context.CancelCauseFunc{}
+		}
+		g.waiting[p][id] = func(err error) { cancel(cause(p, err)) }
+	}
+	return func() {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		for _, p := range peers {
+			delete(g.waiting[p], id)
+		}
+	}
 }
 
 // arrived returns a connection that peer, which has gone, made before it
