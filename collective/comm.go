@@ -562,9 +562,8 @@ func (r *Request) Err() error {
 type call struct {
 	name string
 	op   engine.Op
-	// A PreMulSum (premulsum.go): the input is multiplied by scale first.
+	// A PreMulSum (premulsum.go); its scale is op.Scale.
 	premul bool
-	scale  float64
 }
 
 func (c *Comm) argError(name, format string, args ...any) error {
@@ -728,13 +727,6 @@ func (c *Comm) exec(ctx context.Context, k *call, r *Request, prev *Request) err
 	// which fails every wait in the transports at once, so no context per
 	// operation needs to merge the caller's with the communicator's.
 	r.start.Store(c.since())
-	if k.premul {
-		if err := k.preScale(); err != nil {
-			e := opErr(err)
-			c.abort(e)
-			return e
-		}
-	}
 	var pl engine.Plan
 	var err error
 	if r.lane != nil {

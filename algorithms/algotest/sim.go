@@ -55,6 +55,12 @@ type val struct {
 	pos   int32  // global element index it belongs to; -1: never written
 	final bool   // post-processing applied
 	ranks uint64 // contributing ranks
+	// scaled: in a reduction, the value came through a read of Input.
+	// The engine's pre-multiplied sum scales the input as a step reads
+	// it, so a reduction must read each rank's Input as it was given
+	// (never after writing it in place) for every contribution to be
+	// scaled exactly once; read checks that.
+	scaled bool
 }
 
 var undef = val{pos: -1}
@@ -70,6 +76,9 @@ func (v val) String() string {
 	f := ""
 	if v.final {
 		f = " final"
+	}
+	if v.scaled {
+		f += " scaled"
 	}
 	return fmt.Sprintf("{elem %d ranks {%s}%s}", v.pos, strings.Join(rs, ","), f)
 }
@@ -348,6 +357,20 @@ func (s *sim) next(rs *rankSim) {
 	}
 }
 
+// read returns element off of rs's buf; in a reduction, a read of Input
+// scales the value (see val.scaled).
+func (s *sim) read(rs *rankSim, buf algorithms.Buf, off int) (val, error) {
+	v := rs.mem[s.addr(rs, buf, off)]
+	if buf != algorithms.Input || !s.cfg.Coll.Reduces() {
+		return v, nil
+	}
+	if v.scaled {
+		return undef, fmt.Errorf("reads %v from Input, which a step overwrote in place: a pre-multiplied sum would scale it twice", v)
+	}
+	v.scaled = true
+	return v, nil
+}
+
 func (s *sim) addr(rs *rankSim, buf algorithms.Buf, off int) int {
 	if buf == algorithms.Input {
 		return rs.in + off
@@ -410,16 +433,21 @@ func (s *sim) advance(rs *rankSim) (ok bool, err error) {
 		}
 	}
 	for i := 0; i < n; i++ {
-		var x val
+		var x, src val
+		if st.Src.Buf != algorithms.NoBuf {
+			if src, err = s.read(rs, st.Src.Buf, srcOff+i); err != nil {
+				return false, err
+			}
+		}
 		switch {
 		case in != nil && st.Kind.Reduces():
-			x, err = s.reduce(rx[i], rs.mem[s.addr(rs, st.Src.Buf, srcOff+i)], st.Final)
+			x, err = s.reduce(rx[i], src, st.Final)
 		case in != nil:
 			x = rx[i]
 		case st.Kind.Reduces(): // a local reduce into the running value
-			x, err = s.reduce(rs.mem[s.addr(rs, algorithms.Output, dstOff+i)], rs.mem[s.addr(rs, st.Src.Buf, srcOff+i)], st.Final)
+			x, err = s.reduce(rs.mem[s.addr(rs, algorithms.Output, dstOff+i)], src, st.Final)
 		default:
-			x, err = s.finish(rs.mem[s.addr(rs, st.Src.Buf, srcOff+i)], st.Final)
+			x, err = s.finish(src, st.Final)
 		}
 		if err != nil {
 			return false, err
@@ -450,7 +478,12 @@ func (s *sim) advanceExchange(rs *rankSim, st *algorithms.Step) (bool, error) {
 			}
 			off, n, _ := rs.tx.Next()
 			v := make([]val, n)
-			copy(v, rs.mem[s.addr(rs, st.Tx.Buf, off):])
+			for i := range v {
+				var err error
+				if v[i], err = s.read(rs, st.Tx.Buf, off+i); err != nil {
+					return false, err
+				}
+			}
 			out.q = append(out.q, msg{vals: v})
 			return true, nil
 		}
@@ -480,8 +513,11 @@ func (s *sim) advanceExchange(rs *rankSim, st *algorithms.Step) (bool, error) {
 	for i := 0; i < n; i++ {
 		x := rx[i]
 		if st.Kind.Reduces() {
-			var err error
-			if x, err = s.reduce(rx[i], rs.mem[s.addr(rs, st.Src.Buf, srcOff+i)], st.Final); err != nil {
+			src, err := s.read(rs, st.Src.Buf, srcOff+i)
+			if err == nil {
+				x, err = s.reduce(rx[i], src, st.Final)
+			}
+			if err != nil {
 				return false, err
 			}
 		}
@@ -501,8 +537,10 @@ func (s *sim) reduce(a, b val, final bool) (val, error) {
 		return undef, fmt.Errorf("reduces %v with %v: a rank counted twice", a, b)
 	case a.final || b.final:
 		return undef, fmt.Errorf("reduces %v with %v: a finished value reduced again", a, b)
+	case !a.scaled || !b.scaled:
+		return undef, fmt.Errorf("reduces %v with %v: a contribution that never came through a read of Input", a, b)
 	}
-	return s.finish(val{pos: a.pos, ranks: a.ranks | b.ranks}, final)
+	return s.finish(val{pos: a.pos, ranks: a.ranks | b.ranks, scaled: true}, final)
 }
 
 func (s *sim) finish(v val, final bool) (val, error) {
@@ -541,7 +579,7 @@ func (s *sim) check() error {
 			var want val
 			switch c.Coll {
 			case algorithms.CollAllReduce, algorithms.CollReduceScatter, algorithms.CollReduce:
-				want = val{pos: int32(g), ranks: s.all, final: true}
+				want = val{pos: int32(g), ranks: s.all, final: true, scaled: true}
 			case algorithms.CollAllGather:
 				want = val{pos: int32(g), ranks: 1 << (g / k)}
 			case algorithms.CollBroadcast:

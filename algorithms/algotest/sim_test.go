@@ -267,3 +267,25 @@ func clearFinal(s *algorithms.Schedule) {
 		s.Steps[i].Final = false
 	}
 }
+
+// TestScaledInputReadOnce: the engine's pre-multiplied sum scales the
+// input as a step reads it, so a reduction that reads Input after writing
+// it in place would scale a value twice. A one-rank all-reduce that
+// copies its input to the output twice does that in place only.
+func TestScaledInputReadOnce(t *testing.T) {
+	p := algorithms.Params{Coll: algorithms.CollAllReduce, Algo: algorithms.Ring, NRanks: 1}
+	for _, inPlace := range []bool{false, true} {
+		scheds, err := algorithms.BuildAll(p)
+		require.NoError(t, err)
+		s := scheds[0]
+		first := s.Steps[0]
+		first.Final = false
+		s.Steps = append([]algorithms.Step{first}, s.Steps...)
+		err = algotest.RunSchedules(algotest.Config{Coll: p.Coll, Algo: p.Algo, NRanks: 1, Count: 8, InPlace: inPlace}, scheds)
+		if !inPlace {
+			require.NoError(t, err)
+			continue
+		}
+		require.ErrorContains(t, err, "scale it twice")
+	}
+}

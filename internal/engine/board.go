@@ -134,9 +134,9 @@ func (e *Engine) markOff(op *Op, seq uint64, sig uint32) {
 // runOnBoard runs a small collective on the board.
 func (e *Engine) runOnBoard(ctx context.Context, op *Op, seq uint64) (Plan, error) {
 	k := &e.boardK
-	if key := keyOf(op); key != k.key || !k.host.ready {
+	if key := keyOf(op); key != k.key || !k.host.ready || op.PreMul {
 		k.key, k.sig = key, boardPlan(op, seq, 0).Sig
-		k.host.setup(op, e.nranks)
+		k.host.setup(op, e.nranks) // (a pre-multiplied sum's scale may differ from the last)
 	}
 	pl := boardPlan(op, seq, k.sig)
 	n, me := e.nranks, e.rank
@@ -173,6 +173,13 @@ func (e *Engine) runOnBoard(ctx context.Context, op *Op, seq uint64) (Plan, erro
 		return pl, nil
 	}
 	in := op.In.Bytes()[:post]
+	if op.PreMul {
+		// A pre-multiplied sum posts and folds its input scaled, made
+		// once in scratch (it is small).
+		e.boardScaled = append(e.boardScaled[:0], make([]byte, post)...)
+		k.host.scaleBy(e.boardScaled, in)
+		in = e.boardScaled
+	}
 	// What this rank takes of its own post: its input, or a
 	// reduce-scatter's block of it. In place, the output overwrites the
 	// input before this rank's turn in a reduction comes: keep a copy.
@@ -180,7 +187,7 @@ func (e *Engine) runOnBoard(ctx context.Context, op *Op, seq uint64) (Plan, erro
 	if op.Coll == algorithms.CollReduceScatter {
 		mine = in[me*nb : (me+1)*nb]
 	}
-	if op.Coll.Reduces() && op.In.Overlaps(op.Out) {
+	if op.Coll.Reduces() && !op.PreMul && op.In.Overlaps(op.Out) {
 		e.boardMine = append(e.boardMine[:0], mine...)
 		mine = e.boardMine
 	}

@@ -113,6 +113,15 @@ type hostPath struct {
 	// stream: the output is too large for the caches, so writes to it use
 	// streaming stores (see streamBytes).
 	stream bool
+	// A pre-multiplied sum's kernels (Op.PreMul), for the steps that read
+	// this rank's input: it is scaled as it is read (kernels.ScaledSum,
+	// kernels.Scale), never copied scaled first.
+	premul  bool
+	scale   float64
+	sred    kernels.Func // dst = a + b·scale
+	sredS   kernels.Func // ... with streaming stores to dst
+	sred2   kernels.Func2
+	scaleBy func(dst, src []byte) // dst = src·scale
 }
 
 // streamBytes is the output size from which writes to the output use
@@ -127,9 +136,17 @@ const streamBytes = 8 << 20
 func (h *hostPath) setup(op *Op, nranks int) {
 	h.stream = op.Out.Len() >= streamBytes
 	if !op.Coll.Reduces() {
-		h.red, h.final, h.post, h.ready = nil, nil, nil, false
+		h.red, h.final, h.post, h.ready, h.premul = nil, nil, nil, false, false
 		return
 	}
+	if op.PreMul && (!h.premul || h.scale != op.Scale || h.kt != op.Type || !h.ready) {
+		h.sred = kernels.ScaledSum(op.Type, op.Scale)
+		h.sredS = kernels.ScaledSumStream(op.Type, op.Scale)
+		h.sred2 = kernels.ScaledSumStream2(op.Type, op.Scale)
+		h.scaleBy = kernels.Scale(op.Type, op.Scale)
+		h.scale = op.Scale
+	}
+	h.premul = op.PreMul
 	if h.ready && h.kt == op.Type && h.kop == op.Red && h.n == nranks {
 		return
 	}
@@ -202,6 +219,27 @@ func (h *hostPath) finalCopy(dst, src memory.Buffer, final bool) error {
 		h.copy(dst, src, true)
 	}
 	return nil
+}
+
+// scaledReduce is reduce with b, this rank's input, scaled (Op.PreMul;
+// Sum, whose final step is nothing).
+func (h *hostPath) scaledReduce(dst, a, b memory.Buffer, out bool) {
+	f := h.sred
+	if out && h.stream {
+		f = h.sredS
+	}
+	f(dst.Bytes(), a.Bytes(), b.Bytes())
+}
+
+// scaledReduce2 is reduce2 with b scaled.
+func (h *hostPath) scaledReduce2(dst, slot, a, b memory.Buffer) {
+	d, s := dst.Bytes(), slot.Bytes()
+	if h.stream {
+		h.sred2(d, s, a.Bytes(), b.Bytes())
+		return
+	}
+	h.sred(d, a.Bytes(), b.Bytes())
+	copy(s, d)
 }
 
 // fold is accumulate on host memory.

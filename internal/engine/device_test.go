@@ -64,6 +64,9 @@ type devCase struct {
 	count   int
 	inPlace bool
 	root    int
+	// scales, when set, makes the case a pre-multiplied sum with rank r's
+	// input scaled by scales[r] (Op.PreMul).
+	scales []float64
 }
 
 func (c devCase) String() string {
@@ -167,6 +170,9 @@ func runCase(t *testing.T, es []*Engine, c devCase, ins [][]byte, d *emu.Device)
 	for r := range ops {
 		nin, nout, off := c.lens(n, r)
 		op := &Op{Coll: c.coll, Type: c.typ, Red: c.red, Count: c.count, Root: c.root}
+		if c.scales != nil {
+			op.PreMul, op.Scale = true, c.scales[r]
+		}
 		switch {
 		case off == -2: // the output inside the input
 			op.In = alloc(nin)

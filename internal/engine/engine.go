@@ -65,10 +65,14 @@ type Op struct {
 	// every device stream of the operation waits for it before it touches
 	// them. Nil: they are ready now.
 	Ready device.Event
-	// PreMul marks a pre-multiplied sum (its input scaled by the caller,
-	// Red Sum): the signature says so, so that a rank that sums plainly
-	// against one that pre-multiplies is a mismatch.
+	// PreMul makes a pre-multiplied sum (Red Sum, host memory): every
+	// step that reads this rank's input multiplies it by Scale as it
+	// reads it (kernels.ScaledSum and kernels.Scale), which gives what
+	// scaling the input first would, without that pass. The signature says
+	// so, so that a rank that sums plainly against one that pre-multiplies
+	// is a mismatch; each rank has its own Scale.
 	PreMul bool
+	Scale  float64
 	// InOffs and OutOffs make an all-to-all of uneven blocks (AllToAllv):
 	// block j of In, for rank j, is elements [InOffs[j], InOffs[j+1]), and
 	// block i of Out, from rank i, [OutOffs[i], OutOffs[i+1])
@@ -149,11 +153,12 @@ type Engine struct {
 
 	// The endpoint's board, if it has one that every rank shares
 	// (board.go), and what its operations keep between calls.
-	board     transport.Board
-	boardK    boardKernels
-	boardMine []byte       // a copy of the input, in place
-	boardPeer atomic.Int32 // whom a board operation waits for, for Progress
-	boardUp   bool         // the board is joined (transport.BoardJoiner)
+	board       transport.Board
+	boardK      boardKernels
+	boardMine   []byte       // a copy of the input, in place
+	boardScaled []byte       // a pre-multiplied sum's scaled input
+	boardPeer   atomic.Int32 // whom a board operation waits for, for Progress
+	boardUp     bool         // the board is joined (transport.BoardJoiner)
 	// oneShotPeer: whom a one-shot all-reduce waits for (oneshot.go).
 	oneShotPeer atomic.Int32
 }
@@ -537,6 +542,9 @@ func (e *Engine) Run(ctx context.Context, op *Op) (Plan, error) {
 	}
 	if err := e.checkBlocks(op); err != nil {
 		return Plan{}, fmt.Errorf("engine: %w", err)
+	}
+	if op.PreMul && (dev || op.Red != kernels.Sum || !op.Coll.Reduces()) {
+		return Plan{}, fmt.Errorf("engine: a pre-multiplied sum is a host reduction with Red Sum (got %v %v on %v memory)", op.Coll, op.Red, op.In.Kind())
 	}
 	seq := e.nextSeq(op)
 	if err := e.awaitBoard(ctx, op); err != nil {

@@ -29,7 +29,9 @@ type chanRun struct {
 	dev            devPath // its stream is made on the first device operation
 	seq            uint64
 	sig            uint32
-	aliased        bool // Input and Output overlap (an in-place operation)
+	aliased        bool   // Input and Output overlap (an in-place operation)
+	premul         bool   // a pre-multiplied sum: reads of the input are scaled (hostPath.scaleBy)
+	scaled         []byte // oneShot's scaled input
 	ch             int
 	// landsOnly: every receive of the operation lands in the output (a
 	// host broadcast or all-gather), where a transport.PeerCopier's
@@ -106,6 +108,7 @@ func (x *chanRun) setup(e *Engine, op *Op, pl *Plan, c int, dev bool) {
 	x.sig = pl.Sig
 	x.cached = pl.spans
 	x.aliased = op.In.Overlaps(op.Out)
+	x.premul = op.PreMul && !dev
 	x.ch = c
 	// Not a broadcast on two ranks: there the root's copy into the slots
 	// runs beside the receiver's copy out of them, and the single copy
@@ -226,11 +229,14 @@ func (x *chanRun) recvInto(ctx context.Context, st *algorithms.Step, dr transpor
 // lockIO holds what a step's slices share: the connections, and the
 // direct paths the transport offers.
 type lockIO struct {
-	st           *algorithms.Step
-	srcS, dstS   algorithms.Slicer
-	hasSrc       bool
-	hasDst       bool
-	srcBuf       memory.Buffer
+	st         *algorithms.Step
+	srcS, dstS algorithms.Slicer
+	hasSrc     bool
+	hasDst     bool
+	srcBuf     memory.Buffer
+	// scaled: src is the input of a pre-multiplied sum, scaled as it is
+	// read (scaledCompute).
+	scaled       bool
 	rc, sc       transport.Conn
 	rpeer, speer int
 	// Direct paths: dr lands incoming data straight in the destination
@@ -253,6 +259,7 @@ func (x *chanRun) setLockIO(st *algorithms.Step) *lockIO {
 	io.dstS = algorithms.NewSlicer(x.spansOf(1, st.Dst), x.slice)
 	io.hasSrc, io.hasDst = st.Src.Buf != algorithms.NoBuf, st.Dst.Buf != algorithms.NoBuf
 	io.srcBuf = x.buf(st.Src.Buf)
+	io.scaled = x.premul && st.Src.Buf == algorithms.Input
 	io.rpeer, io.speer = int(st.RecvPeer), int(st.SendPeer)
 	io.rc, io.sc, io.dr, io.ds = nil, nil, nil, nil
 	if st.Kind.Receives() {
@@ -267,8 +274,10 @@ func (x *chanRun) setLockIO(st *algorithms.Step) *lockIO {
 			io.dr = nil // slots as ever: the receiver's copy would not pay
 		}
 	}
-	sendsInput := st.Src.Buf == algorithms.Input && !x.aliased && (st.Kind == algorithms.Send || st.Kind == algorithms.CopySend)
-	if io.sc != nil && (x.unwritten[x.stepI] || sendsInput) && x.in.HostVisible() && x.out.HostVisible() {
+	sendsSrc := st.Kind == algorithms.Send || st.Kind == algorithms.CopySend
+	sendsInput := st.Src.Buf == algorithms.Input && !x.aliased && sendsSrc
+	// A scaled input is sent from the slot it is scaled into.
+	if io.sc != nil && (x.unwritten[x.stepI] || sendsInput) && !(io.scaled && sendsSrc) && x.in.HostVisible() && x.out.HostVisible() {
 		io.ds, _ = io.sc.(transport.DirectSender)
 		if pc, ok := io.sc.(transport.PeerCopier); ok && !(x.landsOnly && pc.PeerCopies(x.opBytes, true)) {
 			io.ds = nil
@@ -355,7 +364,12 @@ func (x *chanRun) lockSlice(ctx context.Context, io *lockIO, sl uint32, nb int, 
 		}
 	}
 	direct := io.ds != nil
-	err := x.compute(st, dst, &out, &in, src, direct, io.dr != nil)
+	var err error
+	if io.scaled {
+		x.scaledCompute(st, dst, &out, &in, src, direct, io.dr != nil)
+	} else {
+		err = x.compute(st, dst, &out, &in, src, direct, io.dr != nil)
+	}
 	if err == nil && (held || io.sc != nil) {
 		// Device work must be done before the memory it wrote goes to the
 		// peer or the slot it read goes back.
@@ -442,6 +456,42 @@ func (x *chanRun) compute(st *algorithms.Step, dst, out, in, src *memory.Buffer,
 	return nil
 }
 
+// scaledCompute is compute for a step whose src is the input of a
+// pre-multiplied sum (host memory): each read of src multiplies it by the
+// rank's scalar (hostPath.scaleBy and scaledReduce), so the operation
+// computes what it would on the input scaled first. A step that only
+// copies or forwards what it receives reads no src and goes through
+// compute. Sends of src are never direct (setLockIO): the scaled value
+// exists only in the slot.
+func (x *chanRun) scaledCompute(st *algorithms.Step, dst, out, in, src *memory.Buffer, direct, landed bool) {
+	h := &x.host
+	switch st.Kind {
+	case algorithms.Copy:
+		h.scaleBy(dst.Bytes(), src.Bytes())
+	case algorithms.Send:
+		h.scaleBy(out.Bytes(), src.Bytes())
+	case algorithms.CopySend:
+		// In place as well: the output must hold the scaled value even
+		// where it is the input.
+		h.scaleBy(out.Bytes(), src.Bytes())
+		h.copy(*dst, *out, true)
+	case algorithms.RecvReduceSend:
+		h.scaledReduce(*out, *in, *src, false)
+	case algorithms.RecvReduceCopy:
+		h.scaledReduce(*dst, *in, *src, true)
+	case algorithms.Reduce:
+		h.scaledReduce(*dst, *dst, *src, true)
+	case algorithms.RecvReduceCopySend:
+		if direct {
+			h.scaledReduce(*dst, *in, *src, false)
+		} else {
+			h.scaledReduce2(*dst, *out, *in, *src)
+		}
+	default:
+		x.compute(st, dst, out, in, src, direct, landed)
+	}
+}
+
 // exchange runs SendRecv and SendRecvReduceCopy: per round, send the next
 // outgoing slice (if any), then take the next incoming one (if any). Each
 // outgoing slice is copied into its slot before the incoming slice of the
@@ -456,6 +506,8 @@ func (x *chanRun) exchange(ctx context.Context, st *algorithms.Step) error {
 	rpeer, speer := int(st.RecvPeer), int(st.SendPeer)
 	rc, sc := x.conns[rpeer], x.conns[speer]
 	reduces := st.Kind.Reduces()
+	scaleTx := x.premul && st.Tx.Buf == algorithms.Input
+	scaleSrc := x.premul && reduces && st.Src.Buf == algorithms.Input
 	var txSl, rxSl uint32
 	for !txS.Done() || !dstS.Done() {
 		if off, n, ok := txS.Next(); ok {
@@ -464,7 +516,9 @@ func (x *chanRun) exchange(ctx context.Context, st *algorithms.Step) error {
 			if err != nil {
 				return x.fail(st, speer, err)
 			}
-			if err := x.dp.copy(b, txBuf.Slice(off*es, off*es+nb), false); err != nil {
+			if scaleTx {
+				x.host.scaleBy(b.Bytes(), txBuf.Slice(off*es, off*es+nb).Bytes())
+			} else if err := x.dp.copy(b, txBuf.Slice(off*es, off*es+nb), false); err != nil {
 				return x.fail(st, -1, err)
 			}
 			if err := x.dp.fence(ctx); err != nil {
@@ -484,7 +538,11 @@ func (x *chanRun) exchange(ctx context.Context, st *algorithms.Step) error {
 			dst := x.out.Slice(off*es, off*es+nb)
 			if reduces {
 				soff, _, _ := srcS.Next()
-				err = x.dp.reduce(dst, in, srcBuf.Slice(soff*es, soff*es+nb), st.Final, true)
+				if scaleSrc {
+					x.host.scaledReduce(dst, in, srcBuf.Slice(soff*es, soff*es+nb), true)
+				} else {
+					err = x.dp.reduce(dst, in, srcBuf.Slice(soff*es, soff*es+nb), st.Final, true)
+				}
 			} else {
 				err = x.dp.copy(dst, in, true)
 			}

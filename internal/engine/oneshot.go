@@ -37,6 +37,14 @@ func (x *chanRun) oneShot(ctx context.Context, rank, nranks int, waitPeer *atomi
 	x.piece, x.stepI = 0, 0
 	x.prog.Store(1)
 	tag := transport.Tag{Op: x.seq, Sig: x.sig}
+	mine := x.in
+	if x.premul {
+		// A pre-multiplied sum: the input scaled once, into scratch (it
+		// is small), is what this rank posts and folds.
+		x.scaled = append(x.scaled[:0], make([]byte, nb)...)
+		x.host.scaleBy(x.scaled, x.in.Bytes())
+		mine = memory.HostBuffer(x.scaled)
+	}
 	for i := 1; i < nranks; i++ {
 		// Each rank starts with the peer after it, so that no rank receives
 		// every first post at once.
@@ -47,7 +55,7 @@ func (x *chanRun) oneShot(ctx context.Context, rank, nranks int, waitPeer *atomi
 		if err != nil {
 			return x.fail(&oneShotStep, p, err)
 		}
-		err = x.dp.copy(b, x.in, false)
+		err = x.dp.copy(b, mine, false)
 		if err == nil {
 			err = x.dp.fence(ctx)
 		}
@@ -63,7 +71,6 @@ func (x *chanRun) oneShot(ctx context.Context, rank, nranks int, waitPeer *atomi
 	// it. Ranks 0 and 1 fold their own term first: rank 0 starts from it,
 	// rank 1 reduces rank 0's slot with it straight into the output, one
 	// element at a time, as the schedule's recvReduceCopy does.
-	mine := x.in
 	out := x.out.Slice(0, nb)
 	for r := range nranks {
 		src := mine

@@ -192,6 +192,10 @@ type operation struct {
 	// emit serves, or when the operation has no AVX-512 kernel (noWide).
 	wide   func(f *elemFormat, a, b string) []string
 	noWide bool
+	// scalar names the kernel's last argument, a float broadcast into
+	// register 15 by the prologue: "n" (the divisor of avg and post) or
+	// "s" (the scale of msum and mul); "" for none.
+	scalar string
 }
 
 func simple(name, instr string) *operation {
@@ -235,7 +239,7 @@ func floatMinMax(name, base string) *operation {
 
 // avgFinal adds and divides by n (broadcast into Y15 by the prologue).
 func avgFinal() *operation {
-	return &operation{name: "avg", consts: []string{"Y15"}, emit: func(f *elemFormat, a, b string, _ []string, w string) []string {
+	return &operation{name: "avg", scalar: "n", consts: []string{"Y15"}, emit: func(f *elemFormat, a, b string, _ []string, w string) []string {
 		return lines(
 			"VADD"+f.float+" "+b+", "+a+", "+a,
 			"VDIV"+f.float+" "+w+"15, "+a+", "+a,
@@ -245,8 +249,28 @@ func avgFinal() *operation {
 
 // postDiv is the unary a /= n of Post.
 func postDiv() *operation {
-	return &operation{name: "post", consts: []string{"Y15"}, emit: func(f *elemFormat, a, _ string, _ []string, w string) []string {
+	return &operation{name: "post", scalar: "n", consts: []string{"Y15"}, emit: func(f *elemFormat, a, _ string, _ []string, w string) []string {
 		return lines("VDIV" + f.float + " " + w + "15, " + a + ", " + a)
+	}}
+}
+
+// scaledSum is a pre-multiplied sum's step, a + b*s, with b (this rank's
+// input) scaled by s (broadcast into Y15) first: two instructions, each
+// rounded, never a fused multiply-add, so that the result is what
+// scaling the input first and summing it then gives. b is clobbered.
+func scaledSum() *operation {
+	return &operation{name: "msum", scalar: "s", bReg: true, consts: []string{"Y15"}, emit: func(f *elemFormat, a, b string, _ []string, w string) []string {
+		return lines(
+			"VMUL"+f.float+" "+w+"15, "+b+", "+b,
+			"VADD"+f.float+" "+b+", "+a+", "+a,
+		)
+	}}
+}
+
+// scaleMul is the unary a *= s of Scale.
+func scaleMul() *operation {
+	return &operation{name: "mul", scalar: "s", consts: []string{"Y15"}, emit: func(f *elemFormat, a, _ string, _ []string, w string) []string {
+		return lines("VMUL" + f.float + " " + w + "15, " + a + ", " + a)
 	}}
 }
 
@@ -344,9 +368,9 @@ func (k *kernel) nType() string {
 }
 
 // header returns a kernel's Go arguments and its frame size, with the
-// frame offsets of n (the divisor of avg and post, if hasN) and of a.
+// frame offsets of its scalar (operation.scalar, if hasN) and of a.
 // Every slice takes 24 bytes of the frame: dst [, dst2], a [, b] (or
-// src) [, n].
+// src) [, n or s].
 func (k *kernel) header() (args, frame string, nOff, in int, hasN bool) {
 	in = 24
 	switch {
@@ -358,9 +382,9 @@ func (k *kernel) header() (args, frame string, nOff, in int, hasN bool) {
 		args, nOff = "dst, a, b []byte", 72
 	}
 	frame = fmt.Sprint(nOff)
-	hasN = k.op.name == "avg" || k.op.name == "post"
+	hasN = k.op.scalar != ""
 	if hasN {
-		args += ", n " + k.nType()
+		args += ", " + k.op.scalar + " " + k.nType()
 		if k.nType() == "float64" {
 			frame = fmt.Sprint(nOff + 8)
 		} else {
@@ -370,13 +394,13 @@ func (k *kernel) header() (args, frame string, nOff, in int, hasN bool) {
 	return args, frame, nOff, in, hasN
 }
 
-// broadcastN fills reg with the divisor n (at frame offset nOff) of avg
-// and post.
+// broadcastN fills reg with the kernel's scalar (at frame offset nOff):
+// the divisor of avg and post, the scale of msum and mul.
 func (g *gen) broadcastN(k *kernel, nOff int, reg string) {
 	if k.nType() == "float64" {
-		g.p("\tVBROADCASTSD n+%d(FP), %s", nOff, reg)
+		g.p("\tVBROADCASTSD %s+%d(FP), %s", k.op.scalar, nOff, reg)
 	} else {
-		g.p("\tVBROADCASTSS n+%d(FP), %s", nOff, reg)
+		g.p("\tVBROADCASTSS %s+%d(FP), %s", k.op.scalar, nOff, reg)
 	}
 }
 
@@ -605,12 +629,12 @@ func (g *gen) wideKernel(k *kernel) {
 		l = append(l, fmt.Sprintf("%s %d(SI)(AX*1), %s", f.wideMove, off, a))
 		b := fmt.Sprintf("%d(DX)(AX*1)", off)
 		if !k.unary {
+			if op.bReg {
+				bz := fmt.Sprintf("Z%d", i+4)
+				l = append(l, fmt.Sprintf("%s %s, %s", f.wideMove, b, bz))
+				b = bz
+			}
 			if op.wide != nil {
-				if op.bReg {
-					bz := fmt.Sprintf("Z%d", i+4)
-					l = append(l, fmt.Sprintf("%s %s, %s", f.wideMove, b, bz))
-					b = bz
-				}
 				l = append(l, op.wide(f, a, b)...)
 			} else {
 				l = append(l, op.emit(f, a, b, nil, "Z")...)
@@ -648,6 +672,8 @@ func main() {
 			&kernel{f: f, op: floatMinMax("max", "MAX")},
 			&kernel{f: f, op: avgFinal()},
 			&kernel{f: f, op: postDiv(), unary: true},
+			&kernel{f: f, op: scaledSum()},
+			&kernel{f: f, op: scaleMul(), unary: true},
 		)
 	}
 	ks = append(ks,

@@ -235,3 +235,90 @@ func archAvgStream2(t Type, n int) Func2 {
 }
 
 func archCopyStream(dst, src []byte) { copyI8NTAVX2(dst, src) }
+
+// Pre-multiplied sums (scaled.go) on the float types; the integer and
+// 8-bit float ones are portable.
+
+func archScaledSum(t Type, s float64) Func {
+	if !useAVX2 {
+		return nil
+	}
+	m := float32(s)
+	switch t {
+	case Float32:
+		return func(dst, a, b []byte) { msumF32AVX2(dst, a, b, m) }
+	case Float64:
+		return func(dst, a, b []byte) { msumF64AVX2(dst, a, b, s) }
+	case Float16:
+		if useF16C {
+			return func(dst, a, b []byte) { msumF16AVX2(dst, a, b, m) }
+		}
+	case BFloat16:
+		return func(dst, a, b []byte) { msumBF16AVX2(dst, a, b, m) }
+	}
+	return nil
+}
+
+func archScale(t Type, s float64) func(dst, src []byte) {
+	if !useAVX2 {
+		return nil
+	}
+	m := float32(s)
+	switch t {
+	case Float32:
+		return func(dst, src []byte) { mulF32AVX2(dst, src, m) }
+	case Float64:
+		return func(dst, src []byte) { mulF64AVX2(dst, src, s) }
+	case Float16:
+		if useF16C {
+			return func(dst, src []byte) { mulF16AVX2(dst, src, m) }
+		}
+	case BFloat16:
+		return func(dst, src []byte) { mulBF16AVX2(dst, src, m) }
+	}
+	return nil
+}
+
+func archScaledSumStream(t Type, s float64) Func {
+	if !useAVX2 {
+		return nil
+	}
+	var z, y Func
+	switch t {
+	case Float32:
+		m := float32(s)
+		z = func(dst, a, b []byte) { msumF32NTAVX512(dst, a, b, m) }
+		y = func(dst, a, b []byte) { msumF32NTAVX2(dst, a, b, m) }
+	case Float64:
+		z = func(dst, a, b []byte) { msumF64NTAVX512(dst, a, b, s) }
+		y = func(dst, a, b []byte) { msumF64NTAVX2(dst, a, b, s) }
+	default:
+		return nil
+	}
+	if useAVX512 && !forceAVX2 {
+		return wide(z, y)
+	}
+	return y
+}
+
+func archScaledSumStream2(t Type, s float64) Func2 {
+	if !useAVX2 {
+		return nil
+	}
+	var z, y Func2
+	switch t {
+	case Float32:
+		m := float32(s)
+		z = func(dst, dst2, a, b []byte) { msumF32NT2AVX512(dst, dst2, a, b, m) }
+		y = func(dst, dst2, a, b []byte) { msumF32NT2AVX2(dst, dst2, a, b, m) }
+	case Float64:
+		z = func(dst, dst2, a, b []byte) { msumF64NT2AVX512(dst, dst2, a, b, s) }
+		y = func(dst, dst2, a, b []byte) { msumF64NT2AVX2(dst, dst2, a, b, s) }
+	default:
+		return nil
+	}
+	if useAVX512 && !forceAVX2 {
+		return wide2(z, y)
+	}
+	return y
+}

@@ -16,3 +16,8 @@ func archAvgStream(Type, int) Func     { return nil }
 func archReduceStream2(Type, Op) Func2 { return nil }
 func archAvgStream2(Type, int) Func2   { return nil }
 func archCopyStream(dst, src []byte)   { copy(dst, src) }
+
+func archScaledSum(Type, float64) Func              { return nil }
+func archScaledSumStream(Type, float64) Func        { return nil }
+func archScaledSumStream2(Type, float64) Func2      { return nil }
+func archScale(Type, float64) func(dst, src []byte) { return nil }

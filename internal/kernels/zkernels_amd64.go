@@ -23,6 +23,12 @@ func avgF32AVX2(dst, a, b []byte, n float32)
 func postF32AVX2(dst, src []byte, n float32)
 
 //go:noescape
+func msumF32AVX2(dst, a, b []byte, s float32)
+
+//go:noescape
+func mulF32AVX2(dst, src []byte, s float32)
+
+//go:noescape
 func sumF64AVX2(dst, a, b []byte)
 
 //go:noescape
@@ -39,6 +45,12 @@ func avgF64AVX2(dst, a, b []byte, n float64)
 
 //go:noescape
 func postF64AVX2(dst, src []byte, n float64)
+
+//go:noescape
+func msumF64AVX2(dst, a, b []byte, s float64)
+
+//go:noescape
+func mulF64AVX2(dst, src []byte, s float64)
 
 //go:noescape
 func sumF16AVX2(dst, a, b []byte)
@@ -59,6 +71,12 @@ func avgF16AVX2(dst, a, b []byte, n float32)
 func postF16AVX2(dst, src []byte, n float32)
 
 //go:noescape
+func msumF16AVX2(dst, a, b []byte, s float32)
+
+//go:noescape
+func mulF16AVX2(dst, src []byte, s float32)
+
+//go:noescape
 func sumBF16AVX2(dst, a, b []byte)
 
 //go:noescape
@@ -75,6 +93,12 @@ func avgBF16AVX2(dst, a, b []byte, n float32)
 
 //go:noescape
 func postBF16AVX2(dst, src []byte, n float32)
+
+//go:noescape
+func msumBF16AVX2(dst, a, b []byte, s float32)
+
+//go:noescape
+func mulBF16AVX2(dst, src []byte, s float32)
 
 //go:noescape
 func sumI8AVX2(dst, a, b []byte)
@@ -158,6 +182,12 @@ func avgF32NTAVX2(dst, a, b []byte, n float32)
 func avgF32NT2AVX2(dst, dst2, a, b []byte, n float32)
 
 //go:noescape
+func msumF32NTAVX2(dst, a, b []byte, s float32)
+
+//go:noescape
+func msumF32NT2AVX2(dst, dst2, a, b []byte, s float32)
+
+//go:noescape
 func sumF64NTAVX2(dst, a, b []byte)
 
 //go:noescape
@@ -186,6 +216,12 @@ func avgF64NTAVX2(dst, a, b []byte, n float64)
 
 //go:noescape
 func avgF64NT2AVX2(dst, dst2, a, b []byte, n float64)
+
+//go:noescape
+func msumF64NTAVX2(dst, a, b []byte, s float64)
+
+//go:noescape
+func msumF64NT2AVX2(dst, dst2, a, b []byte, s float64)
 
 //go:noescape
 func sumI8NTAVX2(dst, a, b []byte)
@@ -323,6 +359,12 @@ func avgF32NTAVX512(dst, a, b []byte, n float32)
 func avgF32NT2AVX512(dst, dst2, a, b []byte, n float32)
 
 //go:noescape
+func msumF32NTAVX512(dst, a, b []byte, s float32)
+
+//go:noescape
+func msumF32NT2AVX512(dst, dst2, a, b []byte, s float32)
+
+//go:noescape
 func sumF64NTAVX512(dst, a, b []byte)
 
 //go:noescape
@@ -351,6 +393,12 @@ func avgF64NTAVX512(dst, a, b []byte, n float64)
 
 //go:noescape
 func avgF64NT2AVX512(dst, dst2, a, b []byte, n float64)
+
+//go:noescape
+func msumF64NTAVX512(dst, a, b []byte, s float64)
+
+//go:noescape
+func msumF64NT2AVX512(dst, dst2, a, b []byte, s float64)
 
 //go:noescape
 func sumI8NTAVX512(dst, a, b []byte)

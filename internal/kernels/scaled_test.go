@@ -1,0 +1,127 @@
+package kernels
+
+import (
+	"bytes"
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// scalars covers the ones DDP uses (1/n), a negative, one that rounds in
+// every float type, zero, and one that makes integers wrap.
+var scalars = []float64{0.5, 1.0 / 3, -2, 0, 1e6 + 0.75}
+
+// refScaled is a pre-multiplied sum's step from the contract in
+// scaled.go: a + b·s, the product rounded in the type for Float32 and
+// Float64, in float32 with one rounding at the end for the narrower
+// floats, wrapping for integers.
+func refScaled(t Type, s float64, a, b uint64) uint64 {
+	switch {
+	case t == Float64:
+		x, y := math.Float64frombits(a), math.Float64frombits(b)
+		return math.Float64bits(x + float64(y*s)) // the conversion forbids a fused multiply-add
+	case isFloat(t):
+		x, y := float32(toF64(t, a)), float32(toF64(t, b))
+		return fromF32(t, x+float32(y*float32(s)))
+	}
+	return (a + b*uint64(int64(s))) & mask(t)
+}
+
+// refScale is Scale's element: v·s, rounded once.
+func refScale(t Type, s float64, v uint64) uint64 {
+	switch {
+	case t == Float64:
+		return math.Float64bits(math.Float64frombits(v) * s)
+	case isFloat(t):
+		return fromF32(t, float32(toF64(t, v))*float32(s))
+	}
+	return (v * uint64(int64(s))) & mask(t)
+}
+
+func TestScaledSum(t *testing.T) {
+	for _, p := range paths() {
+		for _, tp := range allTypes {
+			for _, s := range scalars {
+				t.Run(fmt.Sprintf("path=%s/type=%v/s=%g", p.name, tp, s), func(t *testing.T) {
+					usePath(t, p)
+					r := newRand(t)
+					want := func(a, b uint64) uint64 { return refScaled(tp, s, a, b) }
+					checkBinaryRef(t, r, tp, Sum, ScaledSum(tp, s), testLengths(), want)
+					checkBinaryRef(t, r, tp, Sum, ScaledSumStream(tp, s), streamLengths(), want)
+					g := ScaledSumStream2(tp, s)
+					two := func(dst, a, b []byte) {
+						d2 := newBuf(r, len(dst))
+						g(dst, d2.bytes(), a, b)
+						d2.checkGuard(t, "dst2")
+						if !bytes.Equal(dst, d2.bytes()) {
+							t.Fatalf("dst2 differs from dst (%d bytes)", len(dst))
+						}
+					}
+					checkBinaryRef(t, r, tp, Sum, two, streamLengths(), want)
+				})
+			}
+		}
+	}
+}
+
+func TestScale(t *testing.T) {
+	for _, p := range paths() {
+		for _, tp := range allTypes {
+			for _, s := range scalars {
+				t.Run(fmt.Sprintf("path=%s/type=%v/s=%g", p.name, tp, s), func(t *testing.T) {
+					usePath(t, p)
+					r := newRand(t)
+					f := Scale(tp, s)
+					sz := tp.Size()
+					for _, l := range testLengths() {
+						for _, inPlace := range []bool{false, true} {
+							sb, db := newBuf(r, l*sz), newBuf(r, l*sz)
+							src := sb.bytes()
+							fill(r, tp, src)
+							src0 := append([]byte(nil), src...)
+							dst := db.bytes()
+							if inPlace {
+								dst = src
+							}
+							f(dst, src)
+							for i := range l {
+								v, got := get(tp, src0, i), get(tp, dst, i)
+								if want := refScale(tp, s, v); !same(tp, Sum, v, v, got, want) {
+									require.Failf(t, "wrong element", "len %d in-place %v element %d: %#x·%g = %#x, want %#x",
+										l, inPlace, i, v, s, got, want)
+								}
+							}
+							sb.checkGuard(t, "src")
+							db.checkGuard(t, "dst")
+						}
+					}
+				})
+			}
+		}
+	}
+}
+
+// On the types where rounding the product in the type is what the
+// contract says, a scaled sum is exactly a scale then a sum: what
+// pre-scaling the input gave before the engine fused it.
+func TestScaledSumIsScaleThenSum(t *testing.T) {
+	r := newRand(t)
+	for _, tp := range []Type{Int8, Uint32, Int64, Float32, Float64} {
+		for _, s := range scalars {
+			n := 1000
+			a, b := make([]byte, n*tp.Size()), make([]byte, n*tp.Size())
+			fill(r, tp, a)
+			fill(r, tp, b)
+			fused, twice := make([]byte, len(a)), make([]byte, len(a))
+			ScaledSum(tp, s)(fused, a, b)
+			Scale(tp, s)(twice, b)
+			Reduce(tp, Sum)(twice, a, twice)
+			for i := range n {
+				x, y := get(tp, fused, i), get(tp, twice, i)
+				require.True(t, same(tp, Sum, 0, 0, x, y), "%v s=%g element %d: fused %#x, scale then sum %#x", tp, s, i, x, y)
+			}
+		}
+	}
+}
