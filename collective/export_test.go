@@ -70,8 +70,27 @@ func IntraLinkIsShm(hosts []string, shmOK []bool) bool {
 	return intraLink(peers, tcpLink) == func() algorithms.LinkModel { l := shmLink; l.MaxChannels = tcpLink.MaxChannels; return l }()
 }
 
-// SplitExchange is Split's exchange over c: the ports, the PeerInfo
-// blobs and the ranks that failed before it.
-func (c *Comm) SplitExchange(ctx context.Context, port int64, info []byte, failed bool) ([]int64, [][]byte, []bool, error) {
-	return c.splitExchange(ctx, port, info, failed)
+// SplitPart is what a rank tells the others in Split's exchange.
+type SplitPart struct {
+	Color, Key int
+	Port       int64
+	Info       []byte
+	Failed     bool
 }
+
+// SplitExchange is Split's exchange over c: every rank's part, by rank.
+func (c *Comm) SplitExchange(ctx context.Context, me SplitPart) ([]SplitPart, error) {
+	parts, err := c.splitExchange(ctx, splitPart{color: me.Color, key: me.Key, port: me.Port, info: me.Info, failed: me.Failed})
+	out := make([]SplitPart, len(parts))
+	for r, p := range parts {
+		out[r] = SplitPart{Color: p.color, Key: p.key, Port: p.port, Info: p.info, Failed: p.failed}
+	}
+	return out, err
+}
+
+// SplitInline is how many PeerInfo bytes travel in the exchange's first
+// all-gather.
+const SplitInline = splitInline
+
+// SplitRecord is a rank's record in Split's exchange, in bytes.
+const SplitRecord = splitRecord

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
+	"math"
 	"net"
 	"slices"
 	"sync"
@@ -26,9 +27,9 @@ const NoColor = -1
 // A child is a full communicator: every collective, Start*, the
 // point-to-point lanes, the flight recorder, the heartbeat, failure
 // propagation and Shrink work on it as on one made by Init. Between
-// processes the parent's connections carry what the child needs (the
-// colors, then each member's PeerInfo and the address of the child's
-// bootstrap root, hosted by its rank 0's process), and each member takes
+// processes one all-gather over the parent carries what the child needs
+// (each rank's color and key, its PeerInfo and the address of a bootstrap
+// root; the child keeps its rank 0's), and each member takes
 // the parent's view of its host: no trip to a root, no interface scan.
 // Split returns once the child's transports are up; its board (one host)
 // and its watch (the connection to its root) are joined in the
@@ -55,25 +56,27 @@ func (c *Comm) Split(ctx context.Context, color, key int) (*Comm, error) {
 	if color < NoColor {
 		return nil, c.argError(name, "color %d: want a color ≥ 0, or NoColor", color)
 	}
-	n := c.size
-	mine := []int64{int64(color), int64(key)}
-	all := make([]int64, 2*n)
-	if err := AllGather(ctx, c, mine, all); err != nil {
-		return nil, err
-	}
 	c.mu.Lock()
 	seq := c.splits
 	c.splits++
 	c.mu.Unlock()
-	// The members of this rank's color, by (key, rank).
-	var members []int
-	for r := range n {
-		if int(all[2*r]) == color {
+	if c.peers == nil {
+		return c.splitLocal(ctx, seq, color, key)
+	}
+	return c.splitProcs(ctx, seq, color, key)
+}
+
+// splitMembers returns the parent ranks of color ordered by (key, rank),
+// from each parent rank's color and key, and this rank's place among
+// them.
+func splitMembers(colors, keys []int64, color int, me int) (members []int, rank int) {
+	for r := range colors {
+		if int(colors[r]) == color {
 			members = append(members, r)
 		}
 	}
 	slices.SortStableFunc(members, func(a, b int) int {
-		if ka, kb := all[2*a+1], all[2*b+1]; ka != kb {
+		if ka, kb := keys[a], keys[b]; ka != kb {
 			if ka < kb {
 				return -1
 			}
@@ -81,76 +84,85 @@ func (c *Comm) Split(ctx context.Context, color, key int) (*Comm, error) {
 		}
 		return a - b
 	})
-	rank := slices.Index(members, c.rank)
-	if c.peers == nil {
-		return c.splitLocal(ctx, seq, color, members, rank)
-	}
-	return c.splitProcs(ctx, seq, color, members, rank)
+	return members, slices.Index(members, me)
 }
 
-// splitProcs makes the child between processes. The parent's ranks
-// trade what a child needs over the parent's own connections (two small
-// all-gathers: each rank's PeerInfo with its new listeners, and the port
-// of the root that each child's rank 0 starts), so the child's table is
-// ready without a trip to a root. Split returns once the child's
-// transports are up; each member joins the root for the watch in the
-// background (Comm.watchLater). The host facts (interfaces, their
-// speeds, the host's id) are the parent's.
-func (c *Comm) splitProcs(ctx context.Context, seq uint64, color int, members []int, rank int) (*Comm, error) {
+// splitProcs makes the child between processes, in one all-gather over
+// the parent's connections (splitExchange): each rank's color and key,
+// its PeerInfo for the child (with its new listeners) and the port of a
+// bootstrap root it started, so that the child's table is ready without a
+// trip to a root. Which member is the child's rank 0, whose root the
+// child keeps, is known only once the colors are in; every member starts
+// one before, and the others close theirs after: a listener each, in
+// place of two more rounds over the parent (docs/performance.md). On one
+// host the exchange runs on the shared board. Split returns once the child's transports
+// are up; each member joins the root for the watch in the background
+// (Comm.watchLater). The host facts (interfaces, their speeds, the
+// host's id) are the parent's.
+func (c *Comm) splitProcs(ctx context.Context, seq uint64, color, key int) (*Comm, error) {
 	fail := func(err error) (*Comm, error) {
 		return nil, fmt.Errorf("goccl: rank %d: split: %w", c.rank, err)
 	}
-	id := UniqueID{secret: splitSecret(c.id.secret, seq, color), rootRank: 1}
-	var root *bootstrap.Root
-	var rootErr error
-	port := int64(0)
-	if color != NoColor && rank == 0 {
-		root, rootErr = bootstrap.StartRoot(net.JoinHostPort(c.dataHost(c.rank), "0"), bootstrap.RootOptions{
-			Secret: id.secret[:], Version: Version, Timeout: c.cfg.InitTimeout, Watch: true, TLS: c.cfg.tls, Heartbeat: heartbeatOf(c.cfg)})
-		if rootErr != nil {
-			port = -1 // the members hear of it in the exchange
-		} else {
-			_, p, _ := net.SplitHostPort(root.Addr().String())
-			fmt.Sscan(p, &port)
-		}
-	}
 	if color == NoColor {
-		// No child here, but the members' exchange is the parent's.
-		if _, _, _, err := c.splitExchange(ctx, port, nil, false); err != nil {
+		// No child here, but the exchange is the parent's.
+		if _, err := c.splitExchange(ctx, splitPart{color: NoColor, key: key}); err != nil {
 			return fail(err)
 		}
 		return nil, nil
 	}
+	id := UniqueID{secret: splitSecret(c.id.secret, seq, color), rootRank: 1}
+	root, rootErr := bootstrap.StartRoot(net.JoinHostPort(c.dataHost(c.rank), "0"), bootstrap.RootOptions{
+		Secret: id.secret[:], Version: Version, Timeout: c.cfg.InitTimeout, Watch: true, TLS: c.cfg.tls, Heartbeat: heartbeatOf(c.cfg)})
+	port := int64(-1) // the others hear of a failed start in the exchange
+	if rootErr == nil {
+		_, p, _ := net.SplitHostPort(root.Addr().String())
+		fmt.Sscan(p, &port)
+	}
+	closeRoot := func() {
+		if root != nil {
+			root.Close()
+			root = nil
+		}
+	}
 	exchanged := false
-	child, err := buildProcs(ctx, id, len(members), rank, c.cfg, c.lookup, c.facts, func(ctx context.Context, info wire.PeerInfo) (meeting, error) {
+	// Until the exchange, buildProcs knows this rank by its parent's rank
+	// and size; then it takes the child's from the table.
+	child, err := buildProcs(ctx, id, c.size, c.rank, c.cfg, c.lookup, c.facts, func(ctx context.Context, info wire.PeerInfo) (meeting, error) {
 		exchanged = true
-		ports, infos, failed, err := c.splitExchange(ctx, port, info.Append(nil), false)
+		parts, err := c.splitExchange(ctx, splitPart{color: color, key: key, port: port, info: info.Append(nil)})
 		if err != nil {
 			return meeting{}, err
 		}
+		colors, keys := make([]int64, len(parts)), make([]int64, len(parts))
+		for r, p := range parts {
+			colors[r], keys[r] = int64(p.color), int64(p.key)
+		}
+		members, rank := splitMembers(colors, keys, color, c.rank)
+		if rank != 0 {
+			closeRoot() // the child's root is its rank 0's
+		}
 		for _, r := range members {
-			if failed[r] {
+			if parts[r].failed {
 				return meeting{}, fmt.Errorf("rank %d could not set up its part of the new communicator (its error is its own)", r)
 			}
 		}
-		if rootErr != nil {
+		if rank == 0 && rootErr != nil {
 			return meeting{}, fmt.Errorf("starting the new communicator's bootstrap root: %w", rootErr)
 		}
 		leader := members[0]
-		if ports[leader] <= 0 {
+		if parts[leader].port <= 0 {
 			return meeting{}, fmt.Errorf("rank %d (the new communicator's rank 0) could not start its bootstrap root", leader)
 		}
-		m := meeting{rootAddr: net.JoinHostPort(c.dataHost(leader), fmt.Sprint(ports[leader]))}
+		m := meeting{rootAddr: net.JoinHostPort(c.dataHost(leader), fmt.Sprint(parts[leader].port))}
 		for i, r := range members {
-			p, _, err := wire.ParsePeerInfo(infos[r])
-			if err == nil && (int(p.Rank) != i || int(p.NRanks) != len(members)) {
-				err = fmt.Errorf("it says rank %d of %d, want %d of %d", p.Rank, p.NRanks, i, len(members))
-			}
+			p, _, err := wire.ParsePeerInfo(parts[r].info)
 			if err != nil {
 				return meeting{}, fmt.Errorf("rank %d's part of the exchange: %w", r, err)
 			}
+			p.Rank, p.NRanks = uint32(i), uint32(len(members))
 			m.table.Peers = append(m.table.Peers, p)
 		}
+		info.Rank, info.NRanks = uint32(rank), uint32(len(members))
 		// The watched connection to the child's root, joined in the
 		// background: the child is ready before (Comm.watchLater).
 		joinCtx, cancel := context.WithTimeout(context.Background(), c.cfg.InitTimeout)
@@ -192,56 +204,89 @@ func (c *Comm) splitProcs(ctx context.Context, seq uint64, color int, members []
 			// Failed before the exchange (its listeners): take part in it
 			// all the same, saying so, so that the parent's ranks stay in
 			// step and this color's members fail at once.
-			c.splitExchange(ctx, port, nil, true)
+			c.splitExchange(ctx, splitPart{color: color, key: key, port: port, failed: true})
 		}
-		if root != nil {
-			root.Close()
-		}
+		closeRoot()
 		return fail(err)
 	}
 	return child, nil
 }
 
-// splitExchange all-gathers every parent rank's root port and its
-// PeerInfo for the child (empty from a rank with no child) over c, and
-// returns them by parent rank, with the ranks that failed before it
-// (failed: this one did).
-func (c *Comm) splitExchange(ctx context.Context, port int64, info []byte, failed bool) ([]int64, [][]byte, []bool, error) {
-	mine := []int64{port, int64(len(info))}
-	if failed {
-		mine[1] = -1
+// splitPart is what a parent rank tells the others in a Split.
+type splitPart struct {
+	color, key int
+	port       int64  // the port of the root it started; -1: none
+	info       []byte // its PeerInfo for the child (none with NoColor)
+	failed     bool   // it failed before the exchange
+}
+
+// A rank's record in the exchange is splitRecord bytes: a header of
+// splitHeader (color, key, port, PeerInfo length) and up to splitInline
+// bytes of PeerInfo (142 on one host here, 113 over TCP); a longer one
+// takes a second all-gather. 240 bytes is what a rank posts on the shared
+// board (shm.BoardMax), so that on one host the exchange is one post and
+// one read of the others' (TestSplitRecordFitsTheBoard).
+const (
+	splitRecord = 240
+	splitHeader = 32
+	splitInline = splitRecord - splitHeader
+)
+
+// splitExchange all-gathers every parent rank's splitPart over c and
+// returns them by parent rank: one fixed-size record per rank, with a
+// second all-gather only when some PeerInfo is longer than splitInline.
+func (c *Comm) splitExchange(ctx context.Context, me splitPart) ([]splitPart, error) {
+	const hdr = splitHeader
+	ilen := int64(len(me.info))
+	if me.failed {
+		ilen = -1
 	}
-	all := make([]int64, 2*c.size)
-	if err := AllGather(ctx, c, mine, all); err != nil {
-		return nil, nil, nil, err
+	rec := make([]byte, splitRecord)
+	for i, v := range []int64{int64(me.color), int64(me.key), me.port, ilen} {
+		binary.LittleEndian.PutUint64(rec[8*i:], uint64(v))
 	}
-	most := int64(0)
-	gone := make([]bool, c.size)
-	for r := range c.size {
-		switch l := all[2*r+1]; {
-		case l == -1:
-			gone[r], all[2*r+1] = true, 0
-		case l < 0 || l > wire.MaxFrame:
-			return nil, nil, nil, fmt.Errorf("rank %d's PeerInfo would be %d bytes", r, l)
-		default:
-			most = max(most, l)
+	if ilen <= splitInline {
+		copy(rec[hdr:], me.info)
+	}
+	all := make([]byte, c.size*len(rec))
+	if err := AllGather(ctx, c, rec, all); err != nil {
+		return nil, err
+	}
+	parts := make([]splitPart, c.size)
+	longest := int64(0)
+	for r := range parts {
+		b := all[r*len(rec) : (r+1)*len(rec)]
+		v := func(i int) int64 { return int64(binary.LittleEndian.Uint64(b[8*i:])) }
+		color, key, port, l := v(0), v(1), v(2), v(3)
+		switch {
+		case color < NoColor || color > math.MaxInt32:
+			return nil, fmt.Errorf("rank %d's color in the exchange is %d", r, color)
+		case l < -1 || l > wire.MaxFrame:
+			return nil, fmt.Errorf("rank %d's PeerInfo would be %d bytes", r, l)
+		}
+		parts[r] = splitPart{color: int(color), key: int(key), port: port, failed: l == -1}
+		if l > splitInline {
+			longest = max(longest, l)
+		} else if l > 0 {
+			parts[r].info = b[hdr : hdr+l]
 		}
 	}
-	blob := make([]byte, int(most))
-	copy(blob, info)
-	blobs := make([]byte, c.size*int(most))
-	if most > 0 {
+	if longest > 0 {
+		blob := make([]byte, longest)
+		if ilen > splitInline {
+			copy(blob, me.info)
+		}
+		blobs := make([]byte, c.size*int(longest))
 		if err := AllGather(ctx, c, blob, blobs); err != nil {
-			return nil, nil, nil, err
+			return nil, err
+		}
+		for r := range parts {
+			if l := int64(binary.LittleEndian.Uint64(all[r*len(rec)+24:])); l > splitInline {
+				parts[r].info = blobs[r*int(longest) : r*int(longest)+int(l)]
+			}
 		}
 	}
-	ports := make([]int64, c.size)
-	infos := make([][]byte, c.size)
-	for r := range c.size {
-		ports[r] = all[2*r]
-		infos[r] = blobs[r*int(most) : r*int(most)+int(all[2*r+1])]
-	}
-	return ports, infos, gone, nil
+	return parts, nil
 }
 
 // sameTable reports whether two tables name the same ranks in the same
@@ -292,7 +337,18 @@ type localSplit struct {
 	ready  chan struct{}
 }
 
-func (c *Comm) splitLocal(ctx context.Context, seq uint64, color int, members []int, rank int) (*Comm, error) {
+func (c *Comm) splitLocal(ctx context.Context, seq uint64, color, key int) (*Comm, error) {
+	n := c.size
+	mine := []int64{int64(color), int64(key)}
+	all := make([]int64, 2*n)
+	if err := AllGather(ctx, c, mine, all); err != nil {
+		return nil, err
+	}
+	colors, keys := make([]int64, n), make([]int64, n)
+	for r := range n {
+		colors[r], keys[r] = all[2*r], all[2*r+1]
+	}
+	members, rank := splitMembers(colors, keys, color, c.rank)
 	if color == NoColor {
 		return nil, nil
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goccl/goccl/collective"
+	"github.com/goccl/goccl/transport/shm"
 )
 
 // splitCheck splits c by color (NoColor for a color of -1) and key, and
@@ -162,30 +163,43 @@ func TestSplitFailureStaysInTheChild(t *testing.T) {
 	}
 }
 
-// TestSplitExchange: a rank that failed before Split's exchange (its
+// TestSplitExchange: every rank's color, key, root port and PeerInfo
+// reach every rank, a PeerInfo longer than the first all-gather holds
+// takes the second, and a rank that failed before Split's exchange (its
 // listeners, say) still takes part in it, saying so, so that every rank
 // learns it at once and the parent stays in step.
 func TestSplitExchange(t *testing.T) {
 	comms := newGroup(t, 3)
-	type got struct {
-		ports  []int64
-		infos  [][]byte
-		failed []bool
-	}
-	res := make([]got, 3)
-	errs := runRanks(t, comms, func(r int, c *collective.Comm) error {
-		info := []byte(strings.Repeat("x", r+1))
-		var err error
-		res[r].ports, res[r].infos, res[r].failed, err = c.SplitExchange(context.Background(), int64(100+r), info, r == 1)
-		return err
-	})
-	require.NoError(t, errors.Join(errs...))
-	for r := range 3 {
-		require.Equal(t, []int64{100, 101, 102}, res[r].ports, "rank %d", r)
-		require.Equal(t, []bool{false, true, false}, res[r].failed, "rank %d", r)
-		require.Equal(t, "x", string(res[r].infos[0]))
-		require.Empty(t, res[r].infos[1], "a failed rank sends no PeerInfo")
-		require.Equal(t, "xxx", string(res[r].infos[2]))
+	infos := []string{"x", "", strings.Repeat("z", collective.SplitInline+77)}
+	for _, long := range []bool{false, true} {
+		res := make([][]collective.SplitPart, 3)
+		errs := runRanks(t, comms, func(r int, c *collective.Comm) error {
+			info := infos[r]
+			if r == 2 && !long {
+				info = "xxx"
+			}
+			var err error
+			res[r], err = c.SplitExchange(context.Background(), collective.SplitPart{Color: r % 2, Key: -r, Port: int64(100 + r), Info: []byte(info), Failed: r == 1})
+			return err
+		})
+		require.NoError(t, errors.Join(errs...))
+		for r := range 3 {
+			got := res[r]
+			require.Len(t, got, 3)
+			for q, p := range got {
+				require.Equal(t, q%2, p.Color, "rank %d's view of %d", r, q)
+				require.Equal(t, -q, p.Key)
+				require.Equal(t, int64(100+q), p.Port)
+				require.Equal(t, q == 1, p.Failed)
+			}
+			require.Equal(t, "x", string(got[0].Info))
+			require.Empty(t, got[1].Info, "a failed rank sends no PeerInfo")
+			if long {
+				require.Equal(t, infos[2], string(got[2].Info), "the long PeerInfo, by the second all-gather")
+			} else {
+				require.Equal(t, "xxx", string(got[2].Info))
+			}
+		}
 	}
 	// The parent is still in step.
 	require.NoError(t, errors.Join(runRanks(t, comms, func(_ int, c *collective.Comm) error { return c.Barrier(context.Background()) })...))
@@ -357,7 +371,9 @@ func childSplit(ctx context.Context, c *collective.Comm) int {
 	}
 	took := time.Since(start)
 	defer dp.Close()
-	tp, err := splitCheck(ctx, c, func(q int) int { return q / 2 }, func(q int) int { return q })
+	// Keys in reverse: each child's rank 0, whose root the child keeps,
+	// is its higher parent rank.
+	tp, err := splitCheck(ctx, c, func(q int) int { return q / 2 }, func(q int) int { return -q })
 	if err != nil {
 		return fail(err)
 	}
@@ -373,4 +389,14 @@ func childSplit(ctx context.Context, c *collective.Comm) int {
 	}
 	fmt.Printf("split ok: barrier %v, split and check %v\n", barrier, took)
 	return 0
+}
+
+// TestSplitRecordFitsTheBoard: on one host Split's exchange runs on the
+// shared board (one post, one read of the others') only if a rank's
+// record fits an entry.
+func TestSplitRecordFitsTheBoard(t *testing.T) {
+	if !shm.Supported {
+		t.Skip("no shared-memory transport (and no board) on this platform")
+	}
+	require.LessOrEqual(t, collective.SplitRecord, shm.BoardMax)
 }
