@@ -134,6 +134,12 @@ type Config struct {
 	// kernel refuses it between processes that may not ptrace each other;
 	// then slots carry everything, as with "off".
 	ShmCMA string
+	// P2PDisable keeps device operations between processes of one host
+	// in registered host memory (GOCCL_P2P_DISABLE=1, as NCCL_P2P_DISABLE):
+	// by default their slots are in the receiver's device memory, which
+	// the sender maps through CUDA IPC, where both processes' GPUs can
+	// (transport/shm, ipc_linux.go).
+	P2PDisable bool
 	// Insecure lets InitFromEnv start a job that has no GOCCL_SECRET:
 	// its connections are then checked for protocol version and job, but
 	// not authenticated (GOCCL_INSECURE=1; logged at WARN). For trusted
@@ -340,6 +346,7 @@ const (
 	EnvInsecure     = "GOCCL_INSECURE"       // 1: InitFromEnv runs without GOCCL_SECRET, unauthenticated
 	EnvShmAllowUIDs = "GOCCL_SHM_ALLOW_UIDS" // uids, comma-separated, whose processes may join this rank's shared memory
 	EnvShmCMA       = "GOCCL_SHM_CMA"        // auto, on or off: the receiver's single copy (process_vm_readv)
+	EnvP2PDisable   = "GOCCL_P2P_DISABLE"    // 1: device slots between processes in host memory, not CUDA IPC
 
 	EnvIBHCA      = "GOCCL_IB_HCA"                // NCCL_IB_HCA's syntax: mlx5_0:1,mlx5_1 / ^mlx5_1 / =mlx5_0
 	EnvIBGIDIndex = "GOCCL_IB_GID_INDEX"          // a GID table index
@@ -513,7 +520,7 @@ func fromEnv(lookup func(string) (string, bool)) (Config, error) {
 	for _, f := range []struct {
 		name string
 		dst  *bool
-	}{{EnvInsecure, &c.Insecure}, {EnvIBEmulate, &c.IB.Emulate}, {EnvGDRFlush, &c.IB.GDRFlushDisable}} {
+	}{{EnvInsecure, &c.Insecure}, {EnvIBEmulate, &c.IB.Emulate}, {EnvGDRFlush, &c.IB.GDRFlushDisable}, {EnvP2PDisable, &c.P2PDisable}} {
 		v, ok := lookup(f.name)
 		if !ok || strings.TrimSpace(v) == "" {
 			continue

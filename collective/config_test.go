@@ -63,6 +63,7 @@ func TestInvalidEnvironmentIsAnError(t *testing.T) {
 		"GOCCL_SHM_ALLOW_UIDS":    "1000,root",
 		"GOCCL_SHM_CMA":           "sometimes",
 		"GOCCL_INSECURE":          "sure",
+		"GOCCL_P2P_DISABLE":       "please",
 		"GOCCL_HEARTBEAT_TIMEOUT": "-5s",
 	} {
 		_, err := collective.NewLocalGroup(2, env(map[string]string{k: v}))

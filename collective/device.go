@@ -3,6 +3,7 @@ package collective
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -86,33 +87,43 @@ func describeDevice(d Device) string {
 }
 
 // devicePath says how device operations move between this rank and its
-// peers, for the INFO summary.
+// peers, for the INFO summary: by transport, for the ones this rank's
+// peers use.
 func (c *Comm) devicePath() string {
-	switch k := c.ep.Caps().DeviceSlots; {
+	k := c.ep.Caps().DeviceSlots
+	switch {
 	case c.size == 1:
 		return "self"
-	case k == memory.Device && c.ibDevicePath != "":
-		return "device-to-device over RDMA: " + c.ibDevicePath
-	case k == memory.Device:
-		return "device-to-device (slots in the receiver's device memory)"
-	case k == memory.Mapped && c.ibDevicePath != "" && c.onlyVerbs():
-		return "over RDMA: " + c.ibDevicePath
-	case k == memory.Mapped && c.ibDevicePath != "":
-		return "through registered host memory (shared-memory segments, TCP staging); over RDMA: " + c.ibDevicePath
-	case k == memory.Mapped:
-		return "through registered host memory (shared-memory segments, TCP staging)"
+	case !k.DeviceVisible():
+		return "none: this transport carries no device operations yet"
+	case c.routes == nil: // ranks in one process
+		if k == memory.Device {
+			return "device-to-device (slots in the receiver's device memory)"
+		}
+		return "through registered host memory"
 	}
-	return "none: this transport carries no device operations yet"
-}
-
-// onlyVerbs reports whether every peer is reached over RDMA.
-func (c *Comm) onlyVerbs() bool {
+	uses := map[string]bool{}
 	for r, t := range c.routes {
-		if r != c.rank && t != TransportVerbs {
-			return false
+		if r != c.rank {
+			uses[t] = true
 		}
 	}
-	return true
+	var parts []string
+	if uses[TransportShm] {
+		_, ipc := c.dev.dev.(device.IPCExporter)
+		if ipc && !c.cfg.P2PDisable {
+			parts = append(parts, "shared memory: into the receiver's device memory (CUDA IPC) where both ends map each other's, else registered host memory")
+		} else {
+			parts = append(parts, "shared memory: through registered host memory")
+		}
+	}
+	if uses[TransportTCP] {
+		parts = append(parts, "TCP: staged through registered host memory")
+	}
+	if uses[TransportVerbs] {
+		parts = append(parts, c.ibDevicePath)
+	}
+	return strings.Join(parts, "; ")
 }
 
 // devState is what a communicator with a device keeps for its device

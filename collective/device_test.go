@@ -388,6 +388,38 @@ func TestMultiProcessDevice(t *testing.T) {
 		}
 	}
 	if runtime.GOOS == "linux" {
+		// Over shared memory each rank's sends go into the receiver's
+		// device memory, mapped through the emulated device's IPC, or, with
+		// GOCCL_P2P_DISABLE, through the registered segments: every
+		// connection says which it took.
+		const toDevice, toHost = "sends go to the receiver's device memory (IPC)", "sends go through registered host memory"
+		for _, c := range []struct {
+			name, env, path string
+		}{
+			{"ipc", "", "shared memory: into the receiver's device memory (CUDA IPC)"},
+			{"p2p-disabled", "GOCCL_P2P_DISABLE=1", "shared memory: through registered host memory"},
+		} {
+			t.Run("transport=shm/"+c.name, func(t *testing.T) {
+				env := append(transportEnv(t, "shm"), "GOCCL_DEBUG=INFO")
+				if c.env != "" {
+					env = append(env, c.env)
+				}
+				res := spawn(t, "device", gocclEnvs(t, 3, env...), nil)
+				requireAllOK(t, res)
+				require.Contains(t, res[0].output, "device collectives ok")
+				for _, r := range res {
+					require.Contains(t, r.output, c.path, "rank %d", r.rank)
+					if c.name == "ipc" {
+						require.Contains(t, r.output, toDevice, "rank %d", r.rank)
+						require.NotContains(t, r.output, toHost, "rank %d: every connection maps its peer's device memory", r.rank)
+					} else {
+						require.Contains(t, r.output, toHost, "rank %d", r.rank)
+						require.NotContains(t, r.output, toDevice, "rank %d", r.rank)
+						require.Contains(t, r.output, "IPC turned off on this rank", "rank %d", r.rank)
+					}
+				}
+			})
+		}
 		// Over the emulated RDMA device: GPUDirect (the emulated GPU
 		// exports dma-bufs, the emulated NIC maps them; compute capability
 		// 0.0 takes the flush read), staged through registered host memory
@@ -402,7 +434,7 @@ func TestMultiProcessDevice(t *testing.T) {
 		}{
 			{"gdr", 3, nil, false, "device-to-device over RDMA: GPUDirect RDMA (dma-buf), with a flush read per slot"},
 			{"staged", 2, []string{"GOCCL_NET_GDR_LEVEL=LOC"}, false, "device_path=\"over RDMA: staged through registered host memory: GPUDirect RDMA not allowed"},
-			{"hosts", 4, []string{"GOCCL_TRANSPORT=auto"}, true, "through registered host memory (shared-memory segments, TCP staging); over RDMA: GPUDirect RDMA (dma-buf)"},
+			{"hosts", 4, []string{"GOCCL_TRANSPORT=auto"}, true, "shared memory: into the receiver's device memory (CUDA IPC) where both ends map each other's, else registered host memory; device-to-device over RDMA: GPUDirect RDMA (dma-buf)"},
 		} {
 			t.Run("transport=verbs/"+c.name, func(t *testing.T) {
 				envs := gocclEnvs(t, c.n, append(append(transportEnv(t, "verbs"), "GOCCL_DEBUG=INFO"), c.env...)...)

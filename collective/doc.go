@@ -143,7 +143,7 @@
 // Config, set with Options, has a zero value meaning defaults. The
 // environment variables GOCCL_ALGO, GOCCL_NCHANNELS, GOCCL_MAX_NCHANNELS,
 // GOCCL_CHUNK_SIZE, GOCCL_TIMEOUT, GOCCL_INIT_TIMEOUT, GOCCL_NSOCKS,
-// GOCCL_SOCKET_IFNAME, GOCCL_HOSTID, GOCCL_SPIN, GOCCL_SHM_CMA, GOCCL_TRANSPORT,
+// GOCCL_SOCKET_IFNAME, GOCCL_HOSTID, GOCCL_SPIN, GOCCL_SHM_CMA, GOCCL_P2P_DISABLE, GOCCL_TRANSPORT,
 // GOCCL_DEBUG, GOCCL_DEBUG_SUBSYS, GOCCL_DEBUG_DUMP and GOCCL_TLS_CERT,
 // GOCCL_TLS_KEY, GOCCL_TLS_CA are read once, when a communicator is made;
 // options override them; an invalid value is an error. The launchers'
@@ -189,13 +189,16 @@
 // Reductions on device memory are goccl's CUDA kernels (package
 // cuda/ptx), with the host kernels' arithmetic bit for bit. Between ranks
 // of one process the data moves device to device, through slots in the
-// receiving rank's device memory. Between processes on one host the
-// shared-memory segments are registered with the GPU (pinned, mapped), so
-// its kernels reduce straight into the peer's slots; across hosts TCP
-// stages each slice in registered pinned memory, which the kernels fill
-// and drain. CUDA IPC (slots in device memory between processes) and
-// GPUDirect RDMA are not built yet. Host slices keep working on a
-// communicator with a device.
+// receiving rank's device memory. Between processes on one host each
+// connection's data slots are in the receiver's device memory, which the
+// sender maps through CUDA IPC (NCCL's P2P transport), so its kernels
+// write straight into them; where the two processes cannot map each
+// other's memory (GPUs without peer access), or with GOCCL_P2P_DISABLE=1,
+// the shared-memory segments are registered with the GPU (pinned, mapped)
+// and the kernels reduce into those. Across hosts TCP stages each slice
+// in registered pinned memory, which the kernels fill and drain, and RDMA
+// writes device memory directly where GPUDirect is allowed. Host slices
+// keep working on a communicator with a device.
 //
 // # Arithmetic
 //

@@ -478,6 +478,11 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		rep.all = append(rep.all, ep)
 		if dev != nil {
 			ibDevicePath = ep.DevicePath() + "; " + gdrWhy
+			if ep.Caps().DeviceSlots == memory.Device {
+				ibDevicePath = "device-to-device over RDMA: " + ibDevicePath
+			} else {
+				ibDevicePath = "over RDMA: " + ibDevicePath
+			}
 		}
 		if nVerbs == nranks-1 {
 			// Every rank is an RDMA peer: small all-reduces go on a board
@@ -503,7 +508,7 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		here := summarize(table.Peers)[hostID]
 		o := shm.Options{Rank: rank, ListenersUp: true, NRanks: nranks, Peers: shmPeers, Secret: id.secret[:], Listener: shmLn,
 			Slots: slots, SlotSize: slotSize, SpinFor: cfg.Spin, YieldWhenIdle: here.ranks > here.cpus, AllowUIDs: cfg.ShmAllowUIDs,
-			CMA: map[string]shm.CMAMode{"on": shm.CMAOn, "off": shm.CMAOff}[cfg.ShmCMA]}
+			CMA: map[string]shm.CMAMode{"on": shm.CMAOn, "off": shm.CMAOff}[cfg.ShmCMA], NoDeviceIPC: cfg.P2PDisable}
 		if reg, ok := dev.(device.Registrar); ok {
 			// Device operations reduce straight into the segments, which
 			// the GPU reaches once registered.

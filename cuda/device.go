@@ -94,6 +94,7 @@ var (
 	_ device.Device         = (*Device)(nil)
 	_ device.Registrar      = (*Device)(nil)
 	_ device.DMABufExporter = (*Device)(nil)
+	_ device.IPCExporter    = (*Device)(nil)
 )
 
 // Open returns the device with the given ordinal (0 ≤ ordinal <
@@ -336,6 +337,10 @@ func (dev *Device) untrack(call string, p uintptr, n int, k allocKind) error {
 	delete(st.allocs, p)
 	return nil
 }
+
+// AllocIPC is Alloc: memory from cuMemAlloc is what cuIpcGetMemHandle
+// exports (device.IPCExporter).
+func (dev *Device) AllocIPC(n int) (memory.Buffer, error) { return dev.Alloc(n) }
 
 // Alloc returns n bytes of device memory (cuMemAlloc), not initialised, as
 // a memory.Device buffer of this device; Free releases it. n == 0 returns

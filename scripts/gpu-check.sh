@@ -18,8 +18,9 @@
 #     bytes read and written (target: the reduction at >= 90% of the copy);
 #  4. goccl-perf on device buffers: 2 and 4 ranks in one process, 8 B to
 #     1 GiB, every result checked on the host; then 2 processes on the one
-#     GPU, through shared memory registered with it (CUDA IPC is not built
-#     yet);
+#     GPU, each sending into the other's device memory through CUDA IPC
+#     (INFO names the path each connection took), and the same through
+#     shared memory registered with the GPU (GOCCL_P2P_DISABLE=1);
 #  5. the peers in the same run: the copy/add ceiling, torch.distributed
 #     with gloo on CUDA tensors, and NCCL through torch where it accepts
 #     two ranks on one GPU (NCCL_MULTI_RANK_GPU_ENABLE=1, NCCL >= 2.30.3).
@@ -45,7 +46,8 @@ step cuda 150 sh -c "cd cuda && ../$B/cuda.test -test.run GPU -test.bench GPU -t
 step perf-local2 100 "$B/goccl-perf" all_reduce -np 2 -local --device gpu -b 8 -e 1G -f 4 -target 0.1s -a 3
 step perf-local4 100 "$B/goccl-perf" all_reduce -np 4 -local --device gpu -b 8 -e 1G -f 4 -target 0.1s -a 3
 step perf-colls2 60 sh -c "for c in reduce_scatter all_gather broadcast; do $B/goccl-perf \$c -np 2 -local --device gpu -b 1K -e 256M -f 16 -target 0.1s -a 3; done"
-step perf-procs2 60 "$B/goccl-perf" all_reduce -np 2 --device gpu -b 8 -e 256M -f 16 -target 0.1s -a 3
+step perf-procs2 60 env GOCCL_DEBUG=INFO "$B/goccl-perf" all_reduce -np 2 --device gpu -b 8 -e 256M -f 16 -target 0.1s -a 3
+step perf-procs2-host 45 env GOCCL_P2P_DISABLE=1 "$B/goccl-perf" all_reduce -np 2 --device gpu -b 8 -e 256M -f 16 -target 0.1s -a 3
 # 5. The peers.
 if [ -f "$B/torch_cuda_perf.py" ]; then
 	step torch-ref 60 python3 "$B/torch_cuda_perf.py" --ref -b 1M -e 1G -f 4

@@ -27,8 +27,10 @@
 //   - GPU memory: operations on device memory use their own connections
 //     (channels from DeviceChannels on), whose slots a GPU's kernels
 //     reach (Caps.DeviceSlots): device memory in process (package mem),
-//     shared-memory segments and TCP staging registered with the GPU
-//     (memory.Mapped); CUDA IPC and GPUDirect are to come. Reductions on
+//     the receiver's device memory mapped through CUDA IPC between
+//     processes (package shm, where both ends can; else its segments
+//     registered with the GPU, memory.Mapped), TCP staging registered with
+//     the GPU, and GPU memory an RDMA NIC writes (GPUDirect). Reductions on
 //     them run as device kernels, and the engine never dereferences
 //     device memory from the host.
 //

@@ -94,6 +94,29 @@ type DMABufExporter interface {
 	DMABuf(b memory.Buffer) (fd int, off uint64, err error)
 }
 
+// IPCExporter is implemented by devices whose memory another process on
+// the host maps (CUDA IPC: cuIpcGetMemHandle, cuIpcOpenMemHandle):
+// shared memory's connections for device operations put their slots in
+// the receiver's device memory that way, so that the sender's kernels
+// write straight into it (NCCL's P2P transport), where the GPU would
+// otherwise cross PCIe to registered host memory.
+type IPCExporter interface {
+	Device
+	// AllocIPC returns n bytes of device memory (memory.Device) that
+	// IPCHandle exports, not initialised; Free releases it.
+	AllocIPC(n int) (memory.Buffer, error)
+	// IPCHandle returns a handle through which another process opens b,
+	// a whole allocation from AllocIPC.
+	IPCHandle(b memory.Buffer) ([64]byte, error)
+	// OpenIPC maps, as device memory of this device, the allocation a
+	// handle from another process names; it fails where this device
+	// cannot reach the exporter's (no peer access between the two GPUs,
+	// or the same process). CloseIPC unmaps it. Work that uses it must
+	// have finished.
+	OpenIPC(h [64]byte) (memory.Buffer, error)
+	CloseIPC(b memory.Buffer) error
+}
+
 // ErrNotSupported: the device cannot do what was asked (dma-buf export
 // before CUDA 11.7, or where the driver reports no support).
 var ErrNotSupported = errors.New("not supported by this device")

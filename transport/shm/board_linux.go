@@ -431,7 +431,9 @@ func (e *Endpoint) joinBoard(ctx context.Context) (*board, error) {
 	if e.o.Rank == 0 {
 		seg, err = e.makeBoard(ctx)
 	} else {
-		seg, _, err = e.awaitIncoming(ctx, boardKey)
+		var p pendingSeg
+		p, err = e.awaitIncoming(ctx, boardKey)
+		seg = p.seg
 	}
 	if err != nil {
 		return nil, fmt.Errorf("shm: board: %w", err)

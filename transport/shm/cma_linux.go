@@ -294,9 +294,15 @@ func (c *conn) WaitInto(ctx context.Context, dst memory.Buffer) (transport.Tag, 
 		return transport.Tag{}, 0, c.fail("recv", c.e.closedErr())
 	}
 	defer c.seg.release()
-	tag, n, byRef, err := c.next(ctx)
+	tag, n, byRef, dev, err := c.next(ctx)
 	if err != nil {
 		return tag, n, err
+	}
+	if dev {
+		// Host memory cannot take a slice in device memory: the engine
+		// lands only host operations' slices (whose connections have no
+		// device slots).
+		return tag, n, c.fail("recv", errors.New("a slice in device memory, received into host memory"))
 	}
 	if n != dst.Len() {
 		return tag, n, transport.ErrSizeMismatch

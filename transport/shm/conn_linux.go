@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/goccl/goccl/internal/device"
 	"github.com/goccl/goccl/memory"
 	"github.com/goccl/goccl/transport"
 )
@@ -55,6 +56,16 @@ type conn struct {
 	// used; unregistered once, at teardown.
 	mapped     memory.Buffer
 	unregister sync.Once
+
+	// A device connection's slots in device memory (ipc_linux.go): devRx
+	// this side's offer, which the peer may write into; devTx the peer's,
+	// mapped here (devTxWhole as OpenIPC returned it), into which this
+	// side's longer slices go; ipc the device, nil when neither.
+	// reservedDev: the reserved slot is in devTx.
+	devRx, devTx, devTxWhole memory.Buffer
+	ipc                      device.IPCExporter
+	freeIPCOnce              sync.Once
+	reservedDev              bool
 }
 
 var (
@@ -97,6 +108,7 @@ func (c *conn) buf(b []byte) memory.Buffer {
 // connection's registration goes first: the detached segment may be
 // replaced by other pages.
 func (c *conn) teardown() {
+	c.freeIPCOnce.Do(c.freeIPC)
 	if c.mapped.Len() > 0 {
 		c.unregister.Do(func() { c.e.o.Device.Unregister(c.mapped) })
 	}
@@ -126,12 +138,20 @@ func (c *conn) Reserve(ctx context.Context, n int) (memory.Buffer, error) {
 	c.isReserved = true
 	c.reserved = c.tx.payload(c.tail, n)
 	c.reservedInline = n <= inlineMax
+	if c.reservedDev = c.devTx.Len() > 0 && !c.reservedInline; c.reservedDev {
+		off := c.tx.slotOff(c.tail)
+		return c.devTx.Slice(off, off+n), nil
+	}
 	return c.buf(c.reserved), nil
 }
 
 func (c *conn) Post(n int, tag transport.Tag) error {
 	if !c.isReserved || n < 0 || n > len(c.reserved) {
 		return fmt.Errorf("shm: post of %d bytes without a matching reserve", n)
+	}
+	if c.reservedDev {
+		c.publish(tag, uint32(n)|devFlag) // in the peer's device memory, however short
+		return nil
 	}
 	if n <= inlineMax && !c.reservedInline {
 		copy(c.tx.payload(c.tail, n), c.reserved)
@@ -150,7 +170,7 @@ func (c *conn) publish(tag transport.Tag, size uint32) {
 	if c.tx.rwait.Load() != 0 {
 		futexWake(seq)
 	}
-	c.isReserved, c.reserved = false, nil
+	c.isReserved, c.reserved, c.reservedDev = false, nil, false
 	c.seg.release()
 }
 
@@ -161,10 +181,16 @@ func (c *conn) Wait(ctx context.Context) (memory.Buffer, transport.Tag, error) {
 	if !c.seg.acquire() || c.e.down.Load() {
 		return memory.Buffer{}, transport.Tag{}, c.fail("recv", c.e.closedErr())
 	}
-	tag, n, byRef, err := c.next(ctx)
+	tag, n, byRef, dev, err := c.next(ctx)
 	if err != nil {
 		c.seg.release()
 		return memory.Buffer{}, transport.Tag{}, err
+	}
+	if dev {
+		// In this side's device memory (ipc_linux.go).
+		c.holding = true
+		off := c.rx.slotOff(c.head)
+		return c.devRx.Slice(off, off+n), tag, nil
 	}
 	b := c.rx.payload(c.head, n)
 	if byRef {
@@ -181,23 +207,31 @@ func (c *conn) Wait(ctx context.Context) (memory.Buffer, transport.Tag, error) {
 }
 
 // next waits until the next incoming slice is posted and returns its tag,
-// its size (bounded by the slot's) and whether it was sent by reference.
-// The caller holds the segment.
-func (c *conn) next(ctx context.Context) (transport.Tag, int, bool, error) {
+// its size (bounded by the slot's), whether it was sent by reference and
+// whether it is in this side's device memory. The caller holds the
+// segment.
+func (c *conn) next(ctx context.Context) (transport.Tag, int, bool, bool, error) {
 	c.probe()
 	if !c.rx.filled(c.head) {
 		if err := c.await(ctx, "recv", c.rx.seq(c.head), c.rx.rwait, func() bool { return c.rx.filled(c.head) }); err != nil {
-			return transport.Tag{}, 0, false, err
+			return transport.Tag{}, 0, false, false, err
 		}
 	}
 	op, sig, msg, slice, size := c.rx.getDesc(c.head)
 	tag := transport.Tag{Op: op, Sig: sig, Msg: msg, Slice: slice}
-	n := int(size &^ refFlag)
-	if n > c.rx.slotSize {
-		err := fmt.Errorf("protocol error: rank %d posted a %d-byte slice, slots hold %d", c.peer, n, c.rx.slotSize)
-		return tag, n, false, &transport.PeerError{Peer: c.peer, Op: "recv", Err: err}
+	n := int(size &^ (refFlag | devFlag))
+	dev := size&devFlag != 0
+	var err error
+	switch {
+	case n > c.rx.slotSize:
+		err = fmt.Errorf("protocol error: rank %d posted a %d-byte slice, slots hold %d", c.peer, n, c.rx.slotSize)
+	case dev && (c.devRx.Len() == 0 || size&refFlag != 0):
+		err = fmt.Errorf("protocol error: rank %d posted a slice into device memory this rank did not offer", c.peer)
 	}
-	return tag, n, size&refFlag != 0, nil
+	if err != nil {
+		return tag, n, false, false, &transport.PeerError{Peer: c.peer, Op: "recv", Err: err}
+	}
+	return tag, n, size&refFlag != 0, dev, nil
 }
 
 // advance gives the slot of the slice just taken back to the sender.

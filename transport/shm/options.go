@@ -76,6 +76,11 @@ type Options struct {
 	// keeps GPU traffic in pinned host memory the same way). Nil: the
 	// endpoint carries host operations only.
 	Device device.Registrar
+	// NoDeviceIPC keeps the device connections' slots in the registered
+	// segments even where the device exports its memory to other
+	// processes (device.IPCExporter), which otherwise puts them in the
+	// receiver's device memory (ipc_linux.go; GOCCL_P2P_DISABLE).
+	NoDeviceIPC bool
 	// CMAMin and CMAMax bound the operations, in bytes, whose slices a
 	// receiver that only lands them (broadcast, all-gather) copies
 	// straight out of the sender's memory (process_vm_readv: one copy

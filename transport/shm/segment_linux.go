@@ -47,7 +47,7 @@ import (
 const (
 	pageSize   = 4096
 	magic      = 0x6d6873_6c63636f67 // "gocclshm" little-endian, give or take
-	version    = 2                   // 2: descriptors share the control page when they fit
+	version    = 3                   // 2: descriptors share the control page when they fit; 3: device connections offer IPC slots (ipc_linux.go)
 	descLen    = 64
 	reasonSize = 1024
 

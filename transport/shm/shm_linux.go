@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/goccl/goccl/internal/connsetup"
+	"github.com/goccl/goccl/internal/device"
 	"github.com/goccl/goccl/internal/handshake"
 	"github.com/goccl/goccl/internal/wire"
 	"github.com/goccl/goccl/memory"
@@ -82,6 +83,7 @@ type pendingSeg struct {
 	k   connKey
 	seg *segment
 	ctl int
+	own memory.Buffer // this side's offer of device slots (ipc_linux.go)
 }
 
 var _ transport.Endpoint = (*Endpoint)(nil)
@@ -134,6 +136,10 @@ func (e *Endpoint) Caps() transport.Caps {
 	c := transport.Caps{Slots: e.o.Slots, SlotSize: e.o.SlotSize, Memory: memory.Host}
 	if e.o.Device != nil {
 		c.DeviceSlots = memory.Mapped
+		if _, ok := e.o.Device.(device.IPCExporter); ok && !e.o.NoDeviceIPC {
+			// Where both ends of a connection map each other's (ipc_linux.go).
+			c.DeviceSlots = memory.Device
+		}
 	}
 	return c
 }
@@ -165,7 +171,14 @@ func (e *Endpoint) serveIncoming(nc net.Conn, s wire.ConnSetup) bool {
 		e.acc.Reject(c, err)
 		return false
 	}
+	// A device connection's offer goes into the segment before the
+	// acknowledgement, so that the dialer finds it (ipc_linux.go).
+	var own memory.Buffer
+	if !isBoard {
+		own = e.offerIPC(seg, int(s.Channel))
+	}
 	if err := handshake.WriteFrame(c, wire.FrameConnSetup, nil); err != nil {
+		e.freeOffer(own)
 		seg.detach()
 		e.acc.Drop(c, err)
 		return false
@@ -174,11 +187,13 @@ func (e *Endpoint) serveIncoming(nc net.Conn, s wire.ConnSetup) bool {
 	if isBoard {
 		k = boardKey
 	} else if ctl, err = dupConn(c); err != nil {
+		e.freeOffer(own)
 		seg.detach()
 		e.acc.Drop(c, err)
 		return false
 	}
-	if !e.pending.Deliver(key(k), pendingSeg{k, seg, ctl}) {
+	if !e.pending.Deliver(key(k), pendingSeg{k, seg, ctl, own}) {
+		e.freeOffer(own)
 		seg.detach()
 		if ctl >= 0 {
 			unix.Close(ctl)
@@ -267,25 +282,32 @@ func (e *Endpoint) Connect(ctx context.Context, peer, ch int) (transport.Conn, e
 		return c, nil
 	}
 	e.mu.Unlock()
-	var seg *segment
-	var ctl int
+	var p pendingSeg
 	var err error
 	if e.o.Rank < peer {
-		seg, ctl, err = e.dial(ctx, peer, ch)
+		p, err = e.dial(ctx, peer, ch)
 	} else {
-		seg, ctl, err = e.awaitIncoming(ctx, k)
+		p, err = e.awaitIncoming(ctx, k)
 	}
 	if err != nil {
 		return nil, &transport.PeerError{Peer: peer, Op: "connect", Err: err}
 	}
-	c := newConn(e, peer, ch, seg, ctl)
+	c := newConn(e, peer, ch, p.seg, p.ctl)
 	if ch >= transport.DeviceChannels {
 		// Device operations' kernels reach the slots through a mapping of
 		// this process's view of the segment.
-		if c.mapped, err = e.o.Device.Register(seg.mem); err != nil {
+		why := c.takeOffer(p.own)
+		if c.mapped, err = e.o.Device.Register(p.seg.mem); err != nil {
 			c.teardown()
 			return nil, &transport.PeerError{Peer: peer, Op: "connect", Err: fmt.Errorf("shm: registering the segment with the device: %w", err)}
 		}
+		if why == "" {
+			e.log.Info("goccl: shm: device connection: this rank's sends go to the receiver's device memory (IPC)", "rank", e.o.Rank, "peer", peer, "channel", ch-transport.DeviceChannels)
+		} else {
+			e.log.Info("goccl: shm: device connection: this rank's sends go through registered host memory", "rank", e.o.Rank, "peer", peer, "channel", ch-transport.DeviceChannels, "why", why)
+		}
+	} else {
+		e.freeOffer(p.own) // (none: only device channels offer)
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -301,35 +323,36 @@ func (e *Endpoint) Connect(ctx context.Context, peer, ch int) (transport.Conn, e
 	return c, nil
 }
 
-func (e *Endpoint) awaitIncoming(ctx context.Context, k connKey) (*segment, int, error) {
-	p, err := e.pending.Await(ctx, key(k), e.done)
-	if err != nil {
-		return nil, -1, err
-	}
-	return p.seg, p.ctl, nil
+func (e *Endpoint) awaitIncoming(ctx context.Context, k connKey) (pendingSeg, error) {
+	return e.pending.Await(ctx, key(k), e.done)
 }
 
 // dial makes the pair's segment and hands it to peer; the connection it
 // went over stays as the control channel.
-func (e *Endpoint) dial(ctx context.Context, peer, ch int) (*segment, int, error) {
+func (e *Endpoint) dial(ctx context.Context, peer, ch int) (pendingSeg, error) {
 	fd, seg, err := createSegment(e.g)
 	if err != nil {
-		return nil, -1, err
+		return pendingSeg{}, err
 	}
 	defer unix.Close(fd)
+	// A device connection's offer is in the segment before it goes
+	// (ipc_linux.go).
+	own := e.offerIPC(seg, ch)
 	s := wire.ConnSetup{From: uint32(e.o.Rank), To: uint32(peer), Channel: uint32(ch), Socket: 0, NSocks: 1}
 	c, err := e.handOver(ctx, peer, s, appendSegMsg(nil, e.g), fd)
 	if err != nil {
+		e.freeOffer(own)
 		seg.detach()
-		return nil, -1, err
+		return pendingSeg{}, err
 	}
 	defer c.Close()
 	ctl, err := dupConn(c)
 	if err != nil {
+		e.freeOffer(own)
 		seg.detach()
-		return nil, -1, err
+		return pendingSeg{}, err
 	}
-	return seg, ctl, nil
+	return pendingSeg{seg: seg, ctl: ctl, own: own}, nil
 }
 
 // handOver sets up a connection to peer and hands it fd with msg (a
@@ -404,7 +427,9 @@ func (e *Endpoint) Close(cause error) error {
 		if p.k == boardKey { // handed over, never joined
 			b = &board{e: e, seg: p.seg, me: e.o.Rank, n: e.o.NRanks}
 		} else { // handed over, never collected: the peer has it
-			conns = append(conns, newConn(e, p.k.peer, p.k.ch, p.seg, p.ctl))
+			c := newConn(e, p.k.peer, p.k.ch, p.seg, p.ctl)
+			c.takeOwn(p.own)
+			conns = append(conns, c)
 		}
 	}
 	if b != nil {

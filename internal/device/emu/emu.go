@@ -117,6 +117,7 @@ var (
 	_ device.Device         = (*Device)(nil)
 	_ device.Registrar      = (*Device)(nil)
 	_ device.DMABufExporter = (*Device)(nil)
+	_ device.IPCExporter    = (*Device)(nil)
 )
 
 // New returns an emulated device that reports ordinal as its index. Two

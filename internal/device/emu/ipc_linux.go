@@ -43,6 +43,9 @@ func (d *Device) AllocShared(n int) (memory.Buffer, error) {
 	return d.allocMemfd(n, allocShared, "AllocShared")
 }
 
+// AllocIPC is AllocShared (device.IPCExporter).
+func (d *Device) AllocIPC(n int) (memory.Buffer, error) { return d.AllocShared(n) }
+
 // allocMemfd makes n bytes of memfd-backed device memory of kind k (n has
 // been reserved; on failure it is given back): AllocShared's, and Alloc's
 // with Options.DMABuf.

@@ -20,6 +20,9 @@ func (d *Device) AllocShared(n int) (memory.Buffer, error) { return memory.Buffe
 // IPCHandle fails: IPC needs Linux.
 func (d *Device) IPCHandle(b memory.Buffer) ([64]byte, error) { return [64]byte{}, errNoIPC }
 
+// AllocIPC fails: IPC needs Linux.
+func (d *Device) AllocIPC(n int) (memory.Buffer, error) { return memory.Buffer{}, errNoIPC }
+
 // OpenIPC fails: IPC needs Linux.
 func (d *Device) OpenIPC(h [64]byte) (memory.Buffer, error) { return memory.Buffer{}, errNoIPC }
 
