@@ -28,12 +28,11 @@ const premulOpBase = 16
 // every rank must use such an operator where the others do (a rank that
 // sums plainly against one that pre-multiplies is a mismatch, ErrMismatch). The operator is valid on
 // c only, until DestroyOp. On integer types the scalar is converted to
-// the type and multiplies with wrap-around; on the 16- and 8-bit floats
-// the product is computed in float32, and added in float32 to what the
-// rank received where the step adds it, before the step's one rounding
-// back to the type; on float32 and float64 the product is rounded in the
-// type before the sum (no fused multiply-add), so the result is exactly
-// that of scaling the input first.
+// the type and multiplies with wrap-around; on the floating-point types
+// the product is rounded to the type before the sum (no fused
+// multiply-add; the 16- and 8-bit floats multiply in float32), so the
+// result is exactly that of scaling the input first, and every rank gets
+// the same bits.
 func (c *Comm) PreMulSum(scalar float64) (Op, error) {
 	if c == nil {
 		return 0, &ArgError{Rank: -1, Op: "premulsum", Err: ErrNilComm}

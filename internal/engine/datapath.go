@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"unsafe"
 
 	"github.com/goccl/goccl/internal/device"
@@ -139,7 +140,7 @@ func (h *hostPath) setup(op *Op, nranks int) {
 		h.red, h.final, h.post, h.ready, h.premul = nil, nil, nil, false, false
 		return
 	}
-	if op.PreMul && (!h.premul || h.scale != op.Scale || h.kt != op.Type || !h.ready) {
+	if op.PreMul && (!h.premul || math.Float64bits(h.scale) != math.Float64bits(op.Scale) || h.kt != op.Type || !h.ready) {
 		h.sred = kernels.ScaledSum(op.Type, op.Scale)
 		h.sredS = kernels.ScaledSumStream(op.Type, op.Scale)
 		h.sred2 = kernels.ScaledSumStream2(op.Type, op.Scale)

@@ -57,11 +57,17 @@ type elemFormat struct {
 	// wideMove is the unaligned load and store of a 64-byte Z register,
 	// for formats with AVX-512 streaming kernels ("" for none).
 	wideMove string
+	// roundTrip rounds the singles in register r to the format and widens
+	// them back, exactly (nil: the arithmetic is in the format already),
+	// with roundTemps scratch registers: what a product rounded in the
+	// type is, for the scaled sum.
+	roundTrip  func(r string, tmp []string) []string
+	roundTemps int
 }
 
 func lines(s ...string) []string { return s }
 
-func x(y string) string { return "X" + strings.TrimPrefix(y, "Y") }
+func x(y string) string { return "X" + strings.TrimPrefix(strings.TrimPrefix(y, "Y"), "X") }
 
 var (
 	f32 = &elemFormat{
@@ -95,6 +101,9 @@ var (
 		},
 		storeS: func(r, m string, _ []string) []string {
 			return lines("VCVTPS2PH $0, "+r+", "+r, "VMOVD "+r+", R8", "MOVW R8, "+m)
+		},
+		roundTrip: func(r string, _ []string) []string {
+			return lines("VCVTPS2PH $0, "+r+", "+x(r), "VCVTPH2PS "+x(r)+", "+r)
 		},
 	}
 	// bf16 is the top half of a binary32. A vector is 16 elements (32
@@ -137,6 +146,18 @@ var (
 			l := bf16Round(r, tmp[0], tmp[1], "X13", "X14")
 			return append(l, "VPSRLD $16, "+tmp[0]+", "+tmp[0], "VMOVD "+tmp[0]+", R8", "MOVW R8, "+m)
 		},
+		// Rounded (bf16Round leaves the pattern in the upper half of each
+		// lane), then the lower half cleared: the bfloat16 value as a
+		// single.
+		roundTrip: func(r string, tmp []string) []string {
+			mask, bias, quiet := "Y12", "Y13", "Y14"
+			if strings.HasPrefix(r, "X") {
+				mask, bias, quiet = "X12", "X13", "X14"
+			}
+			l := bf16Round(r, tmp[0], tmp[1], bias, quiet)
+			return append(l, "VPAND "+mask+", "+tmp[0]+", "+r)
+		},
+		roundTemps: 2,
 	}
 	i8 = &elemFormat{
 		name: "I8", size: 1, vecBytes: 32, bInMem: true,
@@ -255,15 +276,18 @@ func postDiv() *operation {
 }
 
 // scaledSum is a pre-multiplied sum's step, a + b*s, with b (this rank's
-// input) scaled by s (broadcast into Y15) first: two instructions, each
-// rounded, never a fused multiply-add, so that the result is what
-// scaling the input first and summing it then gives. b is clobbered.
-func scaledSum() *operation {
-	return &operation{name: "msum", scalar: "s", bReg: true, consts: []string{"Y15"}, emit: func(f *elemFormat, a, b string, _ []string, w string) []string {
-		return lines(
-			"VMUL"+f.float+" "+w+"15, "+b+", "+b,
-			"VADD"+f.float+" "+b+", "+a+", "+a,
-		)
+// input) scaled by s (broadcast into Y15) first and the product rounded
+// to the format (f.roundTrip, for the 16-bit floats): separate
+// instructions, each rounded, never a fused multiply-add, so that the
+// result is what scaling the input first and summing it then gives, on
+// every rank alike. b is clobbered.
+func scaledSum(f *elemFormat) *operation {
+	return &operation{name: "msum", scalar: "s", bReg: true, temps: f.roundTemps, consts: []string{"Y15"}, emit: func(f *elemFormat, a, b string, t []string, w string) []string {
+		l := lines("VMUL" + f.float + " " + w + "15, " + b + ", " + b)
+		if f.roundTrip != nil {
+			l = append(l, f.roundTrip(b, t)...)
+		}
+		return append(l, "VADD"+f.float+" "+b+", "+a+", "+a)
 	}}
 }
 
@@ -672,7 +696,7 @@ func main() {
 			&kernel{f: f, op: floatMinMax("max", "MAX")},
 			&kernel{f: f, op: avgFinal()},
 			&kernel{f: f, op: postDiv(), unary: true},
-			&kernel{f: f, op: scaledSum()},
+			&kernel{f: f, op: scaledSum(f)},
 			&kernel{f: f, op: scaleMul(), unary: true},
 		)
 	}

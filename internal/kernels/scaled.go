@@ -15,15 +15,18 @@ import (
 // value, Scale where it copies the input on (the first contribution of a
 // ring or a tree leaf).
 //
-// Rounding is what scaling the input first and summing it then gives:
+// Rounding is exactly what scaling the input first and summing it then
+// gives, on every type: the product b·s is rounded to the type, then the
+// sum is. So two ranks that each add the other's scaled term to their own
+// (recursive doubling, the one-shot exchange) get the same bits, one
+// having scaled its term into the slot it sent and the other as it adds.
 //
-//   - Float32 and Float64: the product b·s is rounded in the type, then
-//     the sum; never a fused multiply-add (the assembly uses separate
-//     multiply and add instructions; the Go code converts the product to
-//     its type, which the specification says rounds it).
-//   - Float16, BFloat16 and the float8 types: b is widened to float32,
-//     multiplied and (in ScaledSum) added in float32, and the result is
-//     rounded once to the type. Scale rounds the product once.
+//   - Float32 and Float64: never a fused multiply-add (the assembly uses
+//     separate multiply and add instructions; the Go code converts the
+//     product to its type, which the specification says rounds it).
+//   - Float16, BFloat16 and the float8 types: b is widened to float32 and
+//     multiplied there, the product rounded to the type (and widened
+//     back, exactly), then added in float32 and rounded once more.
 //   - Integers: s is converted to the type (through int64, truncating
 //     toward zero), and the product and the sum wrap around.
 //
@@ -197,7 +200,7 @@ func scaledSum16(widen func(uint16) float32, narrow func(float32) uint16, m floa
 		d, x, y := view[uint16](dst), view[uint16](a), view[uint16](b)
 		x, y = x[:len(d)], y[:len(d)]
 		for i := range d {
-			d[i] = narrow(widen(x[i]) + float32(widen(y[i])*m))
+			d[i] = narrow(widen(x[i]) + widen(narrow(widen(y[i])*m)))
 		}
 	}
 }
@@ -212,9 +215,31 @@ func scale16(widen func(uint16) float32, narrow func(float32) uint16, m float32)
 	}
 }
 
-// scaledTables caches the 8-bit floats' tables by format and scalar: a
-// communicator's PreMulSum asks for them at every operation.
-var scaledTables sync.Map // scaledKey → *[1 << 16]uint8 (ScaledSum) or *[256]uint8 (Scale)
+// scaledTables caches the 8-bit floats' tables by format and scalar (the
+// engine asks for them again whenever the scalar changes), up to
+// maxScaledTables of them: a job that makes a PreMulSum per step with a
+// new factor must not grow it without bound.
+var scaledTables struct {
+	mu sync.Mutex
+	m  map[scaledKey]any // *[1 << 16]uint8 (ScaledSum) or *[256]uint8 (Scale)
+}
+
+const maxScaledTables = 16
+
+// scaledTable returns the cached table for k, making it with build.
+func scaledTable(k scaledKey, build func() any) any {
+	scaledTables.mu.Lock()
+	defer scaledTables.mu.Unlock()
+	if t, ok := scaledTables.m[k]; ok {
+		return t
+	}
+	if scaledTables.m == nil || len(scaledTables.m) >= maxScaledTables {
+		scaledTables.m = map[scaledKey]any{}
+	}
+	t := build()
+	scaledTables.m[k] = t
+	return t
+}
 
 type scaledKey struct {
 	format *[256]float32
@@ -225,16 +250,13 @@ type scaledKey struct {
 // scaledFP8 is ScaledSum on an 8-bit float: as its other kernels, a table
 // of the 65536 results.
 func scaledFP8(f fp8, m float32) Func {
-	k := scaledKey{f.from, math.Float32bits(m), false}
-	v, ok := scaledTables.Load(k)
-	if !ok {
+	t := scaledTable(scaledKey{f.from, math.Float32bits(m), false}, func() any {
 		var t [1 << 16]uint8
 		for i := range t {
-			t[i] = f.to(f.from[i>>8] + float32(f.from[i&0xff]*m))
+			t[i] = f.to(f.from[i>>8] + f.from[f.to(f.from[i&0xff]*m)])
 		}
-		v, _ = scaledTables.LoadOrStore(k, &t)
-	}
-	t := v.(*[1 << 16]uint8)
+		return &t
+	}).(*[1 << 16]uint8)
 	return func(dst, a, b []byte) {
 		a, b = a[:len(dst)], b[:len(dst)]
 		for i := range dst {
@@ -244,16 +266,13 @@ func scaledFP8(f fp8, m float32) Func {
 }
 
 func scaleFP8(f fp8, m float32) func(dst, src []byte) {
-	k := scaledKey{f.from, math.Float32bits(m), true}
-	v, ok := scaledTables.Load(k)
-	if !ok {
+	t := scaledTable(scaledKey{f.from, math.Float32bits(m), true}, func() any {
 		var t [256]uint8
 		for i := range t {
 			t[i] = f.to(f.from[i] * m)
 		}
-		v, _ = scaledTables.LoadOrStore(k, &t)
-	}
-	t := v.(*[256]uint8)
+		return &t
+	}).(*[256]uint8)
 	return func(dst, src []byte) {
 		src = src[:len(dst)]
 		for i := range dst {

@@ -14,9 +14,8 @@ import (
 var scalars = []float64{0.5, 1.0 / 3, -2, 0, 1e6 + 0.75}
 
 // refScaled is a pre-multiplied sum's step from the contract in
-// scaled.go: a + b·s, the product rounded in the type for Float32 and
-// Float64, in float32 with one rounding at the end for the narrower
-// floats, wrapping for integers.
+// scaled.go: a + b·s, the product rounded to the type, then the sum;
+// wrapping for integers.
 func refScaled(t Type, s float64, a, b uint64) uint64 {
 	switch {
 	case t == Float64:
@@ -24,7 +23,8 @@ func refScaled(t Type, s float64, a, b uint64) uint64 {
 		return math.Float64bits(x + float64(y*s)) // the conversion forbids a fused multiply-add
 	case isFloat(t):
 		x, y := float32(toF64(t, a)), float32(toF64(t, b))
-		return fromF32(t, x+float32(y*float32(s)))
+		p := float32(toF64(t, fromF32(t, y*float32(s)))) // the product, rounded to the type
+		return fromF32(t, x+p)
 	}
 	return (a + b*uint64(int64(s))) & mask(t)
 }
@@ -103,12 +103,11 @@ func TestScale(t *testing.T) {
 	}
 }
 
-// On the types where rounding the product in the type is what the
-// contract says, a scaled sum is exactly a scale then a sum: what
+// A scaled sum is exactly a scale then a sum, on every type: what
 // pre-scaling the input gave before the engine fused it.
 func TestScaledSumIsScaleThenSum(t *testing.T) {
 	r := newRand(t)
-	for _, tp := range []Type{Int8, Uint32, Int64, Float32, Float64} {
+	for _, tp := range allTypes {
 		for _, s := range scalars {
 			n := 1000
 			a, b := make([]byte, n*tp.Size()), make([]byte, n*tp.Size())
