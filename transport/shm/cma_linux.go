@@ -218,6 +218,11 @@ func (c *conn) reads(side int) bool {
 // from here go by reference; others are copied into a slot.
 func (c *conn) PostFrom(ctx context.Context, src memory.Buffer, tag transport.Tag) error {
 	n := src.Len()
+	if c.mapped.Len() > 0 {
+		// The engine sends only host operations' slices from the user's
+		// memory; a device connection's slots may be device memory.
+		return fmt.Errorf("shm: PostFrom on a connection for device operations")
+	}
 	if n > c.tx.slotSize {
 		return fmt.Errorf("shm: post of %d bytes, slots hold %d", n, c.tx.slotSize)
 	}

@@ -65,6 +65,12 @@ func (e *Endpoint) offerIPC(seg *segment, ch int) memory.Buffer {
 		return memory.Buffer{}
 	}
 	off := ipcOff(seg.side)
+	if seg.u32(off+ipcOffer).Load() != 0 {
+		// A hand-over retried with the same segment: the first attempt's
+		// offer stands (and is the pending connection's, or was freed
+		// with it).
+		return memory.Buffer{}
+	}
 	x, ok := e.o.Device.(device.IPCExporter)
 	if !ok || e.o.NoDeviceIPC {
 		seg.u32(off + ipcOffer).Store(ipcNo)

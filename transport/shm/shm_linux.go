@@ -111,8 +111,10 @@ func New(o Options) (*Endpoint, error) {
 	if o.SpinFor == 0 {
 		o.SpinFor = DefaultSpinFor
 	}
-	if o.Slots < 2 || o.Slots > 1024 || o.SlotSize < 64 || o.SlotSize > 1<<30 {
-		return nil, fmt.Errorf("shm: need 2..1024 slots of 64 bytes to 1 GiB: %d slots of %d", o.Slots, o.SlotSize)
+	if o.Slots < 2 || o.Slots > 1024 || o.SlotSize < 64 || o.SlotSize >= devFlag {
+		// (A slice's size and its flags share a descriptor word: sizes
+		// stay below the lowest flag, devFlag.)
+		return nil, fmt.Errorf("shm: need 2..1024 slots of 64 bytes to under 1 GiB: %d slots of %d", o.Slots, o.SlotSize)
 	}
 	for _, uid := range o.AllowUIDs {
 		if uid < 0 || uid >= math.MaxUint32 {

@@ -419,7 +419,10 @@ func TestBadOptions(t *testing.T) {
 	require.NoError(t, err)
 	defer ln.Close()
 	_, err = New(Options{Rank: 0, NRanks: 1, Peers: []string{""}, Listener: ln, SlotSize: 10})
-	require.ErrorContains(t, err, "slots of 64 bytes to 1 GiB")
+	require.ErrorContains(t, err, "slots of 64 bytes to under 1 GiB")
+	// A full slot's size must not read as a descriptor flag.
+	_, err = New(Options{Rank: 0, NRanks: 1, Peers: []string{""}, Listener: ln, SlotSize: 1 << 30})
+	require.ErrorContains(t, err, "under 1 GiB")
 	_, err = New(Options{Rank: 2, NRanks: 2, Peers: []string{"", ""}, Listener: ln})
 	require.Error(t, err)
 }
