@@ -726,7 +726,13 @@ func (c *Comm) exec(ctx context.Context, k *call, r *Request, prev *Request) err
 	// the watchdog's timeout, or a failed operation) closes the endpoint,
 	// which fails every wait in the transports at once, so no context per
 	// operation needs to merge the caller's with the communicator's.
-	r.start.Store(c.since())
+	if prev == nil {
+		// Nothing ran ahead of it: it starts as it is issued (a clock read
+		// costs 25-100 ns in these VMs, a tenth of an 8-byte operation).
+		r.start.Store(r.issued)
+	} else {
+		r.start.Store(c.since())
+	}
 	var pl engine.Plan
 	var err error
 	if r.lane != nil {
@@ -745,7 +751,7 @@ func (c *Comm) exec(ctx context.Context, k *call, r *Request, prev *Request) err
 		pl, err = c.eng.Run(ctx, &k.op)
 		c.op.Store(nil)
 	}
-	c.logOp(r, pl, err)
+	c.logOp(r, &pl, err)
 	if err == nil {
 		if cause := c.endCause(); cause != nil {
 			// Aborted while running: the contract is that pending

@@ -172,7 +172,7 @@ func ringString(ring, hosts []int) string {
 }
 
 // logOp writes one TRACE line per operation (COLL).
-func (c *Comm) logOp(r *Request, pl engine.Plan, err error) {
+func (c *Comm) logOp(r *Request, pl *engine.Plan, err error) {
 	if c.opLog == nil {
 		return
 	}

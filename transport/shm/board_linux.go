@@ -38,9 +38,9 @@ import (
 //	128                 sleepers: members sleeping on wake
 //	256                 wake: futex word, bumped by posts that find sleepers
 //	page + m*memberLen  member m's block:
-//	  +0                last: the latest collective m posted or marked
-//	                    (seq+1, 8 bytes), its signature (4); m's flags
-//	                    at +64 (gone, aborted)
+//	  +0                last: the latest collective m marked (seq+1, 8
+//	                    bytes), its signature (4); m's flags at +64
+//	                    (gone, aborted)
 //	  +128, +384        two entries, for even and odd seq:
 //	                    seq+1 (8 bytes, written last), signature (4),
 //	                    size (4), data (up to BoardMax bytes)
@@ -50,8 +50,14 @@ import (
 // again it makes sure that every member has reached the collective in
 // between (posted or marked it), which a member does only after it has
 // finished reading the entry's previous contents. A member that runs
-// collectives on the board does know that from its reads; after
-// collectives that ran elsewhere it reads the others' last words.
+// collectives on the board does know that from its reads (every member
+// of an all-reduce, all-gather or reduce-scatter reads every other's
+// entry; a broadcast's readers mark it, since its root reads nobody's);
+// after collectives that ran elsewhere, which every member marks, it
+// reads the others' last words. So a post writes its entry only, not
+// last: readers poll the entry, and a store to last, a line they poll
+// too, cost the poster a cross-core ownership transfer per collective
+// (docs/performance.md).
 
 // BoardMax is the largest contribution the board carries: an entry is
 // four cache lines.
@@ -157,7 +163,7 @@ func (b *board) Post(ctx context.Context, seq uint64, sig uint32, data []byte) e
 	binary.LittleEndian.PutUint32(e[entrySize:], uint32(len(data)))
 	copy(e[entryData:], data)
 	(*atomic.Uint64)(unsafe.Pointer(&e[entrySeq])).Store(seq + 1)
-	b.setLast(seq, sig)
+	b.wakeSleepers()
 	return nil
 }
 
@@ -176,6 +182,13 @@ func (b *board) Mark(seq uint64, sig uint32) {
 func (b *board) setLast(seq uint64, sig uint32) {
 	b.u32(b.me, memberLastSig).Store(sig)
 	b.u64(b.me, memberLast).Store(seq + 1)
+	b.wakeSleepers()
+}
+
+// wakeSleepers wakes the members sleeping on the board, if any, after a
+// sequentially consistent store (Post's entry, setLast's last): either a
+// member going to sleep sees that store, or this sees the sleeper.
+func (b *board) wakeSleepers() {
 	if b.sleepers().Load() != 0 {
 		b.wake().Add(1)
 		futexWake(b.wake())
