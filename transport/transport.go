@@ -235,8 +235,8 @@ type Board interface {
 	Max() int
 	// Post publishes this rank's contribution to collective seq, with the
 	// operation's signature (as in Tag.Sig). It may wait until every
-	// member has finished reading what this rank posted two collectives
-	// ago.
+	// member has finished reading what this rank posted some collectives
+	// ago (two at least: the board's depth).
 	Post(ctx context.Context, seq uint64, sig uint32, data []byte) error
 	// Mark records that this rank runs collective seq (signature sig)
 	// without the board, so that a rank waiting on the board for it learns

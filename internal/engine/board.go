@@ -163,7 +163,7 @@ func (e *Engine) runOnBoard(ctx context.Context, op *Op, seq uint64) (Plan, erro
 	defer e.curSched.Store(nil)
 	if op.Coll == algorithms.CollBroadcast && me != op.Root {
 		// Reached this collective (done reading the last): the root may
-		// reuse its entry of two collectives ago.
+		// reuse the entry this reader read last.
 		e.board.Mark(seq, pl.Sig)
 		data, err := read(op.Root)
 		if err != nil {

@@ -41,15 +41,19 @@ import (
 //	  +0                last: the latest collective m marked (seq+1, 8
 //	                    bytes), its signature (4); m's flags at +64
 //	                    (gone, aborted)
-//	  +128, +384        two entries, for even and odd seq:
+//	  +128 + e*256      boardEntries entries, e = seq mod boardEntries:
 //	                    seq+1 (8 bytes, written last), signature (4),
 //	                    size (4), data (up to BoardMax bytes)
 //	...                 reasons: reasonLen bytes per member, why it aborted
 //
-// An entry is reused two collectives later. Before a member writes it
-// again it makes sure that every member has reached the collective in
-// between (posted or marked it), which a member does only after it has
-// finished reading the entry's previous contents. A member that runs
+// An entry is reused boardEntries collectives later. Before a member
+// writes it again it makes sure that every member has reached the
+// collective after its previous contents' (posted or marked it), which a
+// member does only after it has finished reading those. With 8 entries a
+// broadcast's root runs up to 7 collectives ahead of its slowest reader
+// before it waits (with 2 it waited for them every other broadcast); the
+// symmetric collectives read every member's entry before they post the
+// next, so for them one would do. A member that runs
 // collectives on the board does know that from its reads (every member
 // of an all-reduce, all-gather or reduce-scatter reads every other's
 // entry; a broadcast's readers mark it, since its root reads nobody's);
@@ -64,7 +68,7 @@ import (
 const BoardMax = boardEntryLen - entryData
 
 const (
-	boardVersion  = 1
+	boardVersion  = 2 // 2: boardEntries entries per member
 	boardSleepers = 128
 	boardWake     = 256
 
@@ -73,7 +77,8 @@ const (
 	memberFlags   = 64
 	memberEntry   = 128
 	boardEntryLen = 256
-	memberLen     = memberEntry + 2*boardEntryLen
+	boardEntries  = 8
+	memberLen     = memberEntry + boardEntries*boardEntryLen
 
 	entrySeq  = 0
 	entrySig  = 8
@@ -117,7 +122,7 @@ func (b *board) u32(m, off int) *atomic.Uint32 {
 }
 
 func (b *board) entry(m int, seq uint64) []byte {
-	off := memberEntry + int(seq%2)*boardEntryLen
+	off := memberEntry + int(seq%boardEntries)*boardEntryLen
 	return b.member(m)[off : off+boardEntryLen : off+boardEntryLen]
 }
 
@@ -141,15 +146,17 @@ func (b *board) Post(ctx context.Context, seq uint64, sig uint32, data []byte) e
 		return b.e.closedErr()
 	}
 	defer b.seg.release()
-	if seq >= 2 {
-		// The entry held seq-2: every member must be past it.
+	if seq >= boardEntries {
+		// The entry held seq-boardEntries: every member must have reached
+		// the collective after it (seen holds seq+1 of the latest reached).
+		need := seq - boardEntries + 2
 		for m := range b.n {
-			if m == b.me || b.seen[m] >= seq {
+			if m == b.me || b.seen[m] >= need {
 				continue
 			}
 			reached := func() bool {
 				b.seen[m] = max(b.seen[m], b.u64(m, memberLast).Load())
-				return b.seen[m] >= seq
+				return b.seen[m] >= need
 			}
 			if !reached() {
 				if err := b.wait(ctx, m, reached); err != nil {

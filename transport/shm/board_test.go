@@ -111,14 +111,16 @@ func TestBoardMarkAndWentPast(t *testing.T) {
 }
 
 func TestBoardPostWaitsUntilTheEntryIsFree(t *testing.T) {
-	// An entry is reused two collectives later, once every member has
-	// reached the collective in between.
+	// An entry is reused boardEntries collectives later, once every
+	// member has reached the collective after the one it held: a root
+	// posts that many ahead of a reader that reads nothing.
 	_, bs := boards(t, 2, nil)
 	ctx := context.Background()
-	require.NoError(t, bs[0].Post(ctx, 0, 1, []byte("a")))
-	require.NoError(t, bs[0].Post(ctx, 1, 1, []byte("b")))
+	for seq := range uint64(boardEntries) {
+		require.NoError(t, bs[0].Post(ctx, seq, 1, []byte("a")))
+	}
 	done := make(chan error, 1)
-	go func() { done <- bs[0].Post(ctx, 2, 1, []byte("c")) }()
+	go func() { done <- bs[0].Post(ctx, boardEntries, 1, []byte("c")) }()
 	select {
 	case err := <-done:
 		t.Fatalf("posted over collective 0 before rank 1 reached collective 1: %v", err)
@@ -137,7 +139,7 @@ func TestBoardPostWaitsUntilTheEntryIsFree(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the post did not go ahead once rank 1 reached collective 1")
 	}
-	_, data, posted, err := bs[1].Read(ctx, 0, 2)
+	_, data, posted, err := bs[1].Read(ctx, 0, boardEntries)
 	require.NoError(t, err)
 	require.True(t, posted)
 	require.Equal(t, "c", string(data))
