@@ -26,6 +26,22 @@ var (
 // wideBlock is what an AVX-512 kernel takes per iteration (asmgen.go).
 const wideBlock = 256
 
+// pickWide is wide(z, y) where the AVX-512 kernels are used, y
+// elsewhere; pickWide2 is its Func2 form.
+func pickWide(z, y Func) Func {
+	if useAVX512 && !forceAVX2 {
+		return wide(z, y)
+	}
+	return y
+}
+
+func pickWide2(z, y Func2) Func2 {
+	if useAVX512 && !forceAVX2 {
+		return wide2(z, y)
+	}
+	return y
+}
+
 // wide runs z on the whole blocks of wideBlock bytes and y on the rest.
 func wide(z, y Func) Func {
 	if z == nil {
@@ -205,10 +221,7 @@ func archAvgStream(t Type, n int) Func {
 	default:
 		return nil
 	}
-	if useAVX512 && !forceAVX2 {
-		return wide(z, y)
-	}
-	return y
+	return pickWide(z, y)
 }
 
 func archAvgStream2(t Type, n int) Func2 {
@@ -228,10 +241,7 @@ func archAvgStream2(t Type, n int) Func2 {
 	default:
 		return nil
 	}
-	if useAVX512 && !forceAVX2 {
-		return wide2(z, y)
-	}
-	return y
+	return pickWide2(z, y)
 }
 
 func archCopyStream(dst, src []byte) { copyI8NTAVX2(dst, src) }
@@ -295,10 +305,7 @@ func archScaledSumStream(t Type, s float64) Func {
 	default:
 		return nil
 	}
-	if useAVX512 && !forceAVX2 {
-		return wide(z, y)
-	}
-	return y
+	return pickWide(z, y)
 }
 
 func archScaledSumStream2(t Type, s float64) Func2 {
@@ -317,8 +324,5 @@ func archScaledSumStream2(t Type, s float64) Func2 {
 	default:
 		return nil
 	}
-	if useAVX512 && !forceAVX2 {
-		return wide2(z, y)
-	}
-	return y
+	return pickWide2(z, y)
 }

@@ -424,6 +424,34 @@ func checkBinaryRef(t *testing.T, r *rand.Rand, tp Type, op Op, f Func, lengths 
 	}
 }
 
+// checkUnary runs f (dst = g(src)) on random inputs of every test
+// length, in place and not, comparing each element with want; op only
+// says which results same accepts.
+func checkUnary(t *testing.T, r *rand.Rand, tp Type, op Op, f func(dst, src []byte), want func(v uint64) uint64) {
+	sz := tp.Size()
+	for _, l := range testLengths() {
+		for _, inPlace := range []bool{false, true} {
+			sb, db := newBuf(r, l*sz), newBuf(r, l*sz)
+			src := sb.bytes()
+			fill(r, tp, src)
+			src0 := append([]byte(nil), src...)
+			dst := db.bytes()
+			if inPlace {
+				dst = src
+			}
+			f(dst, src)
+			for i := range l {
+				v, got := get(tp, src0, i), get(tp, dst, i)
+				if w := want(v); !same(tp, op, v, v, got, w) {
+					require.Failf(t, "wrong element", "len %d in-place %v element %d: f(%#x) = %#x, want %#x", l, inPlace, i, v, got, w)
+				}
+			}
+			sb.checkGuard(t, "src")
+			db.checkGuard(t, "dst")
+		}
+	}
+}
+
 func toF64Any(t Type, v uint64) float64 {
 	if isFloat(t) {
 		return toF64(t, v)
@@ -481,30 +509,7 @@ func TestPost(t *testing.T) {
 						return
 					}
 					require.NotNil(t, f)
-					sz := tp.Size()
-					for _, l := range testLengths() {
-						for _, inPlace := range []bool{false, true} {
-							sb, db := newBuf(r, l*sz), newBuf(r, l*sz)
-							src := sb.bytes()
-							fill(r, tp, src)
-							src0 := append([]byte(nil), src...)
-							dst := db.bytes()
-							if inPlace {
-								dst = src
-							}
-							f(dst, src)
-							for i := range l {
-								v, got := get(tp, src0, i), get(tp, dst, i)
-								want := refPost(tp, n, v)
-								if !same(tp, Avg, v, v, got, want) {
-									require.Failf(t, "wrong element", "len %d in-place %v element %d: %#x/%d = %#x, want %#x",
-										l, inPlace, i, v, n, got, want)
-								}
-							}
-							sb.checkGuard(t, "src")
-							db.checkGuard(t, "dst")
-						}
-					}
+					checkUnary(t, r, tp, Avg, f, func(v uint64) uint64 { return refPost(tp, n, v) })
 				})
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -41,62 +42,37 @@ func refScale(t Type, s float64, v uint64) uint64 {
 }
 
 func TestScaledSum(t *testing.T) {
-	for _, p := range paths() {
-		for _, tp := range allTypes {
-			for _, s := range scalars {
-				t.Run(fmt.Sprintf("path=%s/type=%v/s=%g", p.name, tp, s), func(t *testing.T) {
-					usePath(t, p)
-					r := newRand(t)
-					want := func(a, b uint64) uint64 { return refScaled(tp, s, a, b) }
-					checkBinaryRef(t, r, tp, Sum, ScaledSum(tp, s), testLengths(), want)
-					checkBinaryRef(t, r, tp, Sum, ScaledSumStream(tp, s), streamLengths(), want)
-					g := ScaledSumStream2(tp, s)
-					two := func(dst, a, b []byte) {
-						d2 := newBuf(r, len(dst))
-						g(dst, d2.bytes(), a, b)
-						d2.checkGuard(t, "dst2")
-						if !bytes.Equal(dst, d2.bytes()) {
-							t.Fatalf("dst2 differs from dst (%d bytes)", len(dst))
-						}
-					}
-					checkBinaryRef(t, r, tp, Sum, two, streamLengths(), want)
-				})
+	eachScalar(t, func(t *testing.T, r *rand.Rand, tp Type, s float64) {
+		want := func(a, b uint64) uint64 { return refScaled(tp, s, a, b) }
+		checkBinaryRef(t, r, tp, Sum, ScaledSum(tp, s), testLengths(), want)
+		checkBinaryRef(t, r, tp, Sum, ScaledSumStream(tp, s), streamLengths(), want)
+		g := ScaledSumStream2(tp, s)
+		two := func(dst, a, b []byte) {
+			d2 := newBuf(r, len(dst))
+			g(dst, d2.bytes(), a, b)
+			d2.checkGuard(t, "dst2")
+			if !bytes.Equal(dst, d2.bytes()) {
+				t.Fatalf("dst2 differs from dst (%d bytes)", len(dst))
 			}
 		}
-	}
+		checkBinaryRef(t, r, tp, Sum, two, streamLengths(), want)
+	})
 }
 
 func TestScale(t *testing.T) {
+	eachScalar(t, func(t *testing.T, r *rand.Rand, tp Type, s float64) {
+		checkUnary(t, r, tp, Sum, Scale(tp, s), func(v uint64) uint64 { return refScale(tp, s, v) })
+	})
+}
+
+// eachScalar runs body as a subtest for every code path, type and scalar.
+func eachScalar(t *testing.T, body func(t *testing.T, r *rand.Rand, tp Type, s float64)) {
 	for _, p := range paths() {
 		for _, tp := range allTypes {
 			for _, s := range scalars {
 				t.Run(fmt.Sprintf("path=%s/type=%v/s=%g", p.name, tp, s), func(t *testing.T) {
 					usePath(t, p)
-					r := newRand(t)
-					f := Scale(tp, s)
-					sz := tp.Size()
-					for _, l := range testLengths() {
-						for _, inPlace := range []bool{false, true} {
-							sb, db := newBuf(r, l*sz), newBuf(r, l*sz)
-							src := sb.bytes()
-							fill(r, tp, src)
-							src0 := append([]byte(nil), src...)
-							dst := db.bytes()
-							if inPlace {
-								dst = src
-							}
-							f(dst, src)
-							for i := range l {
-								v, got := get(tp, src0, i), get(tp, dst, i)
-								if want := refScale(tp, s, v); !same(tp, Sum, v, v, got, want) {
-									require.Failf(t, "wrong element", "len %d in-place %v element %d: %#x·%g = %#x, want %#x",
-										l, inPlace, i, v, s, got, want)
-								}
-							}
-							sb.checkGuard(t, "src")
-							db.checkGuard(t, "dst")
-						}
-					}
+					body(t, newRand(t), tp, s)
 				})
 			}
 		}

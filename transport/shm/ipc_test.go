@@ -5,7 +5,6 @@ import (
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -23,7 +22,7 @@ import (
 // freed with the connection.
 func TestDeviceConnectionFallsBackFromIPC(t *testing.T) {
 	devs := []*emu.Device{emu.New(0, emu.Options{Seed: 1}), emu.New(0, emu.Options{Seed: 2})}
-	var logs [2]syncBuf
+	var logs [2]syncBuffer
 	eps := endpoints(t, 2, func(r int, o *Options) {
 		o.Device = devs[r]
 		o.Logger = slog.New(slog.NewTextHandler(&logs[r], nil))
@@ -66,7 +65,7 @@ func TestDeviceConnectionFallsBackFromIPC(t *testing.T) {
 // registered segment's, and no device memory is allocated for them.
 func TestNoDeviceIPCOffersNothing(t *testing.T) {
 	devs := []*emu.Device{emu.New(0, emu.Options{Seed: 1}), emu.New(0, emu.Options{Seed: 2})}
-	var logs [2]syncBuf
+	var logs [2]syncBuffer
 	eps := endpoints(t, 2, func(r int, o *Options) {
 		o.Device, o.NoDeviceIPC = devs[r], true
 		o.Logger = slog.New(slog.NewTextHandler(&logs[r], nil))
@@ -77,22 +76,4 @@ func TestNoDeviceIPCOffersNothing(t *testing.T) {
 		require.Equal(t, 1, d.Live(), "rank %d: the segment's registration only, no device slots", r)
 		require.True(t, strings.Contains(logs[r].String(), "IPC turned off on this rank"), "rank %d: %s", r, logs[r].String())
 	}
-}
-
-// syncBuf is a bytes.Buffer for a logger that goroutines share.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
