@@ -176,9 +176,7 @@ func (e *Engine) runOnBoard(ctx context.Context, op *Op, seq uint64) (Plan, erro
 	if op.PreMul {
 		// A pre-multiplied sum posts and folds its input scaled, made
 		// once in scratch (it is small).
-		e.boardScaled = append(e.boardScaled[:0], make([]byte, post)...)
-		k.host.scaleBy(e.boardScaled, in)
-		in = e.boardScaled
+		in = k.host.scaleInto(&e.boardScaled, in)
 	}
 	// What this rank takes of its own post: its input, or a
 	// reduce-scatter's block of it. In place, the output overwrites the

@@ -232,6 +232,14 @@ func (h *hostPath) scaledReduce(dst, a, b memory.Buffer, out bool) {
 	f(dst.Bytes(), a.Bytes(), b.Bytes())
 }
 
+// scaleInto returns src scaled (Op.PreMul) in *scratch, grown to fit:
+// for the small operations that post their input whole.
+func (h *hostPath) scaleInto(scratch *[]byte, src []byte) []byte {
+	*scratch = append((*scratch)[:0], make([]byte, len(src))...)
+	h.scaleBy(*scratch, src)
+	return *scratch
+}
+
 // scaledReduce2 is reduce2 with b scaled.
 func (h *hostPath) scaledReduce2(dst, slot, a, b memory.Buffer) {
 	d, s := dst.Bytes(), slot.Bytes()

@@ -41,9 +41,7 @@ func (x *chanRun) oneShot(ctx context.Context, rank, nranks int, waitPeer *atomi
 	if x.premul {
 		// A pre-multiplied sum: the input scaled once, into scratch (it
 		// is small), is what this rank posts and folds.
-		x.scaled = append(x.scaled[:0], make([]byte, nb)...)
-		x.host.scaleBy(x.scaled, x.in.Bytes())
-		mine = memory.HostBuffer(x.scaled)
+		mine = memory.HostBuffer(x.host.scaleInto(&x.scaled, x.in.Bytes()))
 	}
 	for i := 1; i < nranks; i++ {
 		// Each rank starts with the peer after it, so that no rank receives

@@ -151,11 +151,7 @@ func (c *conn) freeIPC() {
 			c.e.log.Warn("goccl: shm: unmapping a peer's device slots", "rank", c.e.o.Rank, "peer", c.peer, "err", err)
 		}
 	}
-	if c.devRx.Len() > 0 {
-		if err := c.ipc.Free(c.devRx); err != nil {
-			c.e.log.Warn("goccl: shm: freeing device slots", "rank", c.e.o.Rank, "peer", c.peer, "err", err)
-		}
-	}
+	c.e.freeOffer(c.devRx)
 }
 
 // slotOff is where slice i's data slot starts in a ring's data.
