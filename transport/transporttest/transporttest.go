@@ -4,6 +4,7 @@ package transporttest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -60,11 +61,15 @@ func allReduce(t *testing.T, eps []transport.Endpoint, link algorithms.LinkModel
 			defer cancel()
 			_, errs[r] = e.Run(ctx, &engine.Op{Coll: algorithms.CollAllReduce, Type: kernels.Float64, Red: kernels.Sum, Count: count,
 				In: memory.HostBuffer(f64bytes(in)), Out: memory.HostBuffer(f64bytes(outs[r]))})
+			if errs[r] != nil {
+				errs[r] = fmt.Errorf("rank %d: %w", r, errs[r])
+				eps[r].Close(errs[r]) // as a communicator aborts: the others fail now, not at their timeout
+			}
 		})
 	}
 	wg.Wait()
 	for r := range es {
-		require.NoError(t, errs[r], "rank %d", r)
+		require.NoError(t, errors.Join(errs...))
 		for i, v := range outs[r] {
 			want := float64(n*(i%977) + 1000*n*(n-1)/2)
 			if v != want {

@@ -94,35 +94,73 @@ func (p *Provider) Open(name string) (ibv.Context, error) {
 	if err := os.MkdirAll(p.o.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("ibemu: fabric directory: %w", err)
 	}
-	var idb [4]byte
-	rand.Read(idb[:])
-	id := binary.BigEndian.Uint32(idb[:]) & 0xffffff
-	if p.o.InfiniBand {
-		id &= 0xbfff // a unicast LID (below 0xc000)
-	}
-	if id == 0 {
-		id = 1
+	id, ln, err := p.claimID(randomID)
+	if err != nil {
+		return nil, err
 	}
 	n := &nic{p: p, id: id, rng: mrand.New(mrand.NewPCG(p.seed.Add(0x9e3779b97f4a7c15), uint64(id))),
 		mrs: map[uint32]*mr{}, qps: map[uint32]*qp{}, remotes: map[uint32]*remoteNIC{},
 		events: make(chan ibv.Event, 64), done: make(chan struct{})}
 	n.gen = id & 0xff << 8
 	n.nextQPN = (id & 0xfff) << 12
-	var err error
+	n.sock = ln.Addr().String()
 	if n.table, err = newSegment(mrTableLen); err != nil {
+		ln.Close()
 		return nil, err
-	}
-	n.sock = filepath.Join(p.o.Dir, fmt.Sprintf("%06x.sock", id))
-	os.Remove(n.sock)
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: n.sock, Net: "unix"})
-	if err != nil {
-		n.table.unmap()
-		return nil, fmt.Errorf("ibemu: NIC socket: %w", err)
 	}
 	n.ln = ln
 	n.wg.Add(1)
 	go n.serve()
 	return n, nil
+}
+
+// claimID gives a new NIC an id (its LID, and the NIC part of its GIDs)
+// that no live NIC of the fabric has, and the socket named by it, as a
+// subnet manager hands out unique LIDs: two NICs with one id would each
+// take the other's packets. A socket left by a process that died (no
+// one accepts on it) is taken over. The fabric's lock file keeps two
+// processes from taking over the same one. draw gives the candidates.
+func (p *Provider) claimID(draw func() uint32) (uint32, *net.UnixListener, error) {
+	lock, err := os.OpenFile(filepath.Join(p.o.Dir, ".lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return 0, nil, fmt.Errorf("ibemu: fabric lock: %w", err)
+	}
+	defer lock.Close() // and with it the lock
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
+		return 0, nil, fmt.Errorf("ibemu: fabric lock: %w", err)
+	}
+	mask := uint32(0xffffff)
+	if p.o.InfiniBand {
+		mask = 0xbfff // a unicast LID (below 0xc000)
+	}
+	for range 1000 {
+		id := draw() & mask
+		if id == 0 {
+			continue
+		}
+		sock := filepath.Join(p.o.Dir, fmt.Sprintf("%06x.sock", id))
+		ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+		if errors.Is(err, unix.EADDRINUSE) {
+			c, derr := net.Dial("unix", sock)
+			if derr == nil {
+				c.Close()
+				continue // a live NIC has this id
+			}
+			os.Remove(sock) // left by a process that is gone
+			ln, err = net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+		}
+		if err != nil {
+			return 0, nil, fmt.Errorf("ibemu: NIC socket: %w", err)
+		}
+		return id, ln, nil
+	}
+	return 0, nil, fmt.Errorf("ibemu: no free NIC id in fabric %s", p.o.Dir)
+}
+
+func randomID() uint32 {
+	var b [4]byte
+	rand.Read(b[:])
+	return binary.BigEndian.Uint32(b[:])
 }
 
 // nic is one open emulated device.
@@ -475,8 +513,7 @@ func (n *nic) Close() error {
 	n.remotes = map[uint32]*remoteNIC{}
 	n.mu.Unlock()
 	close(n.done)
-	n.ln.Close()
-	os.Remove(n.sock)
+	n.ln.Close() // which removes the socket: a later NIC may take its id
 	n.wg.Wait()
 	if busy {
 		// Requests may still run against the peers' memory: leave it

@@ -1,6 +1,8 @@
 package ibemu
 
 import (
+	"net"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -534,4 +536,37 @@ func TestInfiniBandByLID(t *testing.T) {
 	require.Equal(t, ibv.Status(ibv.Success), poll(t, a.cq, 1, time.Second)[0].Status)
 	require.Equal(t, uint32(77), poll(t, b.cq, 1, time.Second)[0].Imm)
 	require.Equal(t, "over the LID", string(b.mem.B[:12]))
+}
+
+// The NICs of a fabric have distinct LIDs, as a subnet manager assigns
+// them: 15 random bits for 300 NICs collide with probability 0.75, and
+// two NICs with one LID would take each other's packets (a CI run saw a
+// queue pair reach its own NIC and fail with RETRY_EXC_ERR). A socket
+// that no process serves any more does not hold its id.
+func TestLIDsAreUnique(t *testing.T) {
+	dir := t.TempDir()
+	stale, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(dir, "000001.sock"), Net: "unix"})
+	require.NoError(t, err)
+	stale.SetUnlinkOnClose(false)
+	stale.Close() // as a process that died leaves it
+	p := New(Options{Dir: dir, InfiniBand: true})
+	seen := map[uint16]bool{}
+	for range 300 {
+		c, err := p.Open(DeviceName)
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+		a, err := c.QueryPort(1)
+		require.NoError(t, err)
+		require.False(t, seen[a.LID], "LID %#x given twice", a.LID)
+		require.NotZero(t, a.LID)
+		require.Less(t, a.LID, uint16(0xc000), "a unicast LID")
+		seen[a.LID] = true
+	}
+	one := func() uint32 { return 1 }
+	id, ln, err := p.claimID(one)
+	require.NoError(t, err, "the stale socket's id is free")
+	require.Equal(t, uint32(1), id)
+	_, _, err = p.claimID(one)
+	require.ErrorContains(t, err, "no free NIC id", "a live NIC's id is not")
+	ln.Close()
 }
