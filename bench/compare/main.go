@@ -237,7 +237,7 @@ func run() error {
 						switch tool {
 						case "goccl":
 							argv = hn.argv(s.np, append([]string{perf, string(s.coll), "-target", fmt.Sprintf("%gs", *target), "-a", "3", "-c", "1",
-								"-out-of-place-only", "-J", jsonTmp}, sweep...), hn.goccl())
+								"-J", jsonTmp}, append(placement(s.coll), sweep...)...), hn.goccl())
 						case "mpich":
 							p := avail[slices.IndexFunc(avail, func(p peer) bool { return p.name == tool })]
 							argv = hn.argv(s.np, append([]string{filepath.Join(*binDir, p.binary), "-o", p.ops[s.coll], "-T", fmt.Sprint(*target)}, sweep...), hn.mpich())
@@ -246,7 +246,7 @@ func run() error {
 						}
 					} else if tool == "goccl" {
 						argv = append([]string{perf, string(s.coll), "-np", strconv.Itoa(s.np), "--transport", s.transport,
-							"-target", fmt.Sprintf("%gs", *target), "-a", "3", "-c", "1", "-out-of-place-only", "-J", jsonTmp}, sweep...)
+							"-target", fmt.Sprintf("%gs", *target), "-a", "3", "-c", "1", "-J", jsonTmp}, append(placement(s.coll), sweep...)...)
 					} else {
 						p := avail[slices.IndexFunc(avail, func(p peer) bool { return p.name == tool })]
 						prefix := p.shm
@@ -273,7 +273,7 @@ func run() error {
 						// bandwidths to 2 decimals).
 						var r *bench.Report
 						if r, err = bench.ReadReport(jsonTmp); err == nil {
-							rows = r.Rows
+							rows, err = comparable(s.coll, r.Rows)
 						}
 					}
 					if err != nil {
@@ -396,6 +396,34 @@ func runTool(ctx context.Context, log io.Writer, argv, env []string) ([]bench.Ro
 		if r.OutOfPlace.Wrong > 0 {
 			return nil, fmt.Errorf("%d wrong elements at %d bytes", r.OutOfPlace.Wrong, r.Bytes)
 		}
+	}
+	return rows, nil
+}
+
+// placement is the goccl-perf flags that measure what the peers do. A
+// broadcast has one buffer in MPI (MPI_Bcast) and in Gloo, so it is in
+// place there: goccl's in-place broadcast is the like-for-like figure
+// (out of place, the root also copies its input into its output, which
+// the peers never do), measured with the out-of-place one and taken by
+// comparable. Everything else the peers run out of place.
+func placement(c bench.Coll) []string {
+	if c == bench.Broadcast {
+		return nil
+	}
+	return []string{"-out-of-place-only"}
+}
+
+// comparable puts goccl's like-for-like figure (placement) in each
+// row's OutOfPlace column, which the report compares.
+func comparable(c bench.Coll, rows []bench.Row) ([]bench.Row, error) {
+	if c != bench.Broadcast {
+		return rows, nil
+	}
+	for i, r := range rows {
+		if r.InPlace == nil {
+			return nil, fmt.Errorf("goccl-perf reported no in-place broadcast at %d bytes", r.Bytes)
+		}
+		rows[i].OutOfPlace, rows[i].InPlace = *r.InPlace, nil
 	}
 	return rows, nil
 }

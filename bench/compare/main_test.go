@@ -60,3 +60,21 @@ func TestVerdict(t *testing.T) {
 	require.Regexp(t, `8 B +1\.20 .* mpich  <- behind`, out)
 	require.NotContains(t, out[strings.Index(out, "64 MiB"):], "behind")
 }
+
+// goccl's broadcast is compared in place, as MPI_Bcast and Gloo's
+// broadcast run; every other collective out of place, as the peers do.
+func TestBroadcastIsComparedInPlace(t *testing.T) {
+	require.Nil(t, placement(bench.Broadcast), "both placements measured")
+	require.Equal(t, []string{"-out-of-place-only"}, placement(bench.AllGather))
+	rows := []bench.Row{{Bytes: 8, OutOfPlace: bench.Measure{TimeUs: 2}, InPlace: &bench.Measure{TimeUs: 1}}}
+	got, err := comparable(bench.Broadcast, rows)
+	require.NoError(t, err)
+	require.Equal(t, 1.0, got[0].OutOfPlace.TimeUs)
+	require.Nil(t, got[0].InPlace)
+	rows = []bench.Row{{Bytes: 8, OutOfPlace: bench.Measure{TimeUs: 2}}}
+	got, err = comparable(bench.AllReduce, rows)
+	require.NoError(t, err)
+	require.Equal(t, 2.0, got[0].OutOfPlace.TimeUs)
+	_, err = comparable(bench.Broadcast, rows)
+	require.ErrorContains(t, err, "no in-place broadcast at 8 bytes")
+}
