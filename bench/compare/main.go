@@ -24,6 +24,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/goccl/goccl/bench"
@@ -94,6 +95,7 @@ func run() error {
 		sizesF = flag.String("sizes", "", "measure exactly these sizes (comma-separated, e.g. 8,1M,64M,256M) instead of -b/-e/-f")
 		reps   = flag.Int("reps", 3, "repetitions of every run (medians are reported)")
 		target = flag.Float64("T", 0.3, "seconds of timed operations per size and run")
+		runMax = flag.Duration("run-timeout", 10*time.Minute, "longest one tool's run may take; past it the run is killed (with its ranks) and reported as failed")
 		out    = flag.String("out", "compare-out", "directory for logs, JSON and plots")
 		binDir = flag.String("bin", "", "directory with the built peers (default: OUT/bin, built by setup.sh)")
 		setup  = flag.Bool("setup", true, "run setup.sh (apt-get install and build the peers) when a peer binary is missing")
@@ -267,7 +269,7 @@ func run() error {
 						argv = append(argv, sweep...)
 					}
 					fmt.Fprintf(os.Stderr, "compare: [%d/%d] %s, %s: %s\n", rep+1, *reps, s, strings.Join(sweep, " "), tool)
-					rows, err := runTool(ctx, logs, argv, env)
+					rows, err := runTool(ctx, logs, argv, env, *runMax)
 					if err == nil && tool == "goccl" {
 						// The JSON has full precision (the table rounds
 						// bandwidths to 2 decimals).
@@ -375,16 +377,24 @@ func printVerdict(w io.Writer, rows []verdictRow) {
 }
 
 // runTool runs one benchmark command, logs its output and parses its table.
-func runTool(ctx context.Context, log io.Writer, argv, env []string) ([]bench.Row, error) {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Minute)
+func runTool(ctx context.Context, log io.Writer, argv, env []string, limit time.Duration) ([]bench.Row, error) {
+	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	// A launcher's ranks are its children: a run past its limit (MPICH's
+	// 4 ranks over TCP on 2 cores hung here, blocked, for minutes) is
+	// killed as a process group, ranks and all.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.Env = append(os.Environ(), "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
 	cmd.Env = append(cmd.Env, env...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
 	fmt.Fprintf(log, "### %s\n%s\n", strings.Join(argv, " "), out.String())
+	if ctx.Err() == context.DeadlineExceeded {
+		return nil, fmt.Errorf("killed after -run-timeout %v", limit)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -1,8 +1,17 @@
 package main
 
 import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -77,4 +86,33 @@ func TestBroadcastIsComparedInPlace(t *testing.T) {
 	require.Equal(t, 2.0, got[0].OutOfPlace.TimeUs)
 	_, err = comparable(bench.Broadcast, rows)
 	require.ErrorContains(t, err, "no in-place broadcast at 8 bytes")
+}
+
+// A run past -run-timeout is killed with its children (a launcher's
+// ranks) and reported, not waited for.
+func TestRunToolKillsAHungRunAndItsRanks(t *testing.T) {
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	start := time.Now()
+	_, err := runTool(context.Background(), io.Discard, []string{"sh", "-c", "sleep 60 & echo $! > " + pidFile + "; wait"}, nil, 300*time.Millisecond)
+	require.ErrorContains(t, err, "killed after -run-timeout 300ms")
+	require.Less(t, time.Since(start), 10*time.Second)
+	b, err := os.ReadFile(pidFile)
+	require.NoError(t, err)
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return dead(pid) }, 5*time.Second, 20*time.Millisecond, "the child sleep %d outlived its run", pid)
+}
+
+// dead: no such process, or a zombie (killed; whether it is reaped is up
+// to the machine's init).
+func dead(pid int) bool {
+	if syscall.Kill(pid, 0) != nil {
+		return true
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	return len(f) > 0 && f[0] == "Z"
 }
