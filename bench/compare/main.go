@@ -232,6 +232,12 @@ func run() error {
 	for rep := 0; rep < *reps; rep++ {
 		for _, s := range settings {
 			for _, sweep := range sweeps {
+				if why := noCell(s, sweep); why != "" {
+					if rep == 0 {
+						fmt.Fprintf(os.Stderr, "compare: %s, %s: skipped, %s\n", s, strings.Join(sweep, " "), why)
+					}
+					continue
+				}
 				tools := append([]string{"goccl"}, names(avail)...)
 				for _, tool := range tools {
 					var argv, env []string
@@ -408,6 +414,20 @@ func runTool(ctx context.Context, log io.Writer, argv, env []string, limit time.
 		}
 	}
 	return rows, nil
+}
+
+// noCell says why a single-size sweep has nothing to measure: a
+// reduce-scatter's or all-gather's size is every rank's block together,
+// and below one float (4 bytes) per rank no tool has a block to move.
+func noCell(s setting, sweep []string) string {
+	if s.coll != bench.ReduceScatter && s.coll != bench.AllGather || sweep[1] != sweep[3] {
+		return ""
+	}
+	n, err := collective.ParseSize(sweep[1])
+	if err != nil || n >= int64(4*s.np) {
+		return ""
+	}
+	return fmt.Sprintf("%d bytes is less than one float per rank for %d ranks", n, s.np)
 }
 
 // placement is the goccl-perf flags that measure what the peers do. A

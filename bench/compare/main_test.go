@@ -116,3 +116,15 @@ func dead(pid int) bool {
 	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
 	return len(f) > 0 && f[0] == "Z"
 }
+
+// Below one float per rank a reduce-scatter or all-gather has no cell:
+// it is skipped, saying why, instead of failing in every tool.
+func TestTinyGatheringSizesAreSkipped(t *testing.T) {
+	one := func(sz string) []string { return []string{"-b", sz, "-e", sz, "-f", "2"} }
+	require.Equal(t, "8 bytes is less than one float per rank for 4 ranks", noCell(setting{np: 4, coll: bench.ReduceScatter}, one("8")))
+	require.NotEmpty(t, noCell(setting{np: 4, coll: bench.AllGather}, one("8")))
+	require.Empty(t, noCell(setting{np: 2, coll: bench.AllGather}, one("8")))
+	require.Empty(t, noCell(setting{np: 4, coll: bench.AllGather}, one("16")))
+	require.Empty(t, noCell(setting{np: 4, coll: bench.AllReduce}, one("8")))
+	require.Empty(t, noCell(setting{np: 4, coll: bench.AllGather}, []string{"-b", "8", "-e", "1M", "-f", "8"}), "a range keeps its larger sizes")
+}
