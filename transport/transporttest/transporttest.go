@@ -68,8 +68,8 @@ func allReduce(t *testing.T, eps []transport.Endpoint, link algorithms.LinkModel
 		})
 	}
 	wg.Wait()
+	require.NoError(t, errors.Join(errs...))
 	for r := range es {
-		require.NoError(t, errors.Join(errs...))
 		for i, v := range outs[r] {
 			want := float64(n*(i%977) + 1000*n*(n-1)/2)
 			if v != want {
