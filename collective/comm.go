@@ -733,14 +733,16 @@ func (c *Comm) exec(ctx context.Context, k *call, r *Request, prev *Request) err
 	} else {
 		r.start.Store(c.since())
 	}
-	var pl engine.Plan
+	var pl *engine.Plan
 	var err error
 	if r.lane != nil {
 		// A send or receive in its lane (lanes.go): beside the
 		// collectives, so the watchdog does not see it; it has its own
 		// deadline.
 		lctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
-		pl, err = c.eng.RunP2P(lctx, &k.op)
+		var lp engine.Plan // lanes run beside each other: a plan each
+		lp, err = c.eng.RunP2P(lctx, &k.op)
+		pl = &lp
 		if err != nil && ctx.Err() == nil && lctx.Err() != nil {
 			err = &timeoutError{op: k.name, seq: r.seq, d: c.cfg.Timeout, bytes: k.op.Bytes(c.size),
 				progress: []engine.Progress{{Channel: laneChannel(c.rank, r.lane), Step: 0, Kind: laneKind(r.lane), Peer: r.lane.peer}}}
@@ -751,7 +753,7 @@ func (c *Comm) exec(ctx context.Context, k *call, r *Request, prev *Request) err
 		pl, err = c.eng.Run(ctx, &k.op)
 		c.op.Store(nil)
 	}
-	c.logOp(r, &pl, err)
+	c.logOp(r, pl, err)
 	if err == nil {
 		if cause := c.endCause(); cause != nil {
 			// Aborted while running: the contract is that pending

@@ -34,6 +34,7 @@ var boardSched = algorithms.Schedule{Steps: []algorithms.Step{{Kind: algorithms.
 type boardKernels struct {
 	key  planKey
 	sig  uint32
+	set  bool // key, sig and host are those of an operation (host.ready is false for one that does not reduce)
 	host hostPath
 }
 
@@ -132,13 +133,17 @@ func (e *Engine) markOff(op *Op, seq uint64, sig uint32) {
 }
 
 // runOnBoard runs a small collective on the board.
-func (e *Engine) runOnBoard(ctx context.Context, op *Op, seq uint64) (Plan, error) {
+func (e *Engine) runOnBoard(ctx context.Context, op *Op, seq uint64) (*Plan, error) {
 	k := &e.boardK
-	if key := keyOf(op); key != k.key || !k.host.ready || op.PreMul {
-		k.key, k.sig = key, boardPlan(op, seq, 0).Sig
+	if key := keyOf(op); key != k.key || !k.set || op.PreMul {
+		k.key, k.sig, k.set = key, boardPlan(op, seq, 0).Sig, true
 		k.host.setup(op, e.nranks) // (a pre-multiplied sum's scale may differ from the last)
 	}
-	pl := boardPlan(op, seq, k.sig)
+	pl := &e.runPlan
+	if pl.Sched != &boardSched || pl.Sig != k.sig {
+		*pl = boardPlan(op, seq, k.sig)
+	}
+	pl.Seq = seq
 	n, me := e.nranks, e.rank
 	nb := op.Count * op.Type.Size() // one block
 	post := int(boardPost(op, n))

@@ -151,7 +151,10 @@ func runPlans(es []*Engine, ctx context.Context, op func(r int) *Op) ([]Plan, []
 	var wg sync.WaitGroup
 	for r, e := range es {
 		wg.Go(func() {
-			if pls[r], errs[r] = e.Run(ctx, op(r)); errs[r] != nil {
+			var pl *Plan
+			pl, errs[r] = e.Run(ctx, op(r))
+			pls[r] = *pl
+			if errs[r] != nil {
 				for _, e := range es {
 					e.ep.Close(fmt.Errorf("rank %d aborts: %w", r, errs[r]))
 				}

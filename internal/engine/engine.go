@@ -130,6 +130,7 @@ type Engine struct {
 	// Owned by the goroutine in Run.
 	lastKey  planKey // the previous operation's plan, without the lock and the hash
 	lastPlan *Plan
+	runPlan  Plan // what Run returns a pointer to: the plan of the latest operation
 	conns    map[connKey]transport.Conn
 	collSeq  uint64
 	p2pSend  []uint64 // per peer: send operations so far
@@ -534,40 +535,48 @@ func (e *Engine) nextSeq(op *Op) uint64 {
 // transport. It fails when ctx ends, when a link fails, or when a peer's
 // data does not match what this rank expects; the error is a *StepError
 // saying where. After a failure the connections are in an unknown state:
-// the caller must abort the endpoint.
-func (e *Engine) Run(ctx context.Context, op *Op) (Plan, error) {
+// the caller must abort the endpoint. The plan it returns is the engine's:
+// valid until the next Run.
+func (e *Engine) Run(ctx context.Context, op *Op) (*Plan, error) {
+	// The plan goes back by pointer, into the engine's own (it is large,
+	// and small operations copied it at every return: docs/performance.md).
+	pl := &e.runPlan
 	dev := onDevice(op)
 	if err := e.CheckMemory(op, dev); err != nil {
-		return Plan{}, fmt.Errorf("engine: %w", err)
+		*pl = Plan{}
+		return pl, fmt.Errorf("engine: %w", err)
 	}
 	if err := e.checkBlocks(op); err != nil {
-		return Plan{}, fmt.Errorf("engine: %w", err)
+		*pl = Plan{}
+		return pl, fmt.Errorf("engine: %w", err)
 	}
 	if op.PreMul && (dev || op.Red != kernels.Sum || !op.Coll.Reduces()) {
-		return Plan{}, fmt.Errorf("engine: a pre-multiplied sum is a host reduction with Red Sum (got %v %v on %v memory)", op.Coll, op.Red, op.In.Kind())
+		*pl = Plan{}
+		return pl, fmt.Errorf("engine: a pre-multiplied sum is a host reduction with Red Sum (got %v %v on %v memory)", op.Coll, op.Red, op.In.Kind())
 	}
 	seq := e.nextSeq(op)
 	if err := e.awaitBoard(ctx, op); err != nil {
-		return Plan{Seq: seq}, err
+		*pl = Plan{Seq: seq}
+		return pl, err
 	}
 	if op.Count == 0 {
 		// Nothing moves, so nothing is checked: like NCCL, a zero count is
 		// a no-op that does not synchronise.
 		e.markOff(op, seq, signature(op, algorithms.Plan{Channels: 1}, 0, 0))
-		return Plan{Seq: seq}, nil
+		*pl = Plan{Seq: seq}
+		return pl, nil
 	}
 	if e.onBoard(op) {
 		return e.runOnBoard(ctx, op, seq)
 	}
-	var pl Plan
 	if k := keyOf(op); e.lastPlan != nil && k == e.lastKey {
-		pl = *e.lastPlan
+		*pl = *e.lastPlan
 	} else {
 		var err error
-		if pl, err = e.Plan(op); err != nil {
+		if *pl, err = e.Plan(op); err != nil {
 			return pl, err
 		}
-		cp := pl
+		cp := *pl
 		e.lastKey, e.lastPlan = k, &cp
 	}
 	pl.Seq = seq
@@ -621,7 +630,7 @@ func (e *Engine) Run(ctx context.Context, op *Op) (Plan, error) {
 			}
 			x.conns[p] = conn
 		}
-		x.setup(e, op, &pl, c, dev)
+		x.setup(e, op, pl, c, dev)
 	}
 	for c := 0; c < min(pl.Channels, maxProgress); c++ {
 		e.prog[c].Store(0)
@@ -630,7 +639,7 @@ func (e *Engine) Run(ctx context.Context, op *Op) (Plan, error) {
 	e.curSched.Store(pl.Sched)
 	defer e.curSched.Store(nil)
 	if pl.Channels == 1 {
-		if isOneShot(op, &pl) {
+		if isOneShot(op, pl) {
 			e.curSched.Store(&oneShotSched)
 			return pl, e.runs[0].oneShot(ctx, e.rank, e.nranks, &e.oneShotPeer)
 		}
