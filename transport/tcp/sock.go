@@ -421,6 +421,86 @@ func (s *sock) fill(ctx context.Context, n int) error {
 	return nil
 }
 
+// spillMin is the smallest payload that headerSpill reads straight into
+// the caller's memory: below it, the copy out of the read buffer costs
+// less than giving up reading several slices in one system call.
+const spillMin = 4 << 10
+
+// headerSpill reads the next slice's header into the read buffer and, in
+// the same system calls, the start of its payload straight into dst,
+// which is where the caller wants a payload of exactly len(dst) bytes: it
+// returns how many payload bytes landed there. Through the read buffer,
+// the first 64 KiB of every large slice were copied twice (read(2) into
+// the buffer, then out of it). A header that is not for len(dst) bytes
+// (an abort or close notice, a size mismatch) gets what spilled into dst
+// back into the read buffer after it, so that header() reads the stream
+// as if nothing had spilled; should that not fit, the stream is broken
+// and the call fails (the operation fails on a mismatch anyway). It reads
+// nothing when the header, or part of it, is buffered already, or with
+// TLS (records are opened into the read buffer).
+func (s *sock) headerSpill(ctx context.Context, dst []byte) (int, error) {
+	if s.tls != nil || len(dst) < spillMin || s.w > s.r {
+		return 0, nil
+	}
+	if s.rbuf == nil {
+		s.rbuf = make([]byte, readBufSize)
+	}
+	s.r, s.w = 0, 0
+	const hl = wire.SliceHeaderLen
+	got := 0
+	for s.w < hl {
+		m, err := s.readvSome(ctx, s.rbuf[s.w:hl], dst[got:])
+		if m > 0 {
+			h := min(m, hl-s.w)
+			s.w += h
+			got += m - h
+		}
+		if err != nil {
+			if got > 0 || s.w > 0 {
+				s.broken = true // part of a frame is gone
+			}
+			return 0, err
+		}
+	}
+	if h, _, _ := wire.ParseSliceHeader(s.rbuf[:hl]); int(h.Size) == len(dst) && h.Op != wire.AbortOp && h.Op != wire.CloseOp {
+		return got, nil
+	}
+	if got > len(s.rbuf)-s.w {
+		s.broken = true
+		return 0, fmt.Errorf("tcp: a %d-byte slice from rank %d where %d bytes were wanted: %w", got, s.c.peer, len(dst), transport.ErrSizeMismatch)
+	}
+	s.w += copy(s.rbuf[s.w:], dst[:got])
+	return 0, nil
+}
+
+// readvSome is readSome into a then b, with readv(2) (no TLS).
+func (s *sock) readvSome(ctx context.Context, a, b []byte) (int, error) {
+	if err := s.enter(); err != nil {
+		return 0, err
+	}
+	defer s.exit()
+	iov := [][]byte{a, b}
+	return s.c.ob.wait(ctx, s.fd, unix.POLLIN, s.c.e.o, func() (int, bool, error) {
+		m, err := unix.Readv(s.fd, iov)
+		switch {
+		case m > 0:
+			return m, true, nil
+		case err == unix.EINTR || err == unix.EAGAIN:
+		case err != nil:
+			return 0, true, err
+		default:
+			return 0, true, io.EOF // the peer closed
+		}
+		if s.closed.Load() {
+			return 0, true, net.ErrClosed
+		}
+		if err := s.c.ob.firstErr(); err != nil {
+			return 0, true, err
+		}
+		return 0, false, nil
+	})
+}
+
 // readSome reads at least one byte into b. While it waits it keeps the
 // channel's outgoing slices moving; it polls for the endpoint's SpinFor
 // (giving the CPU away now and then), then parks in poll(2) until data

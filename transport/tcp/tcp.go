@@ -835,6 +835,11 @@ func (c *conn) Wait(ctx context.Context) (memory.Buffer, transport.Tag, error) {
 // WaitInto implements transport.DirectReceiver: the payload goes from the
 // socket straight into dst.
 func (c *conn) WaitInto(ctx context.Context, dst memory.Buffer) (transport.Tag, int, error) {
+	b := dst.Bytes()
+	spilled, err := c.socks[c.recvSeq%uint64(len(c.socks))].headerSpill(ctx, b)
+	if err != nil {
+		return transport.Tag{}, 0, c.recvErr(ctx, err)
+	}
 	s, h, err := c.header(ctx)
 	if err != nil {
 		return transport.Tag{}, 0, err
@@ -842,8 +847,8 @@ func (c *conn) WaitInto(ctx context.Context, dst memory.Buffer) (transport.Tag, 
 	if int(h.Size) != dst.Len() {
 		return tagOf(h), int(h.Size), &transport.PeerError{Peer: c.peer, Op: "recv", Err: transport.ErrSizeMismatch}
 	}
-	if h.Size > 0 {
-		if _, err := s.next(ctx, int(h.Size), dst.Bytes()); err != nil {
+	if n := int(h.Size); n > spilled {
+		if _, err := s.next(ctx, n-spilled, b[spilled:]); err != nil {
 			return transport.Tag{}, 0, c.recvErr(ctx, err)
 		}
 	}

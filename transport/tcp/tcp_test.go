@@ -24,6 +24,7 @@ import (
 	"github.com/goccl/goccl/internal/handshake"
 	"github.com/goccl/goccl/internal/tlsrec/tlstest"
 	"github.com/goccl/goccl/internal/wire"
+	"github.com/goccl/goccl/memory"
 	"github.com/goccl/goccl/transport"
 	"github.com/goccl/goccl/transport/transporttest"
 )
@@ -412,4 +413,61 @@ func TestUnreachableNICFallsBack(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, byte(42), buf.Bytes()[0])
 	require.NoError(t, b.Release())
+}
+
+// TestWaitIntoLandsStraightInTheBuffer: WaitInto reads a slice's header
+// and the start of its payload in the same system call, the payload
+// straight into the caller's memory (headerSpill). Every size around the
+// read buffer's and spillMin, on two sockets, arrives intact; a slice of
+// another size is a mismatch naming its size, and an abort notice where a
+// large slice was expected is the peer's abort with its reason, not a
+// garbled payload.
+func TestWaitIntoLandsStraightInTheBuffer(t *testing.T) {
+	eps := endpoints(t, 2, func(_ int, o *Options) { o.NSocks = 2; o.SlotSize = 256 << 10 })
+	a, b := connectPair(t, eps[0], eps[1], 0)
+	ds, dr := a.(transport.DirectSender), b.(transport.DirectReceiver)
+	ctx := context.Background()
+	sizes := []int{spillMin - 1, spillMin, 5000, readBufSize - wire.SliceHeaderLen, readBufSize, readBufSize + 1, 200 << 10, 256 << 10, 1, 0}
+	fill := func(i, n int) []byte {
+		p := make([]byte, n)
+		for j := range p {
+			p[j] = byte(i*7 + j*13)
+		}
+		return p
+	}
+	go func() {
+		for i, n := range sizes {
+			if err := ds.PostFrom(ctx, memory.HostBuffer(fill(i, n)), transport.Tag{Op: 2, Msg: uint32(i)}); err != nil {
+				return
+			}
+		}
+		// A 4 KiB slice where 8 KiB is expected, then an abort notice.
+		ds.PostFrom(ctx, memory.HostBuffer(fill(99, 4096)), transport.Tag{Op: 3})
+		ds.PostFrom(ctx, memory.HostBuffer(fill(98, 4096)), transport.Tag{Op: 4})
+		a.(transport.Flusher).Flush(ctx)
+	}()
+	for i, n := range sizes {
+		dst := make([]byte, n)
+		tag, got, err := dr.WaitInto(ctx, memory.HostBuffer(dst))
+		require.NoError(t, err, "slice %d (%d bytes)", i, n)
+		require.Equal(t, transport.Tag{Op: 2, Msg: uint32(i)}, tag)
+		require.Equal(t, n, got)
+		require.True(t, bytes.Equal(fill(i, n), dst), "slice %d (%d bytes) corrupted", i, n)
+	}
+	_, got, err := dr.WaitInto(ctx, memory.HostBuffer(make([]byte, 8192)))
+	require.ErrorIs(t, err, transport.ErrSizeMismatch)
+	require.Equal(t, 4096, got, "the mismatch names the size that came")
+
+	// An abort notice where a large slice is expected, on a new pair.
+	eps = endpoints(t, 2, nil)
+	a, b = connectPair(t, eps[0], eps[1], 0)
+	dr = b.(transport.DirectReceiver)
+	go func() {
+		time.Sleep(10 * time.Millisecond) // the receiver is waiting
+		eps[0].Close(errors.New("operator stop"))
+	}()
+	_, _, err = dr.WaitInto(ctx, memory.HostBuffer(make([]byte, 32<<10)))
+	var pa *transport.PeerAbortedError
+	require.ErrorAs(t, err, &pa)
+	require.ErrorContains(t, err, "operator stop")
 }
