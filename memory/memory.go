@@ -174,15 +174,17 @@ func (b Buffer) addr() (uintptr, bool) {
 // Overlaps reports whether b and o share at least one byte of the same
 // memory (host memory, Host or Mapped; or the same GPU's memory).
 func (b Buffer) Overlaps(o Buffer) bool {
-	if b.space() != o.space() {
-		return false
+	// Written to be inlined (every operation's argument check asks): a
+	// non-empty Host or Mapped buffer has a host pointer, a GPU's buffer
+	// is in its device's space only.
+	x, y := uintptr(b.host), uintptr(o.host)
+	if b.kind == Device || o.kind == Device {
+		if b.kind != o.kind || b.devID != o.devID {
+			return false
+		}
+		x, y = b.ptr, o.ptr
 	}
-	x, ok1 := b.addr()
-	y, ok2 := o.addr()
-	if !ok1 || !ok2 {
-		return false
-	}
-	return x < y+uintptr(o.n) && y < x+uintptr(b.n)
+	return b.n > 0 && o.n > 0 && x < y+uintptr(o.n) && y < x+uintptr(b.n)
 }
 
 // Offset returns the offset of o's first byte within b, and whether o lies

@@ -569,23 +569,26 @@ func (e *Engine) Run(ctx context.Context, op *Op) (*Plan, error) {
 	if e.onBoard(op) {
 		return e.runOnBoard(ctx, op, seq)
 	}
-	if k := keyOf(op); e.lastPlan != nil && k == e.lastKey {
-		*pl = *e.lastPlan
-	} else {
-		var err error
-		if *pl, err = e.Plan(op); err != nil {
+	if k := keyOf(op); e.lastPlan == nil || k != e.lastKey {
+		p, err := e.Plan(op)
+		if err != nil {
+			*pl = p
 			return pl, err
 		}
-		cp := *pl
-		e.lastKey, e.lastPlan = k, &cp
+		e.lastKey, e.lastPlan = k, &p
 	}
-	pl.Seq = seq
 	if op.InOffs != nil {
 		// Uneven blocks: the plan is the largest block's, the layout this
 		// call's.
+		*pl = *e.lastPlan
 		pl.layout.InOffs, pl.layout.OutOffs = op.InOffs, op.OutOffs
 		pl.spans = nil
+	} else {
+		// The last operation's plan itself: nothing below writes it but
+		// its sequence number, which is this operation's.
+		pl = e.lastPlan
 	}
+	pl.Seq = seq
 	e.markOff(op, seq, pl.Sig)
 	for len(e.runs) < pl.Channels {
 		e.runs = append(e.runs, &chanRun{conns: make([]transport.Conn, e.nranks), sent: make([]uint32, e.nranks), recvd: make([]uint32, e.nranks),
