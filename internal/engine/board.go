@@ -15,11 +15,13 @@ import (
 // order, the same kernels in the same order on every rank, so every rank
 // gets the same bits. Where the connections' one-shot (oneshot.go) posts
 // n-1 times and waits on n-1 segments, this touches one entry per rank.
-// Small broadcasts, all-gathers and reduce-scatters run there the same
-// way: the root posts and the others read its entry (marking the
+// Small broadcasts, all-gathers, reduce-scatters and reduces run there
+// the same way: the root posts and the others read its entry (marking the
 // collective as theirs, so the root knows when it may reuse the entry);
 // every rank posts its block and reads everyone's; every rank posts its
-// whole input and folds everyone's copy of its own block.
+// whole input and folds everyone's copy of its own block; every rank but
+// the root posts its input and marks the collective, and the root marks
+// it and folds the posts in rank order, as an all-reduce does.
 //
 // Every other collective marks its sequence number on the board, so that
 // ranks that disagree (one on the board, another on the connections)
@@ -46,7 +48,7 @@ func (e *Engine) onBoard(op *Op) bool {
 		return false
 	}
 	switch op.Coll {
-	case algorithms.CollAllReduce, algorithms.CollBroadcast, algorithms.CollAllGather, algorithms.CollReduceScatter:
+	case algorithms.CollAllReduce, algorithms.CollBroadcast, algorithms.CollAllGather, algorithms.CollReduceScatter, algorithms.CollReduce:
 		return boardPost(op, e.nranks) <= int64(e.board.Max())
 	}
 	return false
@@ -194,13 +196,24 @@ func (e *Engine) runOnBoard(ctx context.Context, op *Op, seq uint64) (*Plan, err
 		e.boardMine = append(e.boardMine[:0], mine...)
 		mine = e.boardMine
 	}
-	if err := e.board.Post(ctx, seq, pl.Sig, in); err != nil {
+	if op.Coll == algorithms.CollReduce && me == op.Root {
+		// A reduce's root posts nothing (nobody reads it): its mark says
+		// it is done reading what the others posted for earlier ones.
+		e.board.Mark(seq, pl.Sig)
+	} else if err := e.board.Post(ctx, seq, pl.Sig, in); err != nil {
 		return pl, fail(-1, err)
 	}
-	if op.Coll == algorithms.CollBroadcast { // the root
+	switch {
+	case op.Coll == algorithms.CollBroadcast: // the root
 		if !op.Out.SameStart(op.In) {
 			copy(op.Out.Bytes()[:nb], in)
 		}
+		return pl, nil
+	case op.Coll == algorithms.CollReduce && me != op.Root:
+		// Only the root reads the posts: the other posters learn from this
+		// mark, made after the post (a mark before it would read as
+		// having gone past without posting), that this rank is here.
+		e.board.Mark(seq, pl.Sig)
 		return pl, nil
 	}
 	// from returns what this rank takes of rank r's post: all of it, or

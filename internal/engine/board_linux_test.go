@@ -353,7 +353,8 @@ func TestBoardMovesSmallCollectives(t *testing.T) {
 			}
 			var cases []tc
 			for root := range n {
-				cases = append(cases, tc{algorithms.CollBroadcast, root, 1 + rng.IntN(shm.BoardMax/4)})
+				cases = append(cases, tc{algorithms.CollBroadcast, root, 1 + rng.IntN(shm.BoardMax/4)},
+					tc{algorithms.CollReduce, root, 1 + rng.IntN(shm.BoardMax/4)})
 			}
 			cases = append(cases, tc{algorithms.CollAllGather, 0, 1 + rng.IntN(shm.BoardMax/4)},
 				tc{algorithms.CollReduceScatter, 0, 1 + rng.IntN(shm.BoardMax/4/n)})
@@ -398,6 +399,9 @@ func TestBoardMovesSmallCollectives(t *testing.T) {
 							if c.coll == algorithms.CollBroadcast && r != c.root && !inPlace {
 								inBuf = memory.Buffer{}
 							}
+							if c.coll == algorithms.CollReduce && r != c.root {
+								outBuf = memory.Buffer{} // not written (collective.Reduce passes none)
+							}
 							ops[r] = &Op{Coll: c.coll, Type: kernels.Float32, Red: kernels.Sum, Count: c.count, Root: c.root, In: inBuf, Out: outBuf}
 						}
 						pls, errs := runPlans(es, ctx, func(r int) *Op { return ops[r] })
@@ -424,6 +428,70 @@ func TestBoardMovesSmallCollectives(t *testing.T) {
 			})
 			require.NoError(t, errors.Join(errs...))
 			require.NotSame(t, &boardSched, pls[0].Sched)
+		})
+	}
+}
+
+// TestBoardReducesRunAhead: reduces on the board, many more than the
+// board's entries, each rank running the whole sequence on its own (so
+// the posters run ahead of the root as far as the entries let them),
+// roots in turn (twenty operations each, so that the posters must learn
+// of each other from their marks) and an all-reduce now and then. Every
+// root's result is checked; a poster that overwrote an entry its root had
+// not read yet would show as a wrong sum, a lost mark as a timeout.
+func TestBoardReducesRunAhead(t *testing.T) {
+	for _, n := range []int{2, 3, 4} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			es := shmEngines(t, n, Config{})
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			const ops, count = 60, 8
+			val := func(r, i, k int) float32 { return float32(r*1000 + i*10 + k) }
+			errs := make([]error, n)
+			var wg sync.WaitGroup
+			for r, e := range es {
+				wg.Go(func() {
+					for i := range ops {
+						root := (i / 20) % n // runs of twenty with one root: the others post ahead
+						coll := algorithms.CollReduce
+						if i%25 == 24 {
+							coll = algorithms.CollAllReduce
+						}
+						in := make([]float32, count)
+						for k := range in {
+							in[k] = val(r, i, k)
+						}
+						op := &Op{Coll: coll, Type: kernels.Float32, Red: kernels.Sum, Count: count, Root: root, In: memory.HostBuffer(f32Bytes(in))}
+						out := make([]float32, count)
+						if coll == algorithms.CollAllReduce || r == root {
+							op.Out = memory.HostBuffer(f32Bytes(out))
+						}
+						pl, err := e.Run(ctx, op)
+						if err == nil && !pl.OnBoard() {
+							err = fmt.Errorf("operation %d did not run on the board", i)
+						}
+						if err != nil {
+							errs[r] = fmt.Errorf("rank %d, operation %d: %w", r, i, err)
+							return
+						}
+						if op.Out.Len() == 0 {
+							continue
+						}
+						for k := range out {
+							var want float32
+							for q := range n {
+								want += val(q, i, k)
+							}
+							if out[k] != want {
+								errs[r] = fmt.Errorf("rank %d, operation %d (%v, root %d): element %d is %v, want %v", r, i, coll, root, k, out[k], want)
+								return
+							}
+						}
+					}
+				})
+			}
+			wg.Wait()
+			require.NoError(t, errors.Join(errs...))
 		})
 	}
 }
