@@ -43,6 +43,7 @@ type peer struct {
 	name   string // as in -peers
 	label  string
 	binary string   // in the build directory
+	source string   // in peers/, what setup.sh builds it from
 	shm    []string // command prefix for shared memory (nil: not offered)
 	tcp    []string // command prefix for TCP on loopback
 	// env is extra environment per transport.
@@ -55,20 +56,20 @@ type peer struct {
 }
 
 var mpiOps = map[bench.Coll]string{bench.AllReduce: "allreduce", bench.ReduceScatter: "reduce_scatter",
-	bench.AllGather: "allgather", bench.Broadcast: "bcast"}
+	bench.AllGather: "allgather", bench.Broadcast: "bcast", bench.Reduce: "reduce"}
 
 func peers() []peer {
 	return []peer{
-		{name: "ompi", label: "Open MPI", binary: "mpi_allreduce_perf",
+		{name: "ompi", label: "Open MPI", binary: "mpi_allreduce_perf", source: "mpi_allreduce_perf.c",
 			shm: []string{"mpirun.openmpi", "-np", "{np}", "--oversubscribe", "--mca", "pml", "ob1", "--mca", "btl", "self,vader"},
 			tcp: []string{"mpirun.openmpi", "-np", "{np}", "--oversubscribe", "--mca", "pml", "ob1", "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo"},
 			ops: mpiOps},
-		{name: "mpich", label: "MPICH", binary: "mpi_allreduce_perf.mpich",
+		{name: "mpich", label: "MPICH", binary: "mpi_allreduce_perf.mpich", source: "mpi_allreduce_perf.c",
 			shm:    []string{"mpirun.mpich", "-np", "{np}"},
 			tcp:    []string{"mpirun.mpich", "-np", "{np}"},
 			tcpEnv: []string{"UCX_TLS=tcp,self", "UCX_NET_DEVICES=lo", "MPIR_CVAR_NOLOCAL=1"},
 			ops:    mpiOps},
-		{name: "gloo", label: "Gloo", binary: "gloo_perf", tcp: []string{}, nArg: "-n", ops: mpiOps},
+		{name: "gloo", label: "Gloo", binary: "gloo_perf", source: "gloo_perf.cc", tcp: []string{}, nArg: "-n", ops: mpiOps},
 	}
 }
 
@@ -88,7 +89,7 @@ func run() error {
 		npF    = flag.String("np", "2", "rank counts (comma-separated)")
 		trF    = flag.String("transports", "shm,tcp", "transports: shm, tcp, hosts (two network namespaces as hosts, half of the ranks in each; root; MPICH only) (comma-separated)")
 		rateF  = flag.String("rate", "10gbit", "with -transports hosts: the veth's tc tbf rate between the hosts (none: no limit)")
-		collsF = flag.String("colls", "all_reduce", "collectives: all_reduce, reduce_scatter, all_gather, broadcast (comma-separated)")
+		collsF = flag.String("colls", "all_reduce", "collectives: all_reduce, reduce_scatter, all_gather, broadcast, reduce (comma-separated)")
 		minB   = flag.String("b", "8", "smallest size")
 		maxB   = flag.String("e", "256M", "largest size")
 		factor = flag.Int64("f", 8, "size factor")
@@ -173,7 +174,7 @@ func run() error {
 	}
 	missing := false
 	for _, p := range chosen {
-		if _, err := os.Stat(filepath.Join(*binDir, p.binary)); err != nil {
+		if stale(filepath.Join(*binDir, p.binary), filepath.Join(moduleRoot(), "bench", "compare", "peers", p.source)) {
 			missing = true
 		}
 	}
@@ -414,6 +415,17 @@ func runTool(ctx context.Context, log io.Writer, argv, env []string, limit time.
 		}
 	}
 	return rows, nil
+}
+
+// stale reports whether a peer's binary must be built: it is missing, or
+// older than its source (a peer that learnt a collective since).
+func stale(binary, source string) bool {
+	b, err := os.Stat(binary)
+	if err != nil {
+		return true
+	}
+	src, err := os.Stat(source)
+	return err == nil && src.ModTime().After(b.ModTime())
 }
 
 // noCell says why a single-size sweep has nothing to measure: a
