@@ -62,10 +62,11 @@
 // when the communicator learns that a peer has gone). An all-reduce
 // of at most Board.Max bytes then skips the connections: each rank posts
 // its input to its entry once and reduces everyone's entries in rank
-// order (board.go). Broadcasts, all-gathers and reduce-scatters that fit
-// run there too (the root posts and the others read; every rank posts its
-// block; every rank posts its input and folds its own block of
-// everyone's). A forced algorithm (Config.Algo) keeps operations on
+// order (board.go). Broadcasts, all-gathers, reduce-scatters and reduces
+// that fit run there too (the root posts and the others read; every rank
+// posts its block; every rank posts its input and folds its own block of
+// everyone's; every rank but the root posts, and the root folds the
+// posts). A forced algorithm (Config.Algo) keeps operations on
 // the connections. Every other collective marks its sequence number on
 // the board, so a rank waiting there for a peer that runs the operation
 // over its connections (the two disagree about it) fails at once with a
