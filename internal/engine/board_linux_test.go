@@ -435,7 +435,7 @@ func TestBoardMovesSmallCollectives(t *testing.T) {
 // TestBoardReducesRunAhead: reduces on the board, many more than the
 // board's entries, each rank running the whole sequence on its own (so
 // the posters run ahead of the root as far as the entries let them),
-// roots in turn (twenty operations each, so that the posters must learn
+// roots in turn (a hundred operations each, so that the posters must learn
 // of each other from their marks) and an all-reduce now and then. Every
 // root's result is checked; a poster that overwrote an entry its root had
 // not read yet would show as a wrong sum, a lost mark as a timeout.
@@ -445,16 +445,16 @@ func TestBoardReducesRunAhead(t *testing.T) {
 			es := shmEngines(t, n, Config{})
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
-			const ops, count = 60, 8
+			const ops, count = 300, 8
 			val := func(r, i, k int) float32 { return float32(r*1000 + i*10 + k) }
 			errs := make([]error, n)
 			var wg sync.WaitGroup
 			for r, e := range es {
 				wg.Go(func() {
 					for i := range ops {
-						root := (i / 20) % n // runs of twenty with one root: the others post ahead
+						root := (i / 100) % n // runs of a hundred with one root: the others post ahead
 						coll := algorithms.CollReduce
-						if i%25 == 24 {
+						if i%150 == 149 {
 							coll = algorithms.CollAllReduce
 						}
 						in := make([]float32, count)

@@ -49,14 +49,18 @@ import (
 // An entry is reused boardEntries collectives later. Before a member
 // writes it again it makes sure that every member has reached the
 // collective after its previous contents' (posted or marked it), which a
-// member does only after it has finished reading those. With 8 entries a
-// broadcast's root runs up to 7 collectives ahead of its slowest reader
-// before it waits (with 2 it waited for them every other broadcast); the
-// symmetric collectives read every member's entry before they post the
-// next, so for them one would do. A member that runs
+// member does only after it has finished reading those. With 64 entries
+// a broadcast's root (or a reduce's posters) runs up to 63 collectives
+// ahead of its slowest reader before it waits: where ranks outnumber
+// cores, a rank then does many collectives per turn on a core instead of
+// waiting for the others' turns every few (8 entries: 4 ranks on 2 cores
+// took twice as long per broadcast, docs/performance.md). The symmetric
+// collectives read every member's entry before they post the next, so for
+// them one would do. A member that runs
 // collectives on the board does know that from its reads (every member
 // of an all-reduce, all-gather or reduce-scatter reads every other's
-// entry; a broadcast's readers mark it, since its root reads nobody's);
+// entry; a broadcast's readers mark it, since its root reads nobody's,
+// and so do a reduce's root and posters);
 // after collectives that ran elsewhere, which every member marks, it
 // reads the others' last words. So a post writes its entry only, not
 // last: readers poll the entry, and a store to last, a line they poll
@@ -68,7 +72,7 @@ import (
 const BoardMax = boardEntryLen - entryData
 
 const (
-	boardVersion  = 2 // 2: boardEntries entries per member
+	boardVersion  = 3 // 2: boardEntries entries per member; 3: 64 of them
 	boardSleepers = 128
 	boardWake     = 256
 
@@ -77,7 +81,7 @@ const (
 	memberFlags   = 64
 	memberEntry   = 128
 	boardEntryLen = 256
-	boardEntries  = 8
+	boardEntries  = 64
 	memberLen     = memberEntry + boardEntries*boardEntryLen
 
 	entrySeq  = 0

@@ -81,8 +81,8 @@
 // segment, the board, and hands it to every other rank at once, as it
 // hands over pair segments; the engine waits for it at the first
 // collective (transport.BoardJoiner), and a graceful Close lets a join in
-// flight finish rather than break the hand-overs. Each rank has eight
-// entries there (collective seq uses entry seq mod 8) of BoardMax bytes,
+// flight finish rather than break the hand-overs. Each rank has 64
+// entries there (collective seq uses entry seq mod 64) of BoardMax bytes,
 // and a
 // collective that fits is one post to its entry and a read of everyone
 // else's (the engine's board.go says which; board_linux.go has the layout
