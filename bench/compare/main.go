@@ -314,7 +314,8 @@ func run() error {
 				if q, ok := nearest(pm, g.Bytes); ok {
 					if b, seen := best[g.Bytes]; !seen || q.OutOfPlace.TimeUs < b.peerUs {
 						best[g.Bytes] = verdictRow{s: s, bytes: g.Bytes, peer: p.name, gUs: g.OutOfPlace.TimeUs, peerUs: q.OutOfPlace.TimeUs,
-							ratio: ratio(g.OutOfPlace.TimeUs, q.OutOfPlace.TimeUs)}
+							ratio:  ratio(g.OutOfPlace.TimeUs, q.OutOfPlace.TimeUs),
+							gRange: spread(results[key{s, "goccl"}], g.Bytes), peerRange: spread(results[key{s, p.name}], q.Bytes)}
 					}
 				}
 			}
@@ -360,6 +361,37 @@ type verdictRow struct {
 	ratio       float64 // goccl's time over the fastest peer's
 	peer        string  // the fastest peer
 	gUs, peerUs float64
+	// The fastest and slowest run of each, in µs.
+	gRange, peerRange [2]float64
+}
+
+// apart reports whether every run of one was faster than every run of
+// the other: then the median's verdict is not the machine's noise.
+func (r verdictRow) apart() bool {
+	return r.gRange[1] < r.peerRange[0] || r.peerRange[1] < r.gRange[0]
+}
+
+// spread returns the fastest and slowest out-of-place time among the
+// runs at size bytes.
+func spread(runs [][]bench.Row, size int64) [2]float64 {
+	var s [2]float64
+	first := true
+	for _, rows := range runs {
+		for _, r := range rows {
+			if r.Bytes != size {
+				continue
+			}
+			t := r.OutOfPlace.TimeUs
+			if first || t < s[0] {
+				s[0] = t
+			}
+			if first || t > s[1] {
+				s[1] = t
+			}
+			first = false
+		}
+	}
+	return s
 }
 
 // printVerdict prints, for every setting and size, goccl's time over the
@@ -369,18 +401,27 @@ func printVerdict(w io.Writer, rows []verdictRow) {
 		return
 	}
 	fmt.Fprintf(w, "\n## Verdict: goccl's time over the fastest peer's (< 1: goccl ahead)\n\n")
-	fmt.Fprintf(w, "%-34s %-10s %10s %12s %12s %s\n", "setting", "size", "time x", "goccl us", "best us", "best peer")
-	ahead := 0
+	fmt.Fprintf(w, "runs: apart when every run of one was faster than every run of the other,\n")
+	fmt.Fprintf(w, "overlap when the medians' order is within the runs' spread\n\n")
+	fmt.Fprintf(w, "%-34s %-10s %10s %12s %12s %-10s %-8s\n", "setting", "size", "time x", "goccl us", "best us", "best peer", "runs")
+	ahead, behindApart := 0, 0
 	for _, r := range rows {
 		mark := ""
 		if r.ratio < 1 {
 			ahead++
 		} else {
 			mark = "  <- behind"
+			if r.apart() {
+				behindApart++
+			}
 		}
-		fmt.Fprintf(w, "%-34s %-10s %10.2f %12.2f %12.2f %s%s\n", r.s, sizeName(r.bytes), r.ratio, r.gUs, r.peerUs, r.peer, mark)
+		runs := "overlap"
+		if r.apart() {
+			runs = "apart"
+		}
+		fmt.Fprintf(w, "%-34s %-10s %10.2f %12.2f %12.2f %-10s %-8s%s\n", r.s, sizeName(r.bytes), r.ratio, r.gUs, r.peerUs, r.peer, runs, mark)
 	}
-	fmt.Fprintf(w, "\ngoccl ahead of every peer at %d of %d settings and sizes\n", ahead, len(rows))
+	fmt.Fprintf(w, "\ngoccl ahead of every peer at %d of %d settings and sizes; behind in every run at %d\n", ahead, len(rows), behindApart)
 }
 
 // runTool runs one benchmark command, logs its output and parses its table.

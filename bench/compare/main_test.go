@@ -61,13 +61,19 @@ func TestVerdict(t *testing.T) {
 	var b strings.Builder
 	s := setting{coll: bench.AllReduce, np: 2, transport: "tcp"}
 	printVerdict(&b, []verdictRow{
-		{s: s, bytes: 8, ratio: 1.2, peer: "mpich", gUs: 6, peerUs: 5},
-		{s: s, bytes: 64 << 20, ratio: 0.4, peer: "ompi", gUs: 20000, peerUs: 50000},
+		{s: s, bytes: 8, ratio: 1.2, peer: "mpich", gUs: 6, peerUs: 5, gRange: [2]float64{5.5, 7}, peerRange: [2]float64{4, 5.2}},
+		{s: s, bytes: 64 << 10, ratio: 1.1, peer: "ompi", gUs: 33, peerUs: 30, gRange: [2]float64{11, 40}, peerRange: [2]float64{28, 31}},
+		{s: s, bytes: 64 << 20, ratio: 0.4, peer: "ompi", gUs: 20000, peerUs: 50000, gRange: [2]float64{19000, 21000}, peerRange: [2]float64{48000, 52000}},
 	})
 	out := b.String()
-	require.Contains(t, out, "goccl ahead of every peer at 1 of 2 settings and sizes")
-	require.Regexp(t, `8 B +1\.20 .* mpich  <- behind`, out)
-	require.NotContains(t, out[strings.Index(out, "64 MiB"):], "behind")
+	require.Contains(t, out, "goccl ahead of every peer at 1 of 3 settings and sizes; behind in every run at 1")
+	require.Regexp(t, `8 B +1\.20 .* mpich +apart +<- behind`, out)
+	require.Regexp(t, `64 KiB +1\.10 .* ompi +overlap +<- behind`, out)
+	row64M := out[strings.Index(out, "64 MiB"):]
+	require.NotContains(t, row64M[:strings.Index(row64M, "\n")], "behind")
+	require.Regexp(t, `64 MiB +0\.40 .* ompi +apart`, out)
+	runs := [][]bench.Row{{{Bytes: 8, OutOfPlace: bench.Measure{TimeUs: 3}}}, {{Bytes: 8, OutOfPlace: bench.Measure{TimeUs: 1}}, {Bytes: 16}}, {{Bytes: 8, OutOfPlace: bench.Measure{TimeUs: 2}}}}
+	require.Equal(t, [2]float64{1, 3}, spread(runs, 8))
 }
 
 // goccl's broadcast is compared in place, as MPI_Bcast and Gloo's
