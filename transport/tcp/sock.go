@@ -475,13 +475,27 @@ func (s *sock) headerSpill(ctx context.Context, dst []byte) (int, error) {
 
 // readvSome is readSome into a then b, with readv(2) (no TLS).
 func (s *sock) readvSome(ctx context.Context, a, b []byte) (int, error) {
+	iov := [][]byte{a, b}
+	return s.readWith(ctx, func() (int, error) { return unix.Readv(s.fd, iov) })
+}
+
+// readSome reads at least one byte into b. While it waits it keeps the
+// channel's outgoing slices moving; it polls for the endpoint's SpinFor
+// (giving the CPU away now and then), then parks in poll(2) until data
+// comes, the connection fails or ctx ends.
+func (s *sock) readSome(ctx context.Context, b []byte) (int, error) {
+	return s.readWith(ctx, func() (int, error) { return s.readNB(b) })
+}
+
+// readWith is readSome's loop around rd, a non-blocking read with
+// read(2)'s conventions.
+func (s *sock) readWith(ctx context.Context, rd func() (int, error)) (int, error) {
 	if err := s.enter(); err != nil {
 		return 0, err
 	}
 	defer s.exit()
-	iov := [][]byte{a, b}
 	return s.c.ob.wait(ctx, s.fd, unix.POLLIN, s.c.e.o, func() (int, bool, error) {
-		m, err := unix.Readv(s.fd, iov)
+		m, err := rd()
 		switch {
 		case m > 0:
 			return m, true, nil
@@ -498,45 +512,6 @@ func (s *sock) readvSome(ctx context.Context, a, b []byte) (int, error) {
 			return 0, true, err
 		}
 		return 0, false, nil
-	})
-}
-
-// readSome reads at least one byte into b. While it waits it keeps the
-// channel's outgoing slices moving; it polls for the endpoint's SpinFor
-// (giving the CPU away now and then), then parks in poll(2) until data
-// comes, the connection fails or ctx ends.
-func (s *sock) readSome(ctx context.Context, b []byte) (int, error) {
-	if err := s.enter(); err != nil {
-		return 0, err
-	}
-	defer s.exit()
-	read := func() (int, bool, error) {
-		m, err := s.readNB(b)
-		switch {
-		case m > 0:
-			return m, true, nil
-		case err == unix.EINTR || err == unix.EAGAIN:
-			return 0, false, nil
-		case err != nil:
-			return 0, true, err
-		}
-		return 0, true, io.EOF // the peer closed
-	}
-	ready := func() (bool, error) {
-		if s.closed.Load() {
-			return false, net.ErrClosed
-		}
-		if err := s.c.ob.firstErr(); err != nil {
-			return false, err
-		}
-		return false, nil
-	}
-	return s.c.ob.wait(ctx, s.fd, unix.POLLIN, s.c.e.o, func() (int, bool, error) {
-		if m, done, err := read(); done {
-			return m, true, err
-		}
-		_, err := ready()
-		return 0, err != nil, err
 	})
 }
 
