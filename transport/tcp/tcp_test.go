@@ -435,16 +435,19 @@ func TestWaitIntoLandsStraightInTheBuffer(t *testing.T) {
 		}
 		return p
 	}
+	fl := a.(transport.Flusher)
+	sent := make(chan struct{})
 	go func() {
+		defer close(sent)
 		for i, n := range sizes {
 			if err := ds.PostFrom(ctx, memory.HostBuffer(fill(i, n)), transport.Tag{Op: 2, Msg: uint32(i)}); err != nil {
 				return
 			}
 		}
-		// A 4 KiB slice where 8 KiB is expected, then an abort notice.
+		// A 4 KiB slice where 8 KiB is expected, and one more behind it.
 		ds.PostFrom(ctx, memory.HostBuffer(fill(99, 4096)), transport.Tag{Op: 3})
 		ds.PostFrom(ctx, memory.HostBuffer(fill(98, 4096)), transport.Tag{Op: 4})
-		a.(transport.Flusher).Flush(ctx)
+		fl.Flush(ctx)
 	}()
 	for i, n := range sizes {
 		dst := make([]byte, n)
@@ -457,16 +460,17 @@ func TestWaitIntoLandsStraightInTheBuffer(t *testing.T) {
 	_, got, err := dr.WaitInto(ctx, memory.HostBuffer(make([]byte, 8192)))
 	require.ErrorIs(t, err, transport.ErrSizeMismatch)
 	require.Equal(t, 4096, got, "the mismatch names the size that came")
+	<-sent
 
 	// An abort notice where a large slice is expected, on a new pair.
-	eps = endpoints(t, 2, nil)
-	a, b = connectPair(t, eps[0], eps[1], 0)
-	dr = b.(transport.DirectReceiver)
+	eps2 := endpoints(t, 2, nil)
+	_, b2 := connectPair(t, eps2[0], eps2[1], 0)
+	aborter := eps2[0]
 	go func() {
 		time.Sleep(10 * time.Millisecond) // the receiver is waiting
-		eps[0].Close(errors.New("operator stop"))
+		aborter.Close(errors.New("operator stop"))
 	}()
-	_, _, err = dr.WaitInto(ctx, memory.HostBuffer(make([]byte, 32<<10)))
+	_, _, err = b2.(transport.DirectReceiver).WaitInto(ctx, memory.HostBuffer(make([]byte, 32<<10)))
 	var pa *transport.PeerAbortedError
 	require.ErrorAs(t, err, &pa)
 	require.ErrorContains(t, err, "operator stop")
