@@ -406,18 +406,18 @@ func printVerdict(w io.Writer, rows []verdictRow) {
 	fmt.Fprintf(w, "%-34s %-10s %10s %12s %12s %-10s %-8s\n", "setting", "size", "time x", "goccl us", "best us", "best peer", "runs")
 	ahead, behindApart := 0, 0
 	for _, r := range rows {
+		runs := "overlap"
+		if r.apart() {
+			runs = "apart"
+		}
 		mark := ""
 		if r.ratio < 1 {
 			ahead++
 		} else {
 			mark = "  <- behind"
-			if r.apart() {
+			if runs == "apart" {
 				behindApart++
 			}
-		}
-		runs := "overlap"
-		if r.apart() {
-			runs = "apart"
 		}
 		fmt.Fprintf(w, "%-34s %-10s %10.2f %12.2f %12.2f %-10s %-8s%s\n", r.s, sizeName(r.bytes), r.ratio, r.gUs, r.peerUs, r.peer, runs, mark)
 	}

@@ -543,28 +543,23 @@ func (e *Engine) Run(ctx context.Context, op *Op) (*Plan, error) {
 	pl := &e.runPlan
 	dev := onDevice(op)
 	if err := e.CheckMemory(op, dev); err != nil {
-		*pl = Plan{}
-		return pl, fmt.Errorf("engine: %w", err)
+		return e.noPlan(0), fmt.Errorf("engine: %w", err)
 	}
 	if err := e.checkBlocks(op); err != nil {
-		*pl = Plan{}
-		return pl, fmt.Errorf("engine: %w", err)
+		return e.noPlan(0), fmt.Errorf("engine: %w", err)
 	}
 	if op.PreMul && (dev || op.Red != kernels.Sum || !op.Coll.Reduces()) {
-		*pl = Plan{}
-		return pl, fmt.Errorf("engine: a pre-multiplied sum is a host reduction with Red Sum (got %v %v on %v memory)", op.Coll, op.Red, op.In.Kind())
+		return e.noPlan(0), fmt.Errorf("engine: a pre-multiplied sum is a host reduction with Red Sum (got %v %v on %v memory)", op.Coll, op.Red, op.In.Kind())
 	}
 	seq := e.nextSeq(op)
 	if err := e.awaitBoard(ctx, op); err != nil {
-		*pl = Plan{Seq: seq}
-		return pl, err
+		return e.noPlan(seq), err
 	}
 	if op.Count == 0 {
 		// Nothing moves, so nothing is checked: like NCCL, a zero count is
 		// a no-op that does not synchronise.
 		e.markOff(op, seq, signature(op, algorithms.Plan{Channels: 1}, 0, 0))
-		*pl = Plan{Seq: seq}
-		return pl, nil
+		return e.noPlan(seq), nil
 	}
 	if e.onBoard(op) {
 		return e.runOnBoard(ctx, op, seq)
@@ -654,6 +649,13 @@ func (e *Engine) Run(ctx context.Context, op *Op) (*Plan, error) {
 		g.Go(func() error { return x.run(gctx) })
 	}
 	return pl, g.Wait()
+}
+
+// noPlan is what Run returns for an operation that has no plan (it
+// failed its checks, or moves nothing): its sequence number only.
+func (e *Engine) noPlan(seq uint64) *Plan {
+	e.runPlan = Plan{Seq: seq}
+	return &e.runPlan
 }
 
 // streams makes sure the first n channels have a device stream, and
