@@ -14,7 +14,12 @@ type Endpoint interface {
 	// Connect returns the connection to peer for channel ch, establishing
 	// it on first use and returning the same Conn afterwards. Both ranks of
 	// a pair connect when they first need the link; Connect blocks until
-	// the link is usable or ctx ends. It is safe for concurrent use.
+	// the link is usable or ctx ends. The lower rank of the pair sets the
+	// link up and the higher waits for it: the lower rank's Connect fails
+	// by itself, at once, when the peer's endpoint has closed (for tcp and
+	// shm, when their Options say ListenersUp), so it need
+	// not be cut short when the peer leaves (and must not be: the peer may
+	// have accepted it, sent and closed). It is safe for concurrent use.
 	Connect(ctx context.Context, peer, ch int) (Conn, error)
 	// Caps describes the connections this endpoint makes.
 	Caps() Caps

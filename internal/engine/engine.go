@@ -775,7 +775,12 @@ func (e *Engine) PeerGone(peer int, err error) {
 }
 
 // dial connects to peer on channel ch, failing at once if the peer has
-// gone or goes meanwhile.
+// gone or goes meanwhile. Only the higher rank's wait is cut short when
+// the peer goes: the lower rank sets the link up (transport.Endpoint),
+// and its Connect, once the peer has answered, may be all that holds what
+// the peer sent before it left (the peer accepted, sent and closed while
+// this rank read its acknowledgement). A peer that has gone answers no
+// new dial, so that Connect fails on its own, at once.
 func (e *Engine) dial(ctx context.Context, peer, ch int) (transport.Conn, error) {
 	g := &e.gone
 	g.mu.Lock()
@@ -785,7 +790,10 @@ func (e *Engine) dial(ctx context.Context, peer, ch int) (transport.Conn, error)
 	}
 	g.mu.Unlock()
 	cctx, cancel := context.WithCancelCause(ctx)
-	stop := e.cancelWhenGone(cancel, func(_ int, err error) error { return err }, peer)
+	stop := func() {}
+	if e.rank > peer {
+		stop = e.cancelWhenGone(cancel, func(_ int, err error) error { return err }, peer)
+	}
 	c, err := e.ep.Connect(cctx, peer, ch)
 	stop()
 	g.mu.Lock()

@@ -15,6 +15,7 @@ import (
 	"github.com/goccl/goccl/algorithms"
 	"github.com/goccl/goccl/internal/kernels"
 	"github.com/goccl/goccl/memory"
+	"github.com/goccl/goccl/transport"
 	"github.com/goccl/goccl/transport/mem"
 )
 
@@ -192,4 +193,60 @@ func TestOperatorMismatchAfterSameShape(t *testing.T) {
 		mismatch = mismatch || errors.As(err, &me)
 	}
 	require.True(t, mismatch, "errors: %v", errs)
+}
+
+// heldDial holds the lower rank's first Connect as a real dial can be
+// held between the peer's acknowledgement and this end's reading it:
+// until the test releases it, or its context ends (then it fails, as a
+// handshake cut short does).
+type heldDial struct {
+	transport.Endpoint
+	entered, release chan struct{}
+	once             sync.Once
+}
+
+func (h *heldDial) Connect(ctx context.Context, peer, ch int) (transport.Conn, error) {
+	h.once.Do(func() { close(h.entered) })
+	select {
+	case <-h.release:
+	case <-ctx.Done():
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, context.Cause(ctx)
+	}
+	return h.Endpoint.Connect(ctx, peer, ch)
+}
+
+// The peer accepted the lower rank's connection, sent on it and closed
+// its communicator while the lower rank was still reading the
+// acknowledgement; the root's notice that it left (PeerGone) comes then.
+// The lower rank's Connect is not cut short: what the peer sent arrives.
+// (The higher rank's wait is cut short: TestBoardJoinFailsWhenAPeerGoes.)
+// Seen in CI as "connect with rank 3: rank 3 closed its communicator" in
+// a scatter whose root had sent everything.
+func TestDialOutlivesThePeersLeaving(t *testing.T) {
+	nw, err := mem.NewNetwork(2, mem.Options{})
+	require.NoError(t, err)
+	h := &heldDial{Endpoint: nw.Endpoint(0), entered: make(chan struct{}), release: make(chan struct{})}
+	cfg := Config{MaxChannels: 2, Link: testLink}
+	e0, err := New(0, 2, h, cfg)
+	require.NoError(t, err)
+	e1, err := New(1, 2, nw.Endpoint(1), cfg)
+	require.NoError(t, err)
+	defer nw.Endpoint(0).Close(nil)
+	want := []float32{1, 2, 3, 4}
+	got := make([]byte, 16)
+	recvErr := make(chan error, 1)
+	go func() {
+		_, err := e0.RunP2P(context.Background(), &Op{Coll: algorithms.CollRecv, Type: kernels.Float32, Count: 4, Root: 1, Out: memory.HostBuffer(got)})
+		recvErr <- err
+	}()
+	<-h.entered
+	_, err = e1.RunP2P(context.Background(), &Op{Coll: algorithms.CollSend, Type: kernels.Float32, Count: 4, Root: 0, In: memory.HostBuffer(f32s(want))})
+	require.NoError(t, err)
+	require.NoError(t, nw.Endpoint(1).Close(nil))
+	e0.PeerGone(1, errors.New("rank 1 closed its communicator"))
+	close(h.release)
+	require.NoError(t, <-recvErr)
+	require.Equal(t, f32s(want), got)
 }
