@@ -49,6 +49,11 @@ type Acceptor struct {
 	// keeps the connection. It returns whether it kept the connection;
 	// otherwise the acceptor closes it. Errors it logs with Drop.
 	Serve func(c net.Conn, s wire.ConnSetup) (kept bool)
+	// Arriving, if set, learns of each connection from its acknowledgement
+	// until Serve returns (Pending.Expect): the dialer may send on it and
+	// leave in that time, and a Connect whose wait the peer's leaving cut
+	// short still collects it.
+	Arriving interface{ Expect(Key) (settle func()) }
 
 	lns     []net.Listener
 	wg      sync.WaitGroup
@@ -148,6 +153,9 @@ func (a *Acceptor) serve(c net.Conn) {
 	if err != nil {
 		a.Reject(c, err)
 		return
+	}
+	if a.Arriving != nil {
+		defer a.Arriving.Expect(Key{Peer: int(s.From), Ch: int(s.Channel)})()
 	}
 	if err := handshake.WriteFrame(c, wire.FrameConnSetup, payload); err != nil {
 		a.Drop(c, fmt.Errorf("acknowledging a connection of rank %d: %w", s.From, err))
@@ -290,6 +298,10 @@ type slot[V any] struct {
 	v     V
 	set   bool
 	ready chan struct{}
+	// coming counts the connections for this key acknowledged and not
+	// yet through Serve (Expect); settled closes when it drops to zero.
+	coming  int
+	settled chan struct{}
 }
 
 func (p *Pending[V]) slotLocked(k Key) *slot[V] {
@@ -327,20 +339,53 @@ func (p *Pending[V]) Deliver(k Key, v V) bool {
 	return true
 }
 
+// Expect notes that a connection for k has been acknowledged and is on
+// its way here (Acceptor.Arriving): until settle is called, an Await
+// whose context ends waits for it instead of reporting it missing. The
+// acceptor calls settle once Serve returns, which is within its setup
+// deadline.
+func (p *Pending[V]) Expect(k Key) (settle func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := p.slotLocked(k)
+	if s.coming == 0 {
+		s.settled = make(chan struct{})
+	}
+	s.coming++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if s.coming--; s.coming == 0 {
+				close(s.settled)
+			}
+		})
+	}
+}
+
 // Await waits for k's connection and collects it, until ctx ends or done
-// closes.
+// closes. One that has arrived, or was acknowledged and is still being
+// set up (Expect), is collected even when ctx has ended: a peer may have
+// sent on it, then left.
 func (p *Pending[V]) Await(ctx context.Context, k Key, done <-chan struct{}) (V, error) {
 	p.mu.Lock()
 	s := p.slotLocked(k)
 	p.mu.Unlock()
 	var zero V
 	select {
-	case <-s.ready: // arrived already: taken even when ctx has ended (a peer that sent, then left)
+	case <-s.ready: // arrived already
 	default:
 		select {
 		case <-s.ready:
 		case <-ctx.Done():
-			return zero, fmt.Errorf("waiting for rank %d to connect (channel %d): %w", k.Peer, k.Ch, context.Cause(ctx))
+			arrived, err := p.settles(s, done)
+			if err != nil {
+				return zero, err
+			}
+			if !arrived {
+				return zero, fmt.Errorf("waiting for rank %d to connect (channel %d): %w", k.Peer, k.Ch, context.Cause(ctx))
+			}
 		case <-done:
 			return zero, transport.ErrClosed
 		}
@@ -352,6 +397,28 @@ func (p *Pending[V]) Await(ctx context.Context, k Key, done <-chan struct{}) (V,
 	}
 	delete(p.m, k)
 	return s.v, nil
+}
+
+// settles waits for the connections of s that are still being set up
+// (Expect) and reports whether one arrived; ErrClosed if done closes.
+func (p *Pending[V]) settles(s *slot[V], done <-chan struct{}) (bool, error) {
+	p.mu.Lock()
+	coming, settled := s.coming > 0, s.settled
+	p.mu.Unlock()
+	if coming {
+		select {
+		case <-s.ready:
+		case <-settled:
+		case <-done:
+			return false, transport.ErrClosed
+		}
+	}
+	select { // Serve delivers before the acceptor settles
+	case <-s.ready:
+		return true, nil
+	default:
+		return false, nil
+	}
 }
 
 // Close closes the table and returns what was delivered and never

@@ -207,3 +207,56 @@ func TestSilentFloodDoesNotKeepPeersOut(t *testing.T) {
 	c.Close()
 	<-served
 }
+
+// A connection acknowledged and still in Serve when the Connect waiting
+// for it gives up (the dialer sent on it and left, and the root's notice
+// cut the wait short) is still collected: Await with an ended context
+// waits for Serve. One that Serve drops is reported missing once it has.
+func TestAwaitCollectsAConnectionStillBeingSetUp(t *testing.T) {
+	for _, keep := range []bool{true, false} {
+		var p Pending[net.Conn]
+		gate := make(chan struct{})
+		served := make(chan struct{})
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		a := &Acceptor{Name: "test", Secret: secret, Purpose: wire.PurposeData, Timeout: 2 * time.Second, Arriving: &p,
+			Check: func(wire.ConnSetup) error { return nil },
+			Serve: func(c net.Conn, s wire.ConnSetup) bool {
+				defer close(served)
+				<-gate
+				return keep && p.Deliver(Key{Peer: int(s.From), Ch: int(s.Channel)}, c)
+			}}
+		a.Start(ln)
+		d := Dialer{Network: "tcp", Secret: secret, Purpose: wire.PurposeData, Timeout: 2 * time.Second}
+		c, err := d.Dial(context.Background(), ln.Addr().String(), wire.ConnSetup{From: 1, To: 2, Channel: 3, NSocks: 1}, nil)
+		require.NoError(t, err) // acknowledged: Serve is now held at the gate
+		ended, cancel := context.WithCancelCause(context.Background())
+		cancel(errors.New("rank 1 left"))
+		type result struct {
+			c   net.Conn
+			err error
+		}
+		got := make(chan result, 1)
+		go func() {
+			v, err := p.Await(ended, Key{Peer: 1, Ch: 3}, nil)
+			got <- result{v, err}
+		}()
+		select {
+		case r := <-got:
+			t.Fatalf("keep=%v: Await returned (%v, %v) while the connection was still being set up", keep, r.c, r.err)
+		case <-time.After(50 * time.Millisecond):
+		}
+		close(gate)
+		<-served
+		r := <-got
+		if keep {
+			require.NoError(t, r.err)
+			require.NotNil(t, r.c)
+			r.c.Close()
+		} else {
+			require.ErrorContains(t, r.err, "rank 1 left")
+		}
+		c.Close()
+		a.Close()
+	}
+}

@@ -127,7 +127,7 @@ func New(o Options) (*Endpoint, error) {
 		e.log = slog.Default()
 	}
 	e.acc = connsetup.Acceptor{Name: "shm", Rank: o.Rank, Secret: o.Secret, Purpose: wire.PurposeShm, Timeout: setupTimeout,
-		Log: e.log, Vet: e.vetPeer, Check: e.checkSetup, Serve: e.serveIncoming}
+		Log: e.log, Vet: e.vetPeer, Check: e.checkSetup, Serve: e.serveIncoming, Arriving: &e.pending}
 	e.dialer = connsetup.Dialer{Network: "unix", Secret: o.Secret, Purpose: wire.PurposeShm, Timeout: setupTimeout, Done: e.done, ListenersUp: o.ListenersUp}
 	e.acc.Start(o.Listener)
 	return e, nil

@@ -135,7 +135,7 @@ func New(o Options) (*Endpoint, error) {
 		e.log = slog.Default()
 	}
 	e.acc = connsetup.Acceptor{Name: "tcp", Rank: o.Rank, Secret: o.Secret, Purpose: wire.PurposeData, Timeout: setupTimeout,
-		Log: e.log, Check: e.checkSetup, Serve: e.serveIncoming}
+		Log: e.log, Check: e.checkSetup, Serve: e.serveIncoming, Arriving: &e.pending}
 	e.dialer = connsetup.Dialer{Network: "tcp", Secret: o.Secret, Purpose: wire.PurposeData, Timeout: setupTimeout, Done: e.done, ListenersUp: o.ListenersUp}
 	e.acc.Start(append([]net.Listener{o.Listener}, o.Listeners...)...)
 	return e, nil

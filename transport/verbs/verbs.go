@@ -118,7 +118,7 @@ func New(o Options) (*Endpoint, error) {
 	}
 	e.chooseDevicePath()
 	e.acc = connsetup.Acceptor{Name: "verbs", Rank: o.Rank, Secret: o.Secret, Purpose: wire.PurposeVerbs, Timeout: setupTimeout,
-		Log: e.log, Check: e.checkSetup, Serve: e.serveIncoming}
+		Log: e.log, Check: e.checkSetup, Serve: e.serveIncoming, Arriving: &e.pending}
 	e.dialer = connsetup.Dialer{Network: "tcp", Secret: o.Secret, Purpose: wire.PurposeVerbs, Timeout: setupTimeout, Done: e.done, ListenersUp: o.ListenersUp}
 	e.acc.Start(o.Listener)
 	if es, ok := port.Ctx.(ibv.EventSource); ok {
