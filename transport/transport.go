@@ -16,10 +16,11 @@ type Endpoint interface {
 	// a pair connect when they first need the link; Connect blocks until
 	// the link is usable or ctx ends. The lower rank of the pair sets the
 	// link up and the higher waits for it: the lower rank's Connect fails
-	// by itself, at once, when the peer's endpoint has closed (for tcp and
-	// shm, when their Options say ListenersUp), so it need
-	// not be cut short when the peer leaves (and must not be: the peer may
-	// have accepted it, sent and closed). It is safe for concurrent use.
+	// by itself, at once, when the peer's endpoint has closed (for tcp,
+	// shm and verbs, when their Options say ListenersUp), so it need not
+	// be cut short when the peer leaves (and must not be: the peer may
+	// have accepted it, sent on it and closed). It is safe for concurrent
+	// use.
 	Connect(ctx context.Context, peer, ch int) (Conn, error)
 	// Caps describes the connections this endpoint makes.
 	Caps() Caps
