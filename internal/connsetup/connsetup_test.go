@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,9 +19,15 @@ import (
 var secret = []byte("0123456789abcdef0123456789abcdef")
 
 func acceptor(t *testing.T, check func(wire.ConnSetup) error, serve func(net.Conn, wire.ConnSetup) bool) (*Acceptor, string) {
+	return start(t, &Acceptor{Check: check, Serve: serve})
+}
+
+// start starts a, given the test's name, secret, purpose and timeout, on a
+// loopback listener, until the test ends.
+func start(t *testing.T, a *Acceptor) (*Acceptor, string) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	a := &Acceptor{Name: "test", Secret: secret, Purpose: wire.PurposeData, Timeout: 2 * time.Second, Check: check, Serve: serve}
+	a.Name, a.Secret, a.Purpose, a.Timeout = "test", secret, wire.PurposeData, 2*time.Second
 	a.Start(ln)
 	t.Cleanup(a.Close)
 	return a, ln.Addr().String()
@@ -217,18 +224,17 @@ func TestAwaitCollectsAConnectionStillBeingSetUp(t *testing.T) {
 		var p Pending[net.Conn]
 		gate := make(chan struct{})
 		served := make(chan struct{})
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		a := &Acceptor{Name: "test", Secret: secret, Purpose: wire.PurposeData, Timeout: 2 * time.Second, Arriving: &p,
+		_, addr := start(t, &Acceptor{Arriving: &p,
 			Check: func(wire.ConnSetup) error { return nil },
 			Serve: func(c net.Conn, s wire.ConnSetup) bool {
 				defer close(served)
 				<-gate
 				return keep && p.Deliver(Key{Peer: int(s.From), Ch: int(s.Channel)}, c)
-			}}
-		a.Start(ln)
+			}})
+		open := sync.OnceFunc(func() { close(gate) })
+		t.Cleanup(open) // before the acceptor's Close, which waits for Serve: a failure must not hang
 		d := Dialer{Network: "tcp", Secret: secret, Purpose: wire.PurposeData, Timeout: 2 * time.Second}
-		c, err := d.Dial(context.Background(), ln.Addr().String(), wire.ConnSetup{From: 1, To: 2, Channel: 3, NSocks: 1}, nil)
+		c, err := d.Dial(context.Background(), addr, wire.ConnSetup{From: 1, To: 2, Channel: 3, NSocks: 1}, nil)
 		require.NoError(t, err) // acknowledged: Serve is now held at the gate
 		ended, cancel := context.WithCancelCause(context.Background())
 		cancel(errors.New("rank 1 left"))
@@ -246,7 +252,7 @@ func TestAwaitCollectsAConnectionStillBeingSetUp(t *testing.T) {
 			t.Fatalf("keep=%v: Await returned (%v, %v) while the connection was still being set up", keep, r.c, r.err)
 		case <-time.After(50 * time.Millisecond):
 		}
-		close(gate)
+		open()
 		<-served
 		r := <-got
 		if keep {
@@ -257,6 +263,5 @@ func TestAwaitCollectsAConnectionStillBeingSetUp(t *testing.T) {
 			require.ErrorContains(t, r.err, "rank 1 left")
 		}
 		c.Close()
-		a.Close()
 	}
 }
