@@ -452,9 +452,14 @@ func (e *Endpoint) boardPeers() error {
 func (e *Endpoint) joinBoard(ctx context.Context) (*board, error) {
 	var seg *segment
 	var err error
-	if e.o.Rank == 0 {
+	switch {
+	case e.o.Rank == 0 && e.o.Board != nil:
+		seg, err = e.adoptOffer() // the others fetch it (offer_linux.go)
+	case e.o.Rank == 0:
 		seg, err = e.makeBoard(ctx)
-	} else {
+	case e.o.BoardAt.PID != 0:
+		seg, err = e.fetchBoard(ctx)
+	default:
 		var p pendingSeg
 		p, err = e.awaitIncoming(ctx, boardKey)
 		seg = p.seg
@@ -544,18 +549,22 @@ func (j *joiningBoard) Read(ctx context.Context, r int, seq uint64) (uint32, []b
 }
 
 // createBoard makes a new board for n members and returns its descriptor
-// (to hand to the others) and this rank's mapping.
+// (to hand to the others) and this rank's mapping, its header written.
 func createBoard(n int) (int, *segment, error) {
-	fd, err := sealedMemfd("goccl-board", boardSize(n))
+	size := boardSize(n)
+	fd, err := sealedMemfd("goccl-board", size)
 	if err != nil {
 		return -1, nil, err
 	}
-	seg, err := mapBoard(fd, n, true)
+	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		unix.Close(fd)
-		return -1, nil, err
+		return -1, nil, fmt.Errorf("map board: %w", err)
 	}
-	return fd, seg, nil
+	binary.LittleEndian.PutUint64(mem[hdrMagic:], magic)
+	binary.LittleEndian.PutUint32(mem[hdrVersion:], boardVersion)
+	binary.LittleEndian.PutUint32(mem[hdrSlots:], uint32(n))
+	return fd, &segment{mem: mem}, nil
 }
 
 // makeBoard creates the board and hands it to every other rank.
@@ -593,49 +602,43 @@ func (e *Endpoint) makeBoard(ctx context.Context) (*segment, error) {
 	return seg, nil
 }
 
-// receiveBoard reads the board message and its descriptor, and maps it.
-func (e *Endpoint) receiveBoard(c *net.UnixConn) (*segment, error) {
+// receiveBoard reads the board message and its descriptor, and maps it
+// (nonce: an offer's, or zero for Init's board).
+func (e *Endpoint) receiveBoard(c *net.UnixConn, nonce [16]byte) (*segment, error) {
 	buf := make([]byte, boardMsgLen)
 	fd, err := readWithFD(c, buf)
 	if err != nil {
 		return nil, fmt.Errorf("reading the board: %w", err)
 	}
 	defer unix.Close(fd)
-	if string(buf) != string(appendBoardMsg(nil, e.o.NRanks)) {
-		return nil, fmt.Errorf("the board is for %d ranks of %d bytes; this communicator has %d ranks",
-			binary.LittleEndian.Uint32(buf[8:]), binary.LittleEndian.Uint32(buf[12:]), e.o.NRanks)
+	if _, err := checkBoardMsg(buf, e.o.NRanks); err != nil {
+		return nil, err
 	}
-	return mapBoard(fd, e.o.NRanks, false)
+	return mapBoard(fd, e.o.NRanks, nonce)
 }
 
-// mapBoard maps a board for n members; its creator writes the header,
-// the others check it.
-func mapBoard(fd, n int, create bool) (*segment, error) {
-	size := boardSize(n)
+// mapBoard maps a board that another rank made, for n members: a sealed
+// memfd of the size its header's capacity (at least n) gives, with the
+// nonce its maker put there (an offer's; zero for Init's board).
+func mapBoard(fd, n int, nonce [16]byte) (*segment, error) {
 	got, err := sealedSize(fd)
 	if err != nil {
 		return nil, fmt.Errorf("refusing to map the board: %w", err)
 	}
-	if got != int64(size) {
-		return nil, fmt.Errorf("board is %d bytes, want %d for %d ranks", got, size, n)
+	if got < int64(boardSize(n)) || got > int64(boardSize(maxBoardMembers)) {
+		return nil, fmt.Errorf("board is %d bytes, want %d for %d ranks", got, boardSize(n), n)
 	}
-	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	mem, err := unix.Mmap(fd, 0, int(got), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		return nil, fmt.Errorf("map board: %w", err)
 	}
-	s := &segment{mem: mem}
-	if create {
-		binary.LittleEndian.PutUint64(mem[hdrMagic:], magic)
-		binary.LittleEndian.PutUint32(mem[hdrVersion:], boardVersion)
-		binary.LittleEndian.PutUint32(mem[hdrSlots:], uint32(n))
-		return s, nil
-	}
+	c := int(binary.LittleEndian.Uint32(mem[hdrSlots:]))
 	if binary.LittleEndian.Uint64(mem[hdrMagic:]) != magic || binary.LittleEndian.Uint32(mem[hdrVersion:]) != boardVersion ||
-		int(binary.LittleEndian.Uint32(mem[hdrSlots:])) != n {
+		c < n || int64(boardSize(c)) != got || [16]byte(mem[hdrNonce:hdrNonce+16]) != nonce {
 		unix.Munmap(mem)
-		return nil, errors.New("not a goccl board of this version and size")
+		return nil, errors.New("not a goccl board of this version and size, or not the one offered")
 	}
-	return s, nil
+	return &segment{mem: mem}, nil
 }
 
 // readWithFD reads len(buf) bytes from c and the one descriptor that

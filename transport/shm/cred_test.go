@@ -32,7 +32,7 @@ import (
 // The stranger is this test binary run again as another user, which
 // TestMain hands to stranger.
 const (
-	strangerEnv     = "GOCCL_SHM_TEST_STRANGER"      // its role: "hold" or "listen"
+	strangerEnv     = "GOCCL_SHM_TEST_STRANGER"      // its role: "hold", "listen" or "open"
 	strangerAddrEnv = "GOCCL_SHM_TEST_STRANGER_ADDR" // the listener it holds
 	strangerUID     = 65534                          // nobody
 	// strangerHolds is more connections than may set up at once.
@@ -106,6 +106,17 @@ func stranger(role, addr string) int {
 		unix.Close(fd)
 		fmt.Println("got a descriptor")
 		handshake.WriteFrame(c, wire.FrameConnSetup, nil) // as if mapped
+		return 0
+	}
+	if role == "open" {
+		// Open an offered board through /proc (addr is its path).
+		fd, err := unix.Open(addr, unix.O_RDWR|unix.O_CLOEXEC, 0)
+		if err != nil {
+			fmt.Println("refused:", err)
+			return 0
+		}
+		unix.Close(fd)
+		fmt.Println("opened")
 		return 0
 	}
 	fmt.Println("no such role:", role)

@@ -97,4 +97,19 @@ type Options struct {
 	// made (as the bootstrap guarantees), so a refused connection means
 	// the peer has closed and Connect fails at once (connsetup.Dialer).
 	ListenersUp bool
+	// Board, if set on rank 0, is the board this endpoint uses (made by
+	// OfferBoard before the ranks knew which of them would be rank 0; a
+	// split's child): the others open it where BoardAt says, and none is
+	// handed over. The endpoint owns it from a successful New on.
+	Board *BoardOffer
+	// BoardAt, if its PID is set on a rank other than 0, is where rank 0's
+	// Board is (its BoardOffer.Ref, passed on by the caller).
+	BoardAt BoardRef
+}
+
+// BoardRef says where an offered board is: the offering process, its
+// descriptor and the offer's nonce (OfferBoard).
+type BoardRef struct {
+	PID, FD int
+	Nonce   [16]byte
 }

@@ -52,7 +52,7 @@ func TestMemfdsAreSealed(t *testing.T) {
 	peerSeg, err := mapSegment(segFD, g, 1)
 	require.NoError(t, err)
 	peerSeg.detach()
-	peerBoard, err := mapBoard(boardFD, 3, false)
+	peerBoard, err := mapBoard(boardFD, 3, [16]byte{})
 	require.NoError(t, err)
 	peerBoard.detach()
 }
@@ -107,7 +107,7 @@ func TestUnsealedMemfdsAreRefused(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := mapSegment(unsealedMemfd(t, c.flags, c.seals, g.size(), segmentHeader(g)), g, 1)
 			require.ErrorContains(t, err, notSealed)
-			_, err = mapBoard(unsealedMemfd(t, c.flags, c.seals, boardSize(3), boardHeader(3)), 3, false)
+			_, err = mapBoard(unsealedMemfd(t, c.flags, c.seals, boardSize(3), boardHeader(3)), 3, [16]byte{})
 			require.ErrorContains(t, err, notSealed)
 		})
 	}

@@ -164,8 +164,12 @@ func (e *Endpoint) serveIncoming(nc net.Conn, s wire.ConnSetup) bool {
 	isBoard := s.Flags&wire.ConnBoard != 0
 	var seg *segment
 	var err error
+	if isBoard && e.o.Rank == 0 {
+		e.servePull(c) // a higher rank asks for the offered board
+		return false
+	}
 	if isBoard {
-		seg, err = e.receiveBoard(c)
+		seg, err = e.receiveBoard(c, [16]byte{})
 	} else {
 		seg, err = e.receiveSegment(c)
 	}
@@ -211,6 +215,12 @@ func (e *Endpoint) checkSetup(s wire.ConnSetup) error {
 	switch {
 	case s.Flags&^wire.ConnBoard != 0:
 		return fmt.Errorf("unknown connection flags %#x", s.Flags)
+	case s.Flags&wire.ConnBoard != 0 && e.o.Rank == 0 && e.o.Board != nil:
+		// A pull of the offered board (offer_linux.go).
+		if s.From == 0 || s.To != 0 || int(s.From) >= e.o.NRanks || e.o.Peers[s.From] == "" {
+			return fmt.Errorf("rank %d may not ask for the board of a communicator of %d ranks", s.From, e.o.NRanks)
+		}
+		return nil
 	case s.Flags&wire.ConnBoard != 0 && s.From != 0:
 		return fmt.Errorf("rank %d may not hand rank %d a board (rank 0 does)", s.From, e.o.Rank)
 	case s.Flags&wire.ConnBoard == 0 && !transport.ValidChannel(int(s.Channel)):
@@ -425,6 +435,7 @@ func (e *Endpoint) Close(cause error) error {
 		// the board itself if it got it.
 		<-j.done
 	}
+	e.o.Board.Close() // no more pulls: the acceptor is closed
 	for _, p := range e.pending.Close() {
 		if p.k == boardKey { // handed over, never joined
 			b = &board{e: e, seg: p.seg, me: e.o.Rank, n: e.o.NRanks}

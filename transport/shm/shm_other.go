@@ -34,6 +34,18 @@ func (e *Endpoint) Caps() transport.Caps { return transport.Caps{} }
 
 func (e *Endpoint) Close(cause error) error { return nil }
 
+// BoardOffer is an offered board, absent on this platform.
+type BoardOffer struct{}
+
+// OfferBoard fails with ErrUnsupported.
+func OfferBoard(capacity int) (*BoardOffer, error) { return nil, ErrUnsupported }
+
+// Ref returns the zero BoardRef.
+func (o *BoardOffer) Ref() BoardRef { return BoardRef{} }
+
+// Close does nothing.
+func (o *BoardOffer) Close() {}
+
 // StartBoard fails with ErrUnsupported.
 func (e *Endpoint) StartBoard(time.Duration) error { return ErrUnsupported }
 
