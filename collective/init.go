@@ -215,6 +215,11 @@ type meeting struct {
 	join    func() (*bootstrap.Watch, error)
 	cancel  func()
 	abandon func()
+	// board, on rank 0, is the shared-memory board offered before the
+	// rendezvous (a split child's), buildProcs's to use or close; boardAt,
+	// on the others, is where it is (shm.Options.Board, BoardAt).
+	board   *shm.BoardOffer
+	boardAt shm.BoardRef
 }
 
 // buildProcs makes a communicator between processes: listeners, the
@@ -330,6 +335,7 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		closeListeners()
 		return fail(err)
 	}
+	defer func() { m.board.Close() }() // unless the shm endpoint took it (nil then)
 	table := m.table
 	if m.rootAddr != "" {
 		id.addr = m.rootAddr
@@ -517,11 +523,18 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		// TCP's sends move only while the channel's goroutine moves them,
 		// also while it waits on shared memory.
 		o.Progress = transport.ProgressOf(rep.all...)
+		if nShm == nranks-1 {
+			// A split child's board, offered ahead (split.go).
+			o.Board, o.BoardAt = m.board, m.boardAt
+		}
 		ep, err := shm.New(o)
 		if err != nil {
 			shmLn.Close()
 			rep.Close(err)
 			return fail(err)
+		}
+		if o.Board != nil {
+			m.board = nil // the endpoint's
 		}
 		rep.all = append(rep.all, ep)
 		if nShm == nranks-1 {

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
+	"log/slog"
 	"math"
 	"net"
 	"slices"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/goccl/goccl/internal/bootstrap"
 	"github.com/goccl/goccl/internal/wire"
+	"github.com/goccl/goccl/transport/shm"
 )
 
 // NoColor is the color of a rank that takes part in Split but joins no
@@ -124,12 +126,18 @@ func (c *Comm) splitProcs(ctx context.Context, seq uint64, color, key int) (*Com
 			root = nil
 		}
 	}
+	// The child's board, offered in the same way: its rank 0's is used,
+	// and the others open it (shm.OfferBoard), so that nobody hands one
+	// over. Offered where the parent reaches other ranks over shared
+	// memory, for as many members as it has here.
+	offer, board := c.offerBoard()
+	defer func() { offer.Close() }() // unless passed on (nil then)
 	exchanged := false
 	// Until the exchange, buildProcs knows this rank by its parent's rank
 	// and size; then it takes the child's from the table.
 	child, err := buildProcs(ctx, id, c.size, c.rank, c.cfg, c.lookup, c.facts, func(ctx context.Context, info wire.PeerInfo) (meeting, error) {
 		exchanged = true
-		parts, err := c.splitExchange(ctx, splitPart{color: color, key: key, port: port, info: info.Append(nil)})
+		parts, err := c.splitExchange(ctx, splitPart{color: color, key: key, port: port, info: info.Append(nil), board: board})
 		if err != nil {
 			return meeting{}, err
 		}
@@ -161,6 +169,11 @@ func (c *Comm) splitProcs(ctx context.Context, seq uint64, color, key int) (*Com
 			}
 			p.Rank, p.NRanks = uint32(i), uint32(len(members))
 			m.table.Peers = append(m.table.Peers, p)
+		}
+		if rank == 0 {
+			m.board, offer = offer, nil // buildProcs's now
+		} else if at := parts[leader].board; at.FD >= 0 && m.table.Peers[0].HostID == info.HostID {
+			m.boardAt = shm.BoardRef{PID: int(m.table.Peers[0].PID), FD: at.FD, Nonce: at.Nonce}
 		}
 		info.Rank, info.NRanks = uint32(rank), uint32(len(members))
 		// The watched connection to the child's root, joined in the
@@ -212,23 +225,47 @@ func (c *Comm) splitProcs(ctx context.Context, seq uint64, color, key int) (*Com
 	return child, nil
 }
 
+// offerBoard offers a board for the child where the parent reaches other
+// ranks over shared memory, and says where it is for the exchange (FD -1:
+// none offered).
+func (c *Comm) offerBoard() (*shm.BoardOffer, shm.BoardRef) {
+	here := 1
+	for _, r := range c.routes {
+		if r == "shm" {
+			here++
+		}
+	}
+	if here < 2 {
+		return nil, shm.BoardRef{FD: -1}
+	}
+	o, err := shm.OfferBoard(here)
+	if err != nil {
+		// The child's rank 0 then hands its board over, as Init's does.
+		slog.Debug("goccl: split: no board offered", "rank", c.rank, "err", err)
+		return nil, shm.BoardRef{FD: -1}
+	}
+	return o, o.Ref()
+}
+
 // splitPart is what a parent rank tells the others in a Split.
 type splitPart struct {
 	color, key int
-	port       int64  // the port of the root it started; -1: none
-	info       []byte // its PeerInfo for the child (none with NoColor)
-	failed     bool   // it failed before the exchange
+	port       int64        // the port of the root it started; -1: none
+	board      shm.BoardRef // the board it offers (its FD and nonce); FD -1: none
+	info       []byte       // its PeerInfo for the child (none with NoColor)
+	failed     bool         // it failed before the exchange
 }
 
 // A rank's record in the exchange is splitRecord bytes: a header of
-// splitHeader (color, key, port, PeerInfo length) and up to splitInline
-// bytes of PeerInfo (142 on one host here, 113 over TCP); a longer one
-// takes a second all-gather. 240 bytes is what a rank posts on the shared
-// board (shm.BoardMax), so that on one host the exchange is one post and
-// one read of the others' (TestSplitRecordFitsTheBoard).
+// splitHeader (color, key, port, PeerInfo length, the offered board's
+// descriptor and nonce) and up to splitInline bytes of PeerInfo (142 on
+// one host here, 113 over TCP); a longer one takes a second all-gather.
+// 240 bytes is what a rank posts on the shared board (shm.BoardMax), so
+// that on one host the exchange is one post and one read of the others'
+// (TestSplitRecordFitsTheBoard).
 const (
 	splitRecord = 240
-	splitHeader = 32
+	splitHeader = 56
 	splitInline = splitRecord - splitHeader
 )
 
@@ -242,9 +279,13 @@ func (c *Comm) splitExchange(ctx context.Context, me splitPart) ([]splitPart, er
 		ilen = -1
 	}
 	rec := make([]byte, splitRecord)
-	for i, v := range []int64{int64(me.color), int64(me.key), me.port, ilen} {
+	if me.color == NoColor || me.failed {
+		me.board = shm.BoardRef{FD: -1}
+	}
+	for i, v := range []int64{int64(me.color), int64(me.key), me.port, ilen, int64(me.board.FD)} {
 		binary.LittleEndian.PutUint64(rec[8*i:], uint64(v))
 	}
+	copy(rec[40:56], me.board.Nonce[:])
 	if ilen <= splitInline {
 		copy(rec[hdr:], me.info)
 	}
@@ -257,14 +298,17 @@ func (c *Comm) splitExchange(ctx context.Context, me splitPart) ([]splitPart, er
 	for r := range parts {
 		b := all[r*len(rec) : (r+1)*len(rec)]
 		v := func(i int) int64 { return int64(binary.LittleEndian.Uint64(b[8*i:])) }
-		color, key, port, l := v(0), v(1), v(2), v(3)
+		color, key, port, l, fd := v(0), v(1), v(2), v(3), v(4)
 		switch {
 		case color < NoColor || color > math.MaxInt32:
 			return nil, fmt.Errorf("rank %d's color in the exchange is %d", r, color)
 		case l < -1 || l > wire.MaxFrame:
 			return nil, fmt.Errorf("rank %d's PeerInfo would be %d bytes", r, l)
+		case fd < -1 || fd > math.MaxInt32:
+			return nil, fmt.Errorf("rank %d's board descriptor in the exchange is %d", r, fd)
 		}
-		parts[r] = splitPart{color: int(color), key: int(key), port: port, failed: l == -1}
+		parts[r] = splitPart{color: int(color), key: int(key), port: port, failed: l == -1,
+			board: shm.BoardRef{FD: int(fd), Nonce: [16]byte(b[40:56])}}
 		if l > splitInline {
 			longest = max(longest, l)
 		} else if l > 0 {

@@ -45,12 +45,14 @@ import (
 // host, and lays out its members within.
 
 // BoardOffer is a board made before it is known whether this rank will be
-// the one whose board is used (OfferBoard).
+// the one whose board is used (OfferBoard). Only that one is mapped (by
+// its endpoint): an offer is a descriptor and its header, written with
+// pwrite, so that the offers nobody takes cost a few system calls.
 type BoardOffer struct {
 	fd       int
-	seg      *segment // nil once the endpoint has adopted it
 	capacity int
 	nonce    [16]byte
+	adopted  bool
 }
 
 // hdrNonce is where an offer's nonce is in the board's header page.
@@ -61,13 +63,21 @@ func OfferBoard(capacity int) (*BoardOffer, error) {
 	if capacity < 2 || capacity > maxBoardMembers {
 		return nil, fmt.Errorf("shm: a board for %d members (want 2..%d)", capacity, maxBoardMembers)
 	}
-	fd, seg, err := createBoard(capacity)
+	fd, err := sealedMemfd("goccl-board", boardSize(capacity))
 	if err != nil {
 		return nil, fmt.Errorf("shm: offering a board: %w", err)
 	}
-	o := &BoardOffer{fd: fd, seg: seg, capacity: capacity}
+	o := &BoardOffer{fd: fd, capacity: capacity}
 	rand.Read(o.nonce[:])
-	copy(seg.mem[hdrNonce:], o.nonce[:])
+	hdr := make([]byte, hdrNonce+len(o.nonce))
+	binary.LittleEndian.PutUint64(hdr[hdrMagic:], magic)
+	binary.LittleEndian.PutUint32(hdr[hdrVersion:], boardVersion)
+	binary.LittleEndian.PutUint32(hdr[hdrSlots:], uint32(capacity))
+	copy(hdr[hdrNonce:], o.nonce[:])
+	if _, err := unix.Pwrite(fd, hdr, 0); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("shm: offering a board: writing its header: %w", err)
+	}
 	return o, nil
 }
 
@@ -78,36 +88,33 @@ const maxBoardMembers = 1024
 // Ref is where the offer is, for the other members.
 func (o *BoardOffer) Ref() BoardRef { return BoardRef{PID: os.Getpid(), FD: o.fd, Nonce: o.nonce} }
 
-// Close lets go of the offer: its mapping, unless an endpoint made it its
-// board, and its descriptor. An endpoint given the offer closes it.
+// Close lets go of the offer's descriptor (the board itself, once an
+// endpoint has made the offer its board, is the endpoint's). An endpoint
+// given the offer closes it.
 func (o *BoardOffer) Close() {
-	if o == nil {
-		return
-	}
-	if o.seg != nil {
-		o.seg.detach()
-		o.seg = nil
-	}
-	if o.fd >= 0 {
+	if o != nil && o.fd >= 0 {
 		unix.Close(o.fd)
 		o.fd = -1
 	}
 }
 
-// adopt makes the offer this endpoint's board (rank 0's): its mapping is
-// the board's; its descriptor stays open while the endpoint does, for the
-// others to open or pull.
+// adoptOffer maps the offer as this endpoint's board (rank 0's); its
+// descriptor stays open while the endpoint does, for the others to open
+// or pull.
 func (e *Endpoint) adoptOffer() (*segment, error) {
 	o := e.o.Board
-	if o.seg == nil {
+	switch {
+	case o.fd < 0 || o.adopted:
 		return nil, errors.New("shm: the offered board was closed or adopted already")
-	}
-	if e.o.NRanks > o.capacity {
+	case e.o.NRanks > o.capacity:
 		return nil, fmt.Errorf("shm: the offered board has room for %d members, not %d", o.capacity, e.o.NRanks)
 	}
-	seg := o.seg
-	o.seg = nil
-	return seg, nil
+	mem, err := unix.Mmap(o.fd, 0, boardSize(o.capacity), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("map board: %w", err)
+	}
+	o.adopted = true
+	return &segment{mem: mem}, nil
 }
 
 // fetchBoard maps rank 0's offered board: opened through /proc, or

@@ -102,7 +102,7 @@ func TestOfferedBoardIsOpenedThroughProc(t *testing.T) {
 	var log syncBuffer
 	eps, _ := offered(t, 3, 7, nil, &log)
 	require.Equal(t, fds+1, boardDescriptors(t), "the offer's descriptor")
-	require.Equal(t, maps+1, memfdMappings(t), "the offer's mapping")
+	require.Equal(t, maps, memfdMappings(t), "an offer is not mapped until it is the board")
 	for r, err := range join(eps) {
 		require.NoError(t, err, "rank %d", r)
 	}
