@@ -5,6 +5,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"math"
@@ -113,12 +114,22 @@ func (c *Comm) splitProcs(ctx context.Context, seq uint64, color, key int) (*Com
 		return nil, nil
 	}
 	id := UniqueID{secret: splitSecret(c.id.secret, seq, color), rootRank: 1}
-	root, rootErr := bootstrap.StartRoot(net.JoinHostPort(c.dataHost(c.rank), "0"), bootstrap.RootOptions{
-		Secret: id.secret[:], Version: Version, Timeout: c.cfg.InitTimeout, Watch: true, TLS: c.cfg.tls, Heartbeat: heartbeatOf(c.cfg)})
-	port := int64(-1) // the others hear of a failed start in the exchange
-	if rootErr == nil {
-		_, p, _ := net.SplitHostPort(root.Addr().String())
-		fmt.Sscan(p, &port)
+	rootOpts := bootstrap.RootOptions{Secret: id.secret[:], Version: Version, Timeout: c.cfg.InitTimeout, Watch: true, TLS: c.cfg.tls, Heartbeat: heartbeatOf(c.cfg)}
+	// Where every rank of the parent is on this host, the child's root
+	// is its rank 0's on an abstract socket named after the child's
+	// secret (localRoot), started once the exchange has said who rank 0
+	// is, and the exchange carries port 0 for it: no listener each
+	// beforehand, and the members' watches are Unix connections.
+	var root *bootstrap.Root
+	var rootErr error
+	port := int64(0)
+	if !c.localRoot() {
+		root, rootErr = bootstrap.StartRoot(net.JoinHostPort(c.dataHost(c.rank), "0"), rootOpts)
+		port = -1 // the others hear of a failed start in the exchange
+		if rootErr == nil {
+			_, p, _ := net.SplitHostPort(root.Addr().String())
+			fmt.Sscan(p, &port)
+		}
 	}
 	closeRoot := func() {
 		if root != nil {
@@ -158,10 +169,20 @@ func (c *Comm) splitProcs(ctx context.Context, seq uint64, color, key int) (*Com
 			return meeting{}, fmt.Errorf("starting the new communicator's bootstrap root: %w", rootErr)
 		}
 		leader := members[0]
-		if parts[leader].port <= 0 {
+		var m meeting
+		switch p := parts[leader].port; {
+		case p < 0:
 			return meeting{}, fmt.Errorf("rank %d (the new communicator's rank 0) could not start its bootstrap root", leader)
+		case p == 0:
+			m.rootAddr = localRootAddr(id.secret)
+			if rank == 0 {
+				if root, err = bootstrap.StartRoot(m.rootAddr, rootOpts); err != nil {
+					return meeting{}, fmt.Errorf("starting the new communicator's bootstrap root: %w", err)
+				}
+			}
+		default:
+			m.rootAddr = net.JoinHostPort(c.dataHost(leader), fmt.Sprint(p))
 		}
-		m := meeting{rootAddr: net.JoinHostPort(c.dataHost(leader), fmt.Sprint(parts[leader].port))}
 		for i, r := range members {
 			p, _, err := wire.ParsePeerInfo(parts[r].info)
 			if err != nil {
@@ -223,6 +244,31 @@ func (c *Comm) splitProcs(ctx context.Context, seq uint64, color, key int) (*Com
 		return fail(err)
 	}
 	return child, nil
+}
+
+// localRoot reports whether a child's root may be on an abstract Unix
+// socket: every rank of c reaches the others over shared memory (so all
+// share this host and its network namespace, as shm's listeners do), and
+// no TLS is asked for (whose certificates name hosts).
+func (c *Comm) localRoot() bool {
+	if !shm.Supported || c.cfg.tls != nil || len(c.routes) == 0 {
+		return false
+	}
+	for _, r := range c.routes {
+		if r != "self" && r != "shm" {
+			return false
+		}
+	}
+	return true
+}
+
+// localRootAddr is the abstract socket of the root of the child whose
+// secret is secret: named after a hash of it, so that its members find
+// it without being told, and nobody without the secret can foresee the
+// name to take it first.
+func localRootAddr(secret [16]byte) string {
+	h := sha256.Sum256(append([]byte("goccl split root "), secret[:]...))
+	return "@goccl-root-" + hex.EncodeToString(h[:12])
 }
 
 // offerBoard offers a board for the child where the parent reaches other

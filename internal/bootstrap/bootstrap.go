@@ -142,11 +142,12 @@ type registration struct {
 	from string
 }
 
-// StartRoot listens on addr ("host:port"; port 0 picks one) and serves
-// until every rank has registered and received the table, until it fails,
-// or until Close.
+// StartRoot listens on addr ("host:port"; port 0 picks one; or "@name",
+// an abstract Unix socket, for ranks that share this host's network
+// namespace) and serves until every rank has registered and received the
+// table, until it fails, or until Close.
 func StartRoot(addr string, opts RootOptions) (*Root, error) {
-	ln, err := net.Listen("tcp", addr)
+	ln, err := net.Listen(network(addr), addr)
 	if err != nil {
 		return nil, fmt.Errorf("bootstrap root: %w", err)
 	}
@@ -1221,13 +1222,28 @@ func join(ctx context.Context, addr string, secret []byte, info wire.PeerInfo, o
 // dialRoot connects and authenticates (sending first as the
 // authenticated first frame), retrying with jittered exponential backoff
 // while the root is not reachable yet.
+// network is the network of a root's address: "unix" for an abstract
+// socket's ("@name"), else "tcp".
+func network(addr string) string {
+	if strings.HasPrefix(addr, "@") {
+		return "unix"
+	}
+	return "tcp"
+}
+
 func dialRoot(ctx context.Context, addr string, secret []byte, tlsCfg *tls.Config, first func() (wire.FrameType, []byte)) (net.Conn, error) {
 	backoff := 10 * time.Millisecond
+	if network(addr) == "unix" {
+		// A root on this host that is not up yet is refused in a few µs,
+		// and is usually a moment away (a split child's, started by its
+		// rank 0 as its members start joining).
+		backoff = 200 * time.Microsecond
+	}
 	var last error
 	warned := false
 	for attempt := 0; ; attempt++ {
 		d := net.Dialer{Timeout: 5 * time.Second}
-		raw, err := d.DialContext(ctx, "tcp", addr)
+		raw, err := d.DialContext(ctx, network(addr), addr)
 		var terr *tlsrec.HandshakeError
 		if err == nil {
 			c := raw

@@ -2,10 +2,12 @@ package bootstrap
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"runtime"
 	"sync"
 	"testing"
@@ -671,4 +673,38 @@ func joinWatches(t *testing.T, r *Root, n int) []*Watch {
 	}
 	wg.Wait()
 	return watches
+}
+
+// TestRootOnAUnixSocket: a root at an abstract socket's name ("@..."),
+// started after its ranks began dialling it, serves them as one on TCP
+// does, watch included: a rank that dies is named to the others.
+func TestRootOnAUnixSocket(t *testing.T) {
+	addr := fmt.Sprintf("@goccl-bootstrap-test-%d-%d", os.Getpid(), time.Now().UnixNano())
+	const n = 3
+	watches := make([]*Watch, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for rank := range n {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, watches[rank], errs[rank] = JoinWatch(ctx, addr, secret, info(rank, n))
+		})
+	}
+	time.Sleep(20 * time.Millisecond) // the ranks are retrying meanwhile; the test passes either way
+	r, err := StartRoot(addr, RootOptions{Secret: secret, Version: "v1", Logger: quiet(), Watch: true})
+	require.NoError(t, err)
+	defer r.Close()
+	require.Equal(t, "unix", r.Addr().Network())
+	wg.Wait()
+	require.NoError(t, errors.Join(errs...))
+	watches[2].Close()
+	for _, rank := range []int{0, 1} {
+		ev, err := watches[rank].Next()
+		require.NoError(t, err)
+		require.Equal(t, uint32(2), ev.Abort.Rank)
+		require.True(t, ev.Abort.Died)
+	}
+	watches[0].Close()
+	watches[1].Close()
 }
