@@ -149,6 +149,10 @@ type Config struct {
 	tls *tls.Config
 	// devices are the GPUs of WithDevice; nil: host memory only.
 	devices []Device
+	// localOnly: the communicator is made for ranks that all reach each
+	// other over shared memory (a split of a parent that does): no TCP
+	// data listener, and each rank is known by its shared-memory one.
+	localOnly bool
 }
 
 // IBConfig configures the RDMA verbs transport. The zero value means

@@ -245,11 +245,34 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		}
 	}
 	addrs, near, nics := facts.addrs, facts.near, facts.nics
-	// Both listeners exist before this rank is announced, so that a peer
+	// The listeners exist before this rank is announced, so that a peer
 	// that dials at once finds them.
-	ln, err := net.Listen("tcp", net.JoinHostPort(addrs[0].Host(), "0"))
-	if err != nil {
-		return fail(err)
+	var shmLn *net.UnixListener
+	var err error
+	if (mode == TransportAuto || mode == TransportShm) && shm.Supported {
+		if shmLn, err = shm.Listen(); err != nil {
+			if mode == TransportShm {
+				return fail(err)
+			}
+			slog.Warn("goccl: no shared-memory transport, using TCP on this host", "rank", rank, "err", err)
+		}
+	}
+	// A split child whose ranks all share this host (cfg.localOnly) has
+	// no use for a TCP listener: its address is the shared-memory one.
+	var ln net.Listener
+	if !cfg.localOnly || shmLn == nil {
+		if ln, err = net.Listen("tcp", net.JoinHostPort(addrs[0].Host(), "0")); err != nil {
+			if shmLn != nil {
+				shmLn.Close()
+			}
+			return fail(err)
+		}
+	}
+	var dataAddr string
+	if ln != nil {
+		dataAddr = ln.Addr().String()
+	} else {
+		dataAddr = shmLn.Addr().String()
 	}
 	// A GOCCL_SOCKET_IFNAME that names several interfaces spreads each TCP
 	// connection's sockets over them: a listener on each (nicLns, after
@@ -258,16 +281,24 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	// interfaces the other hosts cannot reach.
 	var nicLns []net.Listener
 	closeTCP := func() {
-		ln.Close()
+		if ln != nil {
+			ln.Close()
+		}
 		for _, l := range nicLns {
 			l.Close()
 		}
 	}
-	if len(nics) > 1 {
+	closeEarly := func() { // before shmLn is in closeListeners
+		closeTCP()
+		if shmLn != nil {
+			shmLn.Close()
+		}
+	}
+	if len(nics) > 1 && ln != nil {
 		for _, a := range nics[1:] {
 			l, err := net.Listen("tcp", net.JoinHostPort(a.Host(), "0"))
 			if err != nil {
-				closeTCP()
+				closeEarly()
 				return fail(fmt.Errorf("listening on %s (%s): %w", a.Iface, a.Host(), err))
 			}
 			nicLns = append(nicLns, l)
@@ -284,25 +315,15 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		case err == nil:
 			if vln, err = net.Listen("tcp", net.JoinHostPort(addrs[0].Host(), "0")); err != nil {
 				p.Ctx.Close()
-				closeTCP()
+				closeEarly()
 				return fail(err)
 			}
 			vport = p
 		case mode == TransportVerbs:
-			closeTCP()
+			closeEarly()
 			return fail(fmt.Errorf("GOCCL_TRANSPORT=verbs: %w", err))
 		default:
 			slog.Debug("goccl: no RDMA transport", "rank", rank, "why", err)
-		}
-	}
-	var shmLn *net.UnixListener
-	if (mode == TransportAuto || mode == TransportShm) && shm.Supported {
-		if shmLn, err = shm.Listen(); err != nil {
-			if mode == TransportShm {
-				closeTCP()
-				return fail(err)
-			}
-			slog.Warn("goccl: no shared-memory transport, using TCP on this host", "rank", rank, "err", err)
 		}
 	}
 	closeListeners := func() {
@@ -329,7 +350,7 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		summary.EmulatedIB = vport.Device.Emulated
 	}
 	info := wire.PeerInfo{Rank: uint32(rank), NRanks: uint32(nranks), PID: uint32(os.Getpid()),
-		HostID: hostID, DataAddr: ln.Addr().String(), Version: Version, Topology: summary.encode()}
+		HostID: hostID, DataAddr: dataAddr, Version: Version, Topology: summary.encode()}
 	m, err := rdv(ctx, info)
 	if err != nil {
 		closeListeners()
@@ -434,6 +455,18 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		}
 	}
 	rep := &routedEndpoint{byPeer: make([]transport.Endpoint, nranks)}
+	if (nTCP > 0 || nShm == 0 && nVerbs == 0) && ln == nil {
+		if nTCP > 0 {
+			closeListeners()
+			return fail(fmt.Errorf("rank %d is reached over TCP, but this communicator was made for ranks that share a host and has no TCP listener", slices.Index(route, TransportTCP)))
+		}
+		// A communicator of one: its TCP endpoint carries nothing but
+		// wants a listener.
+		if ln, err = net.Listen("tcp", net.JoinHostPort(addrs[0].Host(), "0")); err != nil {
+			closeListeners()
+			return fail(err)
+		}
+	}
 	if nTCP > 0 || nShm == 0 && nVerbs == 0 {
 		tcpPeers[rank] = ln.Addr().String()
 		to := tcp.Options{Rank: rank, ListenersUp: true, NRanks: nranks, Peers: tcpPeers, Secret: id.secret[:], Listener: ln,

@@ -92,16 +92,20 @@ func splitMembers(colors, keys []int64, color int, me int) (members []int, rank 
 
 // splitProcs makes the child between processes, in one all-gather over
 // the parent's connections (splitExchange): each rank's color and key,
-// its PeerInfo for the child (with its new listeners) and the port of a
-// bootstrap root it started, so that the child's table is ready without a
-// trip to a root. Which member is the child's rank 0, whose root the
-// child keeps, is known only once the colors are in; every member starts
-// one before, and the others close theirs after: a listener each, in
-// place of two more rounds over the parent (docs/performance.md). On one
-// host the exchange runs on the shared board. Split returns once the child's transports
-// are up; each member joins the root for the watch in the background
-// (Comm.watchLater). The host facts (interfaces, their speeds, the
-// host's id) are the parent's.
+// its PeerInfo for the child (with its new listeners), the port of a
+// bootstrap root it started and the board it offers, so that the child's
+// table is ready without a trip to a root. Which member is the child's
+// rank 0, whose root and board the child keeps, is known only once the
+// colors are in; every member starts a root and offers a board before,
+// and the others close theirs after: in place of two more rounds over the
+// parent and of rank 0's hand-overs of its board (docs/performance.md).
+// Where the whole parent is on one host the exchange runs on the shared
+// board, the root is rank 0's alone, started after the exchange on an
+// abstract socket every member can name (localRootAddr), and the child
+// has no TCP listener. Split returns once the child's transports are up;
+// each member joins the root for the watch in the background
+// (Comm.watchLater). The host facts (interfaces, their speeds, the host's
+// id) are the parent's.
 func (c *Comm) splitProcs(ctx context.Context, seq uint64, color, key int) (*Comm, error) {
 	fail := func(err error) (*Comm, error) {
 		return nil, fmt.Errorf("goccl: rank %d: split: %w", c.rank, err)
@@ -120,10 +124,13 @@ func (c *Comm) splitProcs(ctx context.Context, seq uint64, color, key int) (*Com
 	// secret (localRoot), started once the exchange has said who rank 0
 	// is, and the exchange carries port 0 for it: no listener each
 	// beforehand, and the members' watches are Unix connections.
+	// The child then has no TCP listener either (Config.localOnly).
+	cfg := c.cfg
+	cfg.localOnly = c.localRoot()
 	var root *bootstrap.Root
 	var rootErr error
 	port := int64(0)
-	if !c.localRoot() {
+	if !cfg.localOnly {
 		root, rootErr = bootstrap.StartRoot(net.JoinHostPort(c.dataHost(c.rank), "0"), rootOpts)
 		port = -1 // the others hear of a failed start in the exchange
 		if rootErr == nil {
@@ -146,7 +153,7 @@ func (c *Comm) splitProcs(ctx context.Context, seq uint64, color, key int) (*Com
 	exchanged := false
 	// Until the exchange, buildProcs knows this rank by its parent's rank
 	// and size; then it takes the child's from the table.
-	child, err := buildProcs(ctx, id, c.size, c.rank, c.cfg, c.lookup, c.facts, func(ctx context.Context, info wire.PeerInfo) (meeting, error) {
+	child, err := buildProcs(ctx, id, c.size, c.rank, cfg, c.lookup, c.facts, func(ctx context.Context, info wire.PeerInfo) (meeting, error) {
 		exchanged = true
 		parts, err := c.splitExchange(ctx, splitPart{color: color, key: key, port: port, info: info.Append(nil), board: board})
 		if err != nil {

@@ -378,8 +378,20 @@ func childSplit(ctx context.Context, c *collective.Comm) int {
 		return fail(err)
 	}
 	defer tp.Close()
+	// Children of one rank each, and a child's child (the child's ranks
+	// share a host, so it has no TCP listener: neither do these).
+	solo, err := splitCheck(ctx, c, func(q int) int { return q }, func(int) int { return 0 })
+	if err != nil {
+		return fail(err)
+	}
+	defer solo.Close()
+	grand, err := splitCheck(ctx, dp, func(int) int { return 0 }, func(q int) int { return -q })
+	if err != nil {
+		return fail(err)
+	}
+	defer grand.Close()
 	for i := range 5 {
-		for _, cc := range []*collective.Comm{tp, dp, c} {
+		for _, cc := range []*collective.Comm{tp, dp, c, solo, grand} {
 			v := make([]float32, 1<<16)
 			v[0] = float32(i)
 			if err := collective.AllReduce(ctx, cc, v, v, collective.Sum); err != nil || v[0] != float32(i*cc.Size()) {
