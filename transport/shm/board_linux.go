@@ -20,7 +20,9 @@ import (
 // The board (transport.Board): one segment that all the communicator's
 // ranks map, when all of them share this host. Rank 0 makes it in
 // JoinBoard and hands it to every other rank the way a pair's segment is
-// handed over (ConnSetup with wire.ConnBoard).
+// handed over (ConnSetup with wire.ConnBoard), or, for a board offered
+// ahead (a split child's, Options.Board), the others open rank 0's
+// descriptor themselves (offer_linux.go).
 //
 // A collective of at most BoardMax bytes is then one post per rank: each
 // rank writes its contribution into its own entry and reads everyone
@@ -34,7 +36,8 @@ import (
 // 128-byte block to itself (Intel's adjacent-line prefetcher fetches lines
 // in pairs):
 //
-//	0                   magic, version, members
+//	0                   magic, version, members (an offer's capacity)
+//	32                  an offer's nonce (zero in Init's board)
 //	128                 sleepers: members sleeping on wake
 //	256                 wake: futex word, bumped by posts that find sleepers
 //	page + m*memberLen  member m's block:

@@ -79,7 +79,12 @@
 // When every rank of a communicator is on this host, Init and Split call
 // StartBoard (JoinBoard in the background): rank 0 creates one more memfd
 // segment, the board, and hands it to every other rank at once, as it
-// hands over pair segments; the engine waits for it at the first
+// hands over pair segments. A split child's is offered ahead instead
+// (OfferBoard: every member makes one before the exchange that says who
+// the child's rank 0 is; Options.Board, BoardAt): the others open rank
+// 0's through /proc/<pid>/fd, checked by its seals, size and a nonce,
+// and pull it from rank 0's listener only where that open is refused
+// (offer_linux.go). The engine waits for it at the first
 // collective (transport.BoardJoiner), and a graceful Close lets a join in
 // flight finish rather than break the hand-overs. Each rank has 64
 // entries there (collective seq uses entry seq mod 64) of BoardMax bytes,
