@@ -94,3 +94,6 @@ const SplitInline = splitInline
 
 // SplitRecord is a rank's record in Split's exchange, in bytes.
 const SplitRecord = splitRecord
+
+// LocalRootAddr is where a split child's root listens on one host.
+func LocalRootAddr(secret [16]byte, pid uint32) string { return localRootAddr(secret, pid) }

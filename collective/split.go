@@ -177,18 +177,9 @@ func (c *Comm) splitProcs(ctx context.Context, seq uint64, color, key int) (*Com
 		}
 		leader := members[0]
 		var m meeting
-		switch p := parts[leader].port; {
-		case p < 0:
+		lp := parts[leader].port
+		if lp < 0 {
 			return meeting{}, fmt.Errorf("rank %d (the new communicator's rank 0) could not start its bootstrap root", leader)
-		case p == 0:
-			m.rootAddr = localRootAddr(id.secret)
-			if rank == 0 {
-				if root, err = bootstrap.StartRoot(m.rootAddr, rootOpts); err != nil {
-					return meeting{}, fmt.Errorf("starting the new communicator's bootstrap root: %w", err)
-				}
-			}
-		default:
-			m.rootAddr = net.JoinHostPort(c.dataHost(leader), fmt.Sprint(p))
 		}
 		for i, r := range members {
 			p, _, err := wire.ParsePeerInfo(parts[r].info)
@@ -197,6 +188,16 @@ func (c *Comm) splitProcs(ctx context.Context, seq uint64, color, key int) (*Com
 			}
 			p.Rank, p.NRanks = uint32(i), uint32(len(members))
 			m.table.Peers = append(m.table.Peers, p)
+		}
+		if lp == 0 {
+			m.rootAddr = localRootAddr(id.secret, m.table.Peers[0].PID)
+			if rank == 0 {
+				if root, err = bootstrap.StartRoot(m.rootAddr, rootOpts); err != nil {
+					return meeting{}, fmt.Errorf("starting the new communicator's bootstrap root: %w", err)
+				}
+			}
+		} else {
+			m.rootAddr = net.JoinHostPort(c.dataHost(leader), fmt.Sprint(lp))
 		}
 		if rank == 0 {
 			m.board, offer = offer, nil // buildProcs's now
@@ -270,12 +271,13 @@ func (c *Comm) localRoot() bool {
 }
 
 // localRootAddr is the abstract socket of the root of the child whose
-// secret is secret: named after a hash of it, so that its members find
-// it without being told, and nobody without the secret can foresee the
-// name to take it first.
-func localRootAddr(secret [16]byte) string {
-	h := sha256.Sum256(append([]byte("goccl split root "), secret[:]...))
-	return "@goccl-root-" + hex.EncodeToString(h[:12])
+// secret is secret, in its rank 0's process pid: named after a hash of
+// both, so that its members find it without being told, nobody without
+// the secret can foresee the name to take it first, and two jobs started
+// with the same GOCCL_SECRET on one host do not meet at one name.
+func localRootAddr(secret [16]byte, pid uint32) string {
+	h := sha256.Sum256(binary.LittleEndian.AppendUint32(append([]byte("goccl split root "), secret[:]...), pid))
+	return fmt.Sprintf("@goccl-root-%d-%s", pid, hex.EncodeToString(h[:12]))
 }
 
 // offerBoard offers a board for the child where the parent reaches other

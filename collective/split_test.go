@@ -412,3 +412,16 @@ func TestSplitRecordFitsTheBoard(t *testing.T) {
 	}
 	require.LessOrEqual(t, collective.SplitRecord, shm.BoardMax)
 }
+
+// TestLocalRootAddr: a child's root on one host is found by its secret
+// and its rank 0's pid alone; another job with the same secret (another
+// pid) or another child (another secret) listens elsewhere, and the name
+// does not give the secret away.
+func TestLocalRootAddr(t *testing.T) {
+	a, b := [16]byte{1, 2, 3}, [16]byte{1, 2, 4}
+	require.Equal(t, collective.LocalRootAddr(a, 100), collective.LocalRootAddr(a, 100))
+	require.NotEqual(t, collective.LocalRootAddr(a, 100), collective.LocalRootAddr(a, 101))
+	require.NotEqual(t, collective.LocalRootAddr(a, 100), collective.LocalRootAddr(b, 100))
+	require.True(t, strings.HasPrefix(collective.LocalRootAddr(a, 100), "@goccl-root-100-"))
+	require.NotContains(t, collective.LocalRootAddr(a, 100), "010203")
+}
