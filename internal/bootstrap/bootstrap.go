@@ -1219,9 +1219,6 @@ func join(ctx context.Context, addr string, secret []byte, info wire.PeerInfo, o
 	return t, c, nil
 }
 
-// dialRoot connects and authenticates (sending first as the
-// authenticated first frame), retrying with jittered exponential backoff
-// while the root is not reachable yet.
 // network is the network of a root's address: "unix" for an abstract
 // socket's ("@name"), else "tcp".
 func network(addr string) string {
@@ -1231,6 +1228,9 @@ func network(addr string) string {
 	return "tcp"
 }
 
+// dialRoot connects and authenticates (sending first as the
+// authenticated first frame), retrying with jittered exponential backoff
+// while the root is not reachable yet.
 func dialRoot(ctx context.Context, addr string, secret []byte, tlsCfg *tls.Config, first func() (wire.FrameType, []byte)) (net.Conn, error) {
 	backoff := 10 * time.Millisecond
 	if network(addr) == "unix" {

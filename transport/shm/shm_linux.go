@@ -164,7 +164,7 @@ func (e *Endpoint) serveIncoming(nc net.Conn, s wire.ConnSetup) bool {
 	isBoard := s.Flags&wire.ConnBoard != 0
 	var seg *segment
 	var err error
-	if isBoard && e.o.Rank == 0 {
+	if isBoard && e.o.Rank == 0 && e.o.Board != nil { // (checkSetup let only such pulls in)
 		e.servePull(c) // a higher rank asks for the offered board
 		return false
 	}
