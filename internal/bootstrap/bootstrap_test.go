@@ -38,6 +38,25 @@ func info(rank, n int) wire.PeerInfo {
 	return wire.PeerInfo{Rank: uint32(rank), NRanks: uint32(n), PID: uint32(1000 + rank), HostID: "h", DataAddr: fmt.Sprintf("127.0.0.1:%d", 9000+rank), Version: "v1"}
 }
 
+// startWatches starts n ranks joining the watching root at addr at once
+// (JoinWatch, with opts); wait returns their watches and errors.
+func startWatches(addr string, n int, opts ...JoinOption) (wait func() ([]*Watch, []error)) {
+	watches := make([]*Watch, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for rank := range n {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, watches[rank], errs[rank] = JoinWatch(ctx, addr, secret, info(rank, n), opts...)
+		})
+	}
+	return func() ([]*Watch, []error) {
+		wg.Wait()
+		return watches, errs
+	}
+}
+
 // joinAll joins ranks concurrently and returns their tables and errors.
 func joinAll(t *testing.T, addr string, ranks []int, n int, timeout time.Duration) ([]wire.Table, []error) {
 	t.Helper()
@@ -294,20 +313,8 @@ func TestWatchRelaysAbortsAndDeaths(t *testing.T) {
 	require.NoError(t, err)
 	defer r.Close()
 	const n = 4
-	watches := make([]*Watch, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for rank := 0; rank < n; rank++ {
-		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			_, watches[rank], errs[rank] = JoinWatch(ctx, r.Addr().String(), secret, info(rank, n))
-		})
-	}
-	wg.Wait()
-	for _, err := range errs {
-		require.NoError(t, err)
-	}
+	watches, errs := startWatches(r.Addr().String(), n)()
+	require.NoError(t, errors.Join(errs...))
 	// Rank 1 aborts: ranks 0, 2, 3 hear it.
 	require.NoError(t, watches[1].Abort("rank 1 lost its GPU"))
 	for _, rank := range []int{0, 2, 3} {
@@ -681,22 +688,13 @@ func joinWatches(t *testing.T, r *Root, n int) []*Watch {
 func TestRootOnAUnixSocket(t *testing.T) {
 	addr := fmt.Sprintf("@goccl-bootstrap-test-%d-%d", os.Getpid(), time.Now().UnixNano())
 	const n = 3
-	watches := make([]*Watch, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for rank := range n {
-		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			_, watches[rank], errs[rank] = JoinWatch(ctx, addr, secret, info(rank, n))
-		})
-	}
+	wait := startWatches(addr, n)
 	time.Sleep(20 * time.Millisecond) // the ranks are retrying meanwhile; the test passes either way
 	r, err := StartRoot(addr, RootOptions{Secret: secret, Version: "v1", Logger: quiet(), Watch: true})
 	require.NoError(t, err)
 	defer r.Close()
 	require.Equal(t, "unix", r.Addr().Network())
-	wg.Wait()
+	watches, errs := wait()
 	require.NoError(t, errors.Join(errs...))
 	watches[2].Close()
 	for _, rank := range []int{0, 1} {

@@ -564,10 +564,19 @@ func createBoard(n int) (int, *segment, error) {
 		unix.Close(fd)
 		return -1, nil, fmt.Errorf("map board: %w", err)
 	}
-	binary.LittleEndian.PutUint64(mem[hdrMagic:], magic)
-	binary.LittleEndian.PutUint32(mem[hdrVersion:], boardVersion)
-	binary.LittleEndian.PutUint32(mem[hdrSlots:], uint32(n))
+	copy(mem, boardHeaderBytes(n, [16]byte{}))
 	return fd, &segment{mem: mem}, nil
+}
+
+// boardHeaderBytes is the start of the header page of a board for n members
+// (an offer's capacity) with nonce (an offer's; zero for Init's board).
+func boardHeaderBytes(n int, nonce [16]byte) []byte {
+	hdr := make([]byte, hdrNonce+len(nonce))
+	binary.LittleEndian.PutUint64(hdr[hdrMagic:], magic)
+	binary.LittleEndian.PutUint32(hdr[hdrVersion:], boardVersion)
+	binary.LittleEndian.PutUint32(hdr[hdrSlots:], uint32(n))
+	copy(hdr[hdrNonce:], nonce[:])
+	return hdr
 }
 
 // makeBoard creates the board and hands it to every other rank.

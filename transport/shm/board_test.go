@@ -27,16 +27,7 @@ func boards(t *testing.T, n int, mod func(r int, o *Options)) ([]*Endpoint, []tr
 	for _, ep := range eps {
 		require.Nil(t, ep.Board(), "no board before JoinBoard")
 	}
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r, ep := range eps {
-		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			errs[r] = ep.JoinBoard(ctx)
-		})
-	}
-	wg.Wait()
+	errs := join(eps)
 	bs := make([]transport.Board, n)
 	for r, ep := range eps {
 		require.NoError(t, errs[r], "rank %d", r)

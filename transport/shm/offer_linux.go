@@ -69,12 +69,7 @@ func OfferBoard(capacity int) (*BoardOffer, error) {
 	}
 	o := &BoardOffer{fd: fd, capacity: capacity}
 	rand.Read(o.nonce[:])
-	hdr := make([]byte, hdrNonce+len(o.nonce))
-	binary.LittleEndian.PutUint64(hdr[hdrMagic:], magic)
-	binary.LittleEndian.PutUint32(hdr[hdrVersion:], boardVersion)
-	binary.LittleEndian.PutUint32(hdr[hdrSlots:], uint32(capacity))
-	copy(hdr[hdrNonce:], o.nonce[:])
-	if _, err := unix.Pwrite(fd, hdr, 0); err != nil {
+	if _, err := unix.Pwrite(fd, boardHeaderBytes(capacity, o.nonce), 0); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("shm: offering a board: writing its header: %w", err)
 	}

@@ -43,7 +43,8 @@ func offered(t *testing.T, n, capacity int, at func(BoardRef) BoardRef, log *syn
 	return eps, o
 }
 
-// join runs every endpoint's JoinBoard at once and returns their errors.
+// join runs every endpoint's JoinBoard at once, as every rank's Init
+// does, and returns their errors.
 func join(eps []*Endpoint) []error {
 	errs := make([]error, len(eps))
 	var wg sync.WaitGroup
