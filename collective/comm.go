@@ -95,10 +95,13 @@ type Comm struct {
 	ops        sync.WaitGroup // operations issued and not finished (Close waits for them)
 
 	// The watchdog enforces Config.Timeout without a timer per operation:
-	// the operation in flight (one at a time) publishes its Request in op,
-	// and one goroutine per communicator, started by newComm and stopped by
-	// Close, aborts the communicator when that operation has run too long.
-	op        atomic.Pointer[Request]
+	// op is the collective whose turn it is (set under mu where issue and
+	// exec already hold it, not by a store of its own: an atomic store
+	// each side of the engine's run was a tenth of an 8-byte operation,
+	// docs/performance.md), and one goroutine per communicator, started by
+	// newComm and stopped by Close, aborts the communicator when that
+	// operation has run too long.
+	op        *Request // guarded by mu; nil between operations
 	timedOut  atomic.Pointer[timeoutError] // this rank's timeout, while the root diagnoses it
 	asked     atomic.Int64                 // when (since bornNano) this rank last told the root where it waits; 0: never
 	bornNano  int64                        // runtime nanotime at creation: the base of Request.start
@@ -350,23 +353,32 @@ func (c *Comm) watch() {
 			return
 		case <-t.C:
 		}
-		op := c.op.Load()
+		c.mu.Lock()
+		op := c.op
+		var te *timeoutError
+		var left time.Duration
+		if op != nil {
+			// Copied under the lock: a blocking operation's Request is
+			// reused by a later one.
+			te = &timeoutError{op: op.name, seq: op.cseq, d: c.cfg.Timeout, bytes: op.op.Bytes(c.size)}
+			left = time.Duration(op.start-c.since()) + c.cfg.Timeout
+		}
+		c.mu.Unlock()
 		if op == nil {
 			t.Reset(c.cfg.Timeout)
 			continue
 		}
-		if left := time.Duration(op.start.Load()-c.since()) + c.cfg.Timeout; left > 0 {
+		if left > 0 {
 			t.Reset(left)
 			continue
 		}
-		te := &timeoutError{op: op.name, seq: op.cseq, d: c.cfg.Timeout, progress: c.eng.Progress(),
-			bytes: op.op.Bytes(c.size)}
+		te.progress = c.eng.Progress()
 		if w := c.rootConn(); w != nil {
 			// Ask the root to compare where every rank waits: its
 			// diagnosis aborts this communicator (and every rank's) with
 			// the rank at the end of the chain (diagnose.go).
 			c.timedOut.Store(te)
-			if w.ReportStall(wire.Stall{Seq: op.cseq, Timeout: int64(c.cfg.Timeout), Op: op.name}) == nil {
+			if w.ReportStall(wire.Stall{Seq: te.seq, Timeout: int64(c.cfg.Timeout), Op: te.op}) == nil {
 				select {
 				case <-c.stopWatch:
 					return
@@ -473,7 +485,7 @@ type Request struct {
 	c     *Comm
 	name  string
 	seq   uint64
-	start atomic.Int64 // when it began to run, in ns since Comm.bornNano (for the watchdog)
+	start int64 // guarded by c.mu: when it began to run (its turn came), in ns since Comm.bornNano; 0 before
 
 	// What the flight recorder shows: the operation (without its
 	// buffers), its collective sequence number, and times in ns since
@@ -517,6 +529,9 @@ func (c *Comm) finish(r *Request, err error) {
 	}
 	if c.tail == r {
 		c.tail = nil // nothing left to wait for
+	}
+	if c.op == r {
+		c.op = nil
 	}
 	if r.lane != nil && c.lanes[*r.lane] == r {
 		delete(c.lanes, *r.lane)
@@ -641,7 +656,6 @@ func (c *Comm) issue(ctx context.Context, k *call, async bool) (r, prev *Request
 	slot := &c.flight[c.seq%flightOps]
 	if old := *slot; !async && old != nil && !old.async && old.finished && c.tail == nil && len(c.lanes) == 0 {
 		r = old
-		r.start.Store(0)
 		r.finished, r.done, r.err, r.finishNs = false, nil, nil, 0
 	} else {
 		r = &Request{c: c}
@@ -675,6 +689,15 @@ func (c *Comm) issue(ctx context.Context, k *call, async bool) (r, prev *Request
 	} else {
 		prev = c.tail
 		c.tail = r
+	}
+	r.start = 0
+	if prev == nil {
+		// Nothing runs ahead of it: its turn is now (a clock read costs
+		// 25-100 ns in these VMs, a tenth of an 8-byte operation).
+		r.start = issued
+		if r.lane == nil {
+			c.op = r
+		}
 	}
 	if async {
 		c.wg.Add(1)
@@ -718,6 +741,12 @@ func (c *Comm) exec(ctx context.Context, k *call, r *Request, prev *Request) err
 				return e
 			}
 		}
+		c.mu.Lock()
+		r.start = c.since()
+		if r.lane == nil {
+			c.op = r
+		}
+		c.mu.Unlock()
 	}
 	if cause := c.endCause(); cause != nil {
 		return opErr(cause) // ErrClosed itself, or the abort's cause wrapped in ErrAborted
@@ -726,13 +755,6 @@ func (c *Comm) exec(ctx context.Context, k *call, r *Request, prev *Request) err
 	// the watchdog's timeout, or a failed operation) closes the endpoint,
 	// which fails every wait in the transports at once, so no context per
 	// operation needs to merge the caller's with the communicator's.
-	if prev == nil {
-		// Nothing ran ahead of it: it starts as it is issued (a clock read
-		// costs 25-100 ns in these VMs, a tenth of an 8-byte operation).
-		r.start.Store(r.issued)
-	} else {
-		r.start.Store(c.since())
-	}
 	var pl *engine.Plan
 	var err error
 	if r.lane != nil {
@@ -749,9 +771,7 @@ func (c *Comm) exec(ctx context.Context, k *call, r *Request, prev *Request) err
 		}
 		cancel()
 	} else {
-		c.op.Store(r)
 		pl, err = c.eng.Run(ctx, &k.op)
-		c.op.Store(nil)
 	}
 	c.logOp(r, pl, err)
 	if err == nil {

@@ -89,9 +89,15 @@ func (c *Comm) where() wire.Wait {
 	w := wire.Wait{Rank: uint32(c.rank), Peer: -1}
 	now := c.since()
 	c.asked.Store(max(now, 1))
-	if r := c.op.Load(); r != nil {
+	c.mu.Lock()
+	running := c.op != nil
+	if running {
+		r := c.op
 		w.State, w.Seq, w.Op = wire.WaitRunning, r.cseq, r.name
-		w.For = now - r.start.Load()
+		w.For = now - r.start
+	}
+	c.mu.Unlock()
+	if running {
 		prog := c.eng.Progress()
 		for _, p := range prog {
 			if p.Done || p.Peer < 0 {

@@ -26,8 +26,8 @@ func (c *Comm) record(reason string, cause error) *flight.Dump {
 	if cause != nil {
 		d.Error = cause.Error()
 	}
-	running := c.op.Load()
 	c.mu.Lock()
+	running := c.op
 	n := min(c.seq, flightOps)
 	d.Dropped = c.seq - n
 	// Copy under the lock: a blocking operation's Request is reused once
@@ -46,7 +46,7 @@ func (c *Comm) record(reason string, cause error) *flight.Dump {
 	for s := c.seq - n; s < c.seq; s++ {
 		r := c.flight[s%flightOps]
 		snaps = append(snaps, snap{r: r, name: r.name, op: r.op,
-			cseq: r.cseq, issued: r.issued, start: r.start.Load(), finished: r.finished, finishNs: r.finishNs, err: r.err})
+			cseq: r.cseq, issued: r.issued, start: r.start, finished: r.finished, finishNs: r.finishNs, err: r.err})
 	}
 	c.mu.Unlock()
 	for _, sn := range snaps {

@@ -255,6 +255,16 @@ type Board interface {
 	Read(ctx context.Context, r int, seq uint64) (sig uint32, data []byte, posted bool, err error)
 }
 
+// BoardWaiter is implemented by a Board that knows whom it waits for:
+// Waiting returns the member a Post or Read of this rank is waiting on
+// now, or -1 when none is. The engine reports it in Progress, so that it
+// need not record whom each read is for, a store per read on an 8-byte
+// operation's path, where the board only records it once a read or a
+// post has to wait. Any goroutine may call it.
+type BoardWaiter interface {
+	Waiting() int
+}
+
 // BoardJoiner is implemented by a Board that is still being set up when
 // the endpoint hands it out (shared memory's joins in the background
 // while the communicator is made). Joined waits until it is ready, or

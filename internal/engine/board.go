@@ -154,7 +154,9 @@ func (e *Engine) runOnBoard(ctx context.Context, op *Op, seq uint64) (*Plan, err
 	}
 	// read returns rank r's post for seq, checked against this rank's.
 	read := func(r int) ([]byte, error) {
-		e.boardPeer.Store(int32(r))
+		if e.boardWaits == nil {
+			e.boardPeer.Store(int32(r))
+		}
 		sig, data, posted, err := e.board.Read(ctx, r, seq)
 		if err != nil {
 			return nil, fail(r, err)
@@ -165,9 +167,16 @@ func (e *Engine) runOnBoard(ctx context.Context, op *Op, seq uint64) (*Plan, err
 		}
 		return data, nil
 	}
-	e.boardPeer.Store(-1)
-	e.curSched.Store(&boardSched)
-	defer e.curSched.Store(nil)
+	if e.boardWaits == nil {
+		e.boardPeer.Store(-1)
+	}
+	// Progress reads curSched. It stays set after a board operation (a
+	// store on the way in and out, each a fenced exchange, was a tenth of
+	// an 8-byte broadcast's time, docs/performance.md); Progress says what
+	// runs only while an operation does, which its callers know.
+	if e.curSched.Load() != &boardSched {
+		e.curSched.Store(&boardSched)
+	}
 	if op.Coll == algorithms.CollBroadcast && me != op.Root {
 		// Reached this collective (done reading the last): the root may
 		// reuse the entry this reader read last.
@@ -247,7 +256,11 @@ func (e *Engine) runOnBoard(ctx context.Context, op *Op, seq uint64) (*Plan, err
 
 // boardProgress is Progress during a board operation.
 func (e *Engine) boardProgress() []Progress {
-	return []Progress{{Channel: 0, Step: 0, Kind: algorithms.SendRecv, Peer: int(e.boardPeer.Load())}}
+	peer := int(e.boardPeer.Load())
+	if e.boardWaits != nil {
+		peer = e.boardWaits.Waiting()
+	}
+	return []Progress{{Channel: 0, Step: 0, Kind: algorithms.SendRecv, Peer: peer}}
 }
 
 // offBoardText explains a MismatchError with OffBoard set. The peer's

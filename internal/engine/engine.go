@@ -158,7 +158,8 @@ type Engine struct {
 	boardK      boardKernels
 	boardMine   []byte       // a copy of the input, in place
 	boardScaled []byte       // a pre-multiplied sum's scaled input
-	boardPeer   atomic.Int32 // whom a board operation waits for, for Progress
+	boardPeer   atomic.Int32 // whom a board operation waits for, for Progress, where the board does not say (boardWaits nil)
+	boardWaits  transport.BoardWaiter
 	boardUp     bool         // the board is joined (transport.BoardJoiner)
 	// oneShotPeer: whom a one-shot all-reduce waits for (oneshot.go).
 	oneShotPeer atomic.Int32
@@ -229,6 +230,7 @@ func New(rank, nranks int, ep transport.Endpoint, cfg Config) (*Engine, error) {
 	}
 	if bh, ok := ep.(transport.BoardHolder); ok && nranks > 1 {
 		e.board = bh.Board()
+		e.boardWaits, _ = e.board.(transport.BoardWaiter)
 	}
 	return e, nil
 }
@@ -863,8 +865,10 @@ type Progress struct {
 }
 
 // Progress reports how far each channel of the operation running now has
-// got (nil when none runs). Any goroutine may call it, for diagnostics: a
-// channel that is waiting shows the step it waits in.
+// got (nil when none runs, but between operations it may still report
+// the last one on the board: ask while an operation runs). Any
+// goroutine may call it, for diagnostics: a channel that is waiting shows
+// the step it waits in.
 func (e *Engine) Progress() []Progress {
 	s := e.curSched.Load()
 	if s == nil {

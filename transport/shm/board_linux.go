@@ -111,9 +111,19 @@ type board struct {
 	seen []uint64 // per member: collectives known reached (seq+1), from this rank's reads
 
 	sleeps atomic.Int32 // futex sleeps so far (tests look)
+	// waiting is the member a post or read waits for, plus one (0: none),
+	// for Waiting; written only by wait, so a post or read that need not
+	// wait stores nothing.
+	waiting atomic.Int32
 }
 
-var _ transport.Board = (*board)(nil)
+var (
+	_ transport.Board       = (*board)(nil)
+	_ transport.BoardWaiter = (*board)(nil)
+)
+
+// Waiting implements transport.BoardWaiter.
+func (b *board) Waiting() int { return int(b.waiting.Load()) - 1 }
 
 func (b *board) member(m int) []byte {
 	off := pageSize + m*memberLen
@@ -266,6 +276,8 @@ func (b *board) wait(ctx context.Context, r int, ready func() bool) error {
 		}
 		return err
 	}
+	b.waiting.Store(int32(r) + 1)
+	defer b.waiting.Store(0)
 	every := 256 // polls between checks: with PAUSE, about 10 µs
 	if b.e.o.YieldWhenIdle {
 		every = 32 // each poll a sched_yield: about 30 µs or more
@@ -528,6 +540,14 @@ func (j *joiningBoard) joined() (*board, error) {
 }
 
 func (j *joiningBoard) Max() int { return BoardMax }
+
+// Waiting implements transport.BoardWaiter: -1 until the board is joined.
+func (j *joiningBoard) Waiting() int {
+	if b, err := j.joined(); err == nil {
+		return b.Waiting()
+	}
+	return -1
+}
 
 func (j *joiningBoard) Post(ctx context.Context, seq uint64, sig uint32, data []byte) error {
 	b, err := j.joined()
