@@ -1,0 +1,128 @@
+// Package clock is a monotonic clock in nanoseconds that is cheaper to
+// read than the runtime's, for the time stamps an operation takes on its
+// way through (when it was issued, when it finished: the flight recorder's
+// and the watchdog's).
+//
+// The runtime's clock (what time.Now and runtime.nanotime read) goes
+// through the vDSO's clock_gettime on the system stack: 40-55 ns a read on
+// the VMs here, where an 8-byte broadcast over shared memory takes about
+// 500 ns and reads it twice (docs/performance.md). Where the kernel itself
+// keeps time by the CPU's time-stamp counter (its clock source is "tsc",
+// which it chooses only where the counter runs at a constant rate and in
+// step on every CPU), Now reads the counter (RDTSC, about 20 ns here) and
+// scales it by its rate against the runtime's clock, measured over the
+// first 10 ms it is read and then again about every second, over the
+// second just gone (so that it follows the runtime's clock where NTP slews
+// it), each time taking the runtime's clock as the new anchor. Now never
+// goes back: a new anchor is the later of the runtime's clock and the old
+// scale's reading, so it may run ahead of the runtime's clock by what the
+// rate's error adds up to (nanoseconds a second). Elsewhere, or before the
+// rate is known, Now is the runtime's clock.
+package clock
+
+import (
+	"math/bits"
+	"sync"
+	"sync/atomic"
+	_ "unsafe" // go:linkname
+)
+
+//go:linkname nanotime runtime.nanotime
+func nanotime() int64
+
+// scale maps counter readings after t0 to nanoseconds after n0.
+type scale struct {
+	t0    uint64 // counter at the anchor
+	n0    int64  // what Now read at the anchor
+	raw   int64  // the runtime's clock at the anchor (n0 is no earlier)
+	mult  uint64 // ns per tick, 32.32 fixed point
+	limit uint64 // ticks after t0 that this scale serves (about a second)
+}
+
+func (s *scale) at(t uint64) int64 {
+	hi, lo := bits.Mul64(t-s.t0, s.mult)
+	return s.n0 + int64(hi<<32|lo>>32)
+}
+
+var (
+	cur atomic.Pointer[scale] // nil: the rate is not known yet, or the counter is not used
+	// usable: the counter may be read and scaled (set once, by init)
+	usable bool
+
+	mu     sync.Mutex // held by slow's sampling
+	firstT  uint64 // the first sample, which the first rate is measured from
+	firstN  int64
+	sampled bool
+)
+
+const (
+	calibrateAfter = 10_000_000    // ns of the first sample's baseline before the rate is used
+	reanchorEvery  = 1_000_000_000 // ns a scale serves before the next anchor
+)
+
+// Now returns the time in nanoseconds since an arbitrary origin (the
+// runtime's monotonic clock's).
+func Now() int64 {
+	if s := cur.Load(); s != nil {
+		if t := ticks(); t-s.t0 < s.limit {
+			return s.at(t)
+		}
+	}
+	return slow()
+}
+
+// slow is Now without a scale that serves: it samples the runtime's
+// clock and the counter, and measures the rate and anchors a new scale
+// when it is time to.
+func slow() int64 {
+	if !usable {
+		return nanotime()
+	}
+	s := cur.Load()
+	if !mu.TryLock() {
+		// Another goroutine is anchoring: the old scale a little past its
+		// limit reads better than the runtime's clock, which may be behind
+		// what the old scale has returned.
+		if s != nil {
+			if t := ticks(); t-s.t0 < 2*s.limit {
+				return s.at(t)
+			}
+		}
+		return nanotime()
+	}
+	defer mu.Unlock()
+	if s = cur.Load(); s != nil {
+		if t := ticks(); t-s.t0 < s.limit {
+			return s.at(t) // anchored while this waited for the lock
+		}
+	}
+	n, t := nanotime(), ticks()
+	baseN, baseT := firstN, firstT // the rate since the last anchor (the first sample before any)
+	if s != nil {
+		baseN, baseT = s.raw, s.t0
+	}
+	if !sampled {
+		firstN, firstT, sampled = n, t, true
+		return n
+	}
+	dn, dt := n-baseN, t-baseT
+	if dn < calibrateAfter || int64(dt) <= 0 || uint64(dn)>>32 >= dt {
+		// Too soon to measure the rate, a counter on this CPU behind the
+		// anchor's, or one that ticks slower than a tick per 2^32 ns (not
+		// a counter to use).
+		if s != nil {
+			return max(n, s.n0)
+		}
+		return n
+	}
+	mult, _ := bits.Div64(uint64(dn)>>32, uint64(dn)<<32, dt)
+	if mult == 0 {
+		return n
+	}
+	next := &scale{t0: t, n0: n, raw: n, mult: mult, limit: uint64(reanchorEvery) << 32 / mult}
+	if s != nil {
+		next.n0 = max(n, s.at(t))
+	}
+	cur.Store(next)
+	return next.n0
+}
