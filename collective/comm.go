@@ -92,7 +92,12 @@ type Comm struct {
 	premulNext int
 	family     *localFamily   // a local group's meeting place for Split; nil between processes
 	wg         sync.WaitGroup // goroutines of asynchronous operations
-	ops        sync.WaitGroup // operations issued and not finished (Close waits for them)
+	// Operations issued and not finished, and the channel Close waits on
+	// until there are none (made by Close, closed by the last finish):
+	// counted under mu, which issue and finish hold anyway, where a
+	// WaitGroup was two more atomic adds an operation.
+	pending int           // guarded by mu
+	idle    chan struct{} // guarded by mu
 
 	// The watchdog enforces Config.Timeout without a timer per operation:
 	// op is the collective whose turn it is (set under mu where issue and
@@ -444,7 +449,17 @@ func (c *Comm) Close() error {
 	c.flushHeld()
 	// Every operation issued, not only the last of each order: one that
 	// gave up waiting for its predecessor finishes before it.
-	c.ops.Wait()
+	c.mu.Lock()
+	if c.pending > 0 {
+		if c.idle == nil {
+			c.idle = make(chan struct{})
+		}
+		idle := c.idle
+		c.mu.Unlock()
+		<-idle
+	} else {
+		c.mu.Unlock()
+	}
 	c.wg.Wait()
 	c.mu.Lock()
 	select {
@@ -520,8 +535,11 @@ func (c *Comm) doneChan(r *Request) <-chan struct{} {
 }
 
 func (c *Comm) finish(r *Request, err error) {
-	defer c.ops.Done()
 	c.mu.Lock()
+	if c.pending--; c.pending == 0 && c.idle != nil {
+		close(c.idle)
+		c.idle = nil
+	}
 	r.err = err
 	r.finished = true
 	if r.done != nil {
@@ -676,7 +694,7 @@ func (c *Comm) issue(ctx context.Context, k *call, async bool) (r, prev *Request
 		r.cseq = r.seq
 	}
 	*slot = r
-	c.ops.Add(1) // under c.mu, before closed can be set: Close waits for it
+	c.pending++ // under c.mu, before closed can be set: Close waits for it
 	r.lane = nil
 	if l := laneOf(k); l != nil {
 		// Host point-to-point: after the last operation of its lane only.

@@ -81,7 +81,7 @@ func (c *Comm) hold(ctx context.Context, k *call) (*Request, bool, error) {
 		}
 	}
 	r := &Request{c: c, name: k.name, async: true, done: make(chan struct{})}
-	c.ops.Add(1) // finished with the fused operation
+	c.pending++ // finished with the fused operation
 	c.held = append(c.held, fused{ctx: ctx, k: *k, r: r, size: size})
 	c.heldBytes += size
 	c.mu.Unlock()
