@@ -188,6 +188,12 @@ func (b *board) Post(ctx context.Context, seq uint64, sig uint32, data []byte) e
 	copy(e[entryData:], data)
 	(*atomic.Uint64)(unsafe.Pointer(&e[entrySeq])).Store(seq + 1)
 	b.wakeSleepers()
+	// The next post's entry was read by the others boardEntries-1
+	// collectives ago: have its first line taken from their caches now,
+	// while the caller goes on, rather than under the next post's store.
+	if hasPrefetchw {
+		prefetchw(unsafe.Pointer(&b.entry(b.me, seq+1)[entrySeq]))
+	}
 	return nil
 }
 

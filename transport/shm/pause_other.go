@@ -2,4 +2,10 @@
 
 package shm
 
+import "unsafe"
+
 func pause() {}
+
+func prefetchw(unsafe.Pointer) {}
+
+const hasPrefetchw = false
