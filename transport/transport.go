@@ -255,6 +255,19 @@ type Board interface {
 	Read(ctx context.Context, r int, seq uint64) (sig uint32, data []byte, posted bool, err error)
 }
 
+// BoardMarkEvery is implemented by a Board whose posts need to learn of
+// the others' progress less often than every collective: MarkEvery
+// returns k, and the engine then marks a collective that it would mark
+// only to say that this rank has got that far (a broadcast's reader, a
+// reduce's root and posters) only where its sequence number is a multiple
+// of k. A mark that says a collective runs elsewhere (the Mark contract
+// above) is made every time. Every run of the board's depth minus one
+// consecutive collectives must hold a multiple of k, or a post could wait
+// for a mark that never comes.
+type BoardMarkEvery interface {
+	MarkEvery() int
+}
+
 // BoardWaiter is implemented by a Board that knows whom it waits for:
 // Waiting returns the member a Post or Read of this rank is waiting on
 // now, or -1 when none is. The engine reports it in Progress, so that it

@@ -134,6 +134,15 @@ func (e *Engine) markOff(op *Op, seq uint64, sig uint32) {
 	}
 }
 
+// markReached marks collective seq on the board to say that this rank
+// has got that far, on the board's multiples only
+// (transport.BoardMarkEvery).
+func (e *Engine) markReached(seq uint64, sig uint32) {
+	if seq%e.markEvery == 0 {
+		e.board.Mark(seq, sig)
+	}
+}
+
 // runOnBoard runs a small collective on the board.
 func (e *Engine) runOnBoard(ctx context.Context, op *Op, seq uint64) (*Plan, error) {
 	k := &e.boardK
@@ -180,7 +189,7 @@ func (e *Engine) runOnBoard(ctx context.Context, op *Op, seq uint64) (*Plan, err
 	if op.Coll == algorithms.CollBroadcast && me != op.Root {
 		// Reached this collective (done reading the last): the root may
 		// reuse the entry this reader read last.
-		e.board.Mark(seq, pl.Sig)
+		e.markReached(seq, pl.Sig)
 		data, err := read(op.Root)
 		if err != nil {
 			return pl, err
@@ -208,7 +217,7 @@ func (e *Engine) runOnBoard(ctx context.Context, op *Op, seq uint64) (*Plan, err
 	if op.Coll == algorithms.CollReduce && me == op.Root {
 		// A reduce's root posts nothing (nobody reads it): its mark says
 		// it is done reading what the others posted for earlier ones.
-		e.board.Mark(seq, pl.Sig)
+		e.markReached(seq, pl.Sig)
 	} else if err := e.board.Post(ctx, seq, pl.Sig, in); err != nil {
 		return pl, fail(-1, err)
 	}
@@ -222,7 +231,7 @@ func (e *Engine) runOnBoard(ctx context.Context, op *Op, seq uint64) (*Plan, err
 		// Only the root reads the posts: the other posters learn from this
 		// mark, made after the post (a mark before it would read as
 		// having gone past without posting), that this rank is here.
-		e.board.Mark(seq, pl.Sig)
+		e.markReached(seq, pl.Sig)
 		return pl, nil
 	}
 	// from returns what this rank takes of rank r's post: all of it, or

@@ -495,3 +495,79 @@ func TestBoardReducesRunAhead(t *testing.T) {
 		})
 	}
 }
+
+// TestBoardBroadcastsRunAhead: broadcasts, whose readers mark the board
+// only on multiples of its MarkEvery, with roots in runs of a hundred
+// (so that a root runs ahead of its readers as far as the entries let it)
+// and a reduce or all-reduce now and then, one reader pausing every few
+// dozen operations (so that its root waits for its marks at the reuse
+// limit). Every reader's result is checked: a root that overwrote an
+// entry its reader had not read would show as a wrong value or a
+// mismatch, a missing mark as a timeout.
+func TestBoardBroadcastsRunAhead(t *testing.T) {
+	for _, n := range []int{2, 3, 4} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			es := shmEngines(t, n, Config{})
+			require.Greater(t, es[0].markEvery, uint64(1), "the shm board marks sparsely")
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			const ops, count = 400, 8
+			val := func(r, i, k int) float32 { return float32(r*1000 + i*10 + k) }
+			errs := make([]error, n)
+			var wg sync.WaitGroup
+			for r, e := range es {
+				wg.Go(func() {
+					for i := range ops {
+						root := (i / 100) % n
+						coll := algorithms.CollBroadcast
+						switch {
+						case i%150 == 149:
+							coll = algorithms.CollAllReduce
+						case i%90 == 89:
+							coll = algorithms.CollReduce
+						}
+						if r == (root+1)%n && i%37 == 0 {
+							time.Sleep(2 * time.Millisecond) // a slow reader: its root reaches the reuse limit
+						}
+						in := make([]float32, count)
+						for k := range in {
+							in[k] = val(r, i, k)
+						}
+						out := make([]float32, count)
+						op := &Op{Coll: coll, Type: kernels.Float32, Red: kernels.Sum, Count: count, Root: root,
+							In: memory.HostBuffer(f32Bytes(in)), Out: memory.HostBuffer(f32Bytes(out))}
+						if coll == algorithms.CollReduce && r != root {
+							op.Out = memory.Buffer{}
+						}
+						pl, err := e.Run(ctx, op)
+						if err == nil && !pl.OnBoard() {
+							err = fmt.Errorf("operation %d did not run on the board", i)
+						}
+						if err != nil {
+							errs[r] = fmt.Errorf("rank %d, operation %d: %w", r, i, err)
+							return
+						}
+						if op.Out.Len() == 0 {
+							continue
+						}
+						for k := range out {
+							want := val(root, i, k)
+							if coll != algorithms.CollBroadcast {
+								want = 0
+								for q := range n {
+									want += val(q, i, k)
+								}
+							}
+							if out[k] != want {
+								errs[r] = fmt.Errorf("rank %d, operation %d (%v, root %d): element %d is %v, want %v", r, i, coll, root, k, out[k], want)
+								return
+							}
+						}
+					}
+				})
+			}
+			wg.Wait()
+			require.NoError(t, errors.Join(errs...))
+		})
+	}
+}

@@ -160,6 +160,7 @@ type Engine struct {
 	boardScaled []byte       // a pre-multiplied sum's scaled input
 	boardPeer   atomic.Int32 // whom a board operation waits for, for Progress, where the board does not say (boardWaits nil)
 	boardWaits  transport.BoardWaiter
+	markEvery   uint64 // progress marks only on multiples of this (transport.BoardMarkEvery)
 	boardUp     bool         // the board is joined (transport.BoardJoiner)
 	// oneShotPeer: whom a one-shot all-reduce waits for (oneshot.go).
 	oneShotPeer atomic.Int32
@@ -231,6 +232,10 @@ func New(rank, nranks int, ep transport.Endpoint, cfg Config) (*Engine, error) {
 	if bh, ok := ep.(transport.BoardHolder); ok && nranks > 1 {
 		e.board = bh.Board()
 		e.boardWaits, _ = e.board.(transport.BoardWaiter)
+		e.markEvery = 1
+		if m, ok := e.board.(transport.BoardMarkEvery); ok && m.MarkEvery() > 1 {
+			e.markEvery = uint64(m.MarkEvery())
+		}
 	}
 	return e, nil
 }

@@ -63,7 +63,8 @@ import (
 // collectives on the board does know that from its reads (every member
 // of an all-reduce, all-gather or reduce-scatter reads every other's
 // entry; a broadcast's readers mark it, since its root reads nobody's,
-// and so do a reduce's root and posters);
+// and so do a reduce's root and posters, each only where the collective's
+// number is a multiple of markEvery, which is often enough);
 // after collectives that ran elsewhere, which every member marks, it
 // reads the others' last words. So a post writes its entry only, not
 // last: readers poll the entry, and a store to last, a line they poll
@@ -118,9 +119,22 @@ type board struct {
 }
 
 var (
-	_ transport.Board       = (*board)(nil)
-	_ transport.BoardWaiter = (*board)(nil)
+	_ transport.Board          = (*board)(nil)
+	_ transport.BoardWaiter    = (*board)(nil)
+	_ transport.BoardMarkEvery = (*board)(nil)
 )
+
+// markEvery is MarkEvery: a post waits for every member to have reached
+// the collective boardEntries-2 before it (Post), and any boardEntries-1
+// consecutive collectives hold a multiple of 16, so a member that marks
+// only those is waited for no longer than it takes to reach the next
+// one. A reader's mark is a store to a line its root polls: marking every
+// collective cost an 8-byte broadcast's reader a fifth of its time
+// (docs/performance.md).
+const markEvery = 16
+
+// MarkEvery implements transport.BoardMarkEvery.
+func (b *board) MarkEvery() int { return markEvery }
 
 // Waiting implements transport.BoardWaiter.
 func (b *board) Waiting() int { return int(b.waiting.Load()) - 1 }
@@ -555,6 +569,10 @@ func (j *joiningBoard) joined() (*board, error) {
 }
 
 func (j *joiningBoard) Max() int { return BoardMax }
+
+// MarkEvery implements transport.BoardMarkEvery (a constant: callable
+// before Joined).
+func (j *joiningBoard) MarkEvery() int { return markEvery }
 
 // Waiting implements transport.BoardWaiter: -1 until the board is joined.
 func (j *joiningBoard) Waiting() int {
