@@ -100,13 +100,14 @@ type Comm struct {
 	idle    chan struct{} // guarded by mu
 
 	// The watchdog enforces Config.Timeout without a timer per operation:
-	// op is the collective whose turn it is (set under mu where issue and
-	// exec already hold it, not by a store of its own: an atomic store
-	// each side of the engine's run was a tenth of an 8-byte operation,
-	// docs/performance.md), and one goroutine per communicator, started by
-	// newComm and stopped by Close, aborts the communicator when that
-	// operation has run too long.
-	op        *Request // guarded by mu; nil between operations
+	// op is the collective whose turn it is, running or about to (set
+	// under mu by issue when nothing runs ahead of it, else by exec once
+	// its predecessor has finished, and cleared by finish, where an
+	// atomic store each side of the engine's run was a tenth of an 8-byte
+	// operation, docs/performance.md), and one goroutine per communicator,
+	// started by newComm and stopped by Close, aborts the communicator
+	// when that operation has run too long.
+	op        *Request                     // guarded by mu; nil between operations
 	timedOut  atomic.Pointer[timeoutError] // this rank's timeout, while the root diagnoses it
 	asked     atomic.Int64                 // when (since bornNano) this rank last told the root where it waits; 0: never
 	bornNano  int64                        // clock.Now at creation: the base of Request.start
@@ -360,12 +361,14 @@ func (c *Comm) watch() {
 		}
 		c.mu.Lock()
 		op := c.op
-		var te *timeoutError
+		var name string
+		var seq uint64
+		var bytes int64
 		var left time.Duration
 		if op != nil {
 			// Copied under the lock: a blocking operation's Request is
 			// reused by a later one.
-			te = &timeoutError{op: op.name, seq: op.cseq, d: c.cfg.Timeout, bytes: op.op.Bytes(c.size)}
+			name, seq, bytes = op.name, op.cseq, op.op.Bytes(c.size)
 			left = time.Duration(op.start-c.since()) + c.cfg.Timeout
 		}
 		c.mu.Unlock()
@@ -377,7 +380,7 @@ func (c *Comm) watch() {
 			t.Reset(left)
 			continue
 		}
-		te.progress = c.eng.Progress()
+		te := &timeoutError{op: name, seq: seq, d: c.cfg.Timeout, progress: c.eng.Progress(), bytes: bytes}
 		if w := c.rootConn(); w != nil {
 			// Ask the root to compare where every rank waits: its
 			// diagnosis aborts this communicator (and every rank's) with

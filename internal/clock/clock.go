@@ -13,11 +13,15 @@
 // scales it by its rate against the runtime's clock, measured over the
 // first 10 ms it is read and then again about every second, over the
 // second just gone (so that it follows the runtime's clock where NTP slews
-// it), each time taking the runtime's clock as the new anchor. Now never
-// goes back: a new anchor is the later of the runtime's clock and the old
-// scale's reading, so it may run ahead of the runtime's clock by what the
-// rate's error adds up to (nanoseconds a second). Elsewhere, or before the
-// rate is known, Now is the runtime's clock.
+// it), each time taking the runtime's clock as the new anchor. Readings
+// do not go back: a new anchor is the later of the runtime's clock and the
+// old scale's reading (so Now may run ahead of the runtime's clock by what
+// the rate's error adds up to, nanoseconds a second), and a goroutine
+// that finds another anchoring reads the old scale. (The one exception: a
+// reading taken from the runtime's clock while the first scale is being
+// anchored may be later than the first readings on it, by the rate's
+// error over the anchoring's few hundred nanoseconds.) Elsewhere, or
+// before the rate is known, Now is the runtime's clock.
 package clock
 
 import (
@@ -49,8 +53,8 @@ var (
 	// usable: the counter may be read and scaled (set once, by init)
 	usable bool
 
-	mu     sync.Mutex // held by slow's sampling
-	firstT  uint64 // the first sample, which the first rate is measured from
+	mu      sync.Mutex // held by slow's sampling
+	firstT  uint64     // the first sample, which the first rate is measured from
 	firstN  int64
 	sampled bool
 )
@@ -80,13 +84,14 @@ func slow() int64 {
 	}
 	s := cur.Load()
 	if !mu.TryLock() {
-		// Another goroutine is anchoring: the old scale a little past its
-		// limit reads better than the runtime's clock, which may be behind
-		// what the old scale has returned.
+		// Another goroutine is anchoring: the old scale past its limit
+		// reads better than the runtime's clock, which may be behind what
+		// the old scale has returned.
 		if s != nil {
-			if t := ticks(); t-s.t0 < 2*s.limit {
+			if t := ticks(); int64(t-s.t0) >= 0 {
 				return s.at(t)
 			}
+			return s.n0
 		}
 		return nanotime()
 	}

@@ -161,7 +161,7 @@ type Engine struct {
 	boardPeer   atomic.Int32 // whom a board operation waits for, for Progress, where the board does not say (boardWaits nil)
 	boardWaits  transport.BoardWaiter
 	markEvery   uint64 // progress marks only on multiples of this (transport.BoardMarkEvery)
-	boardUp     bool         // the board is joined (transport.BoardJoiner)
+	boardUp     bool   // the board is joined (transport.BoardJoiner)
 	// oneShotPeer: whom a one-shot all-reduce waits for (oneshot.go).
 	oneShotPeer atomic.Int32
 }
@@ -570,6 +570,11 @@ func (e *Engine) Run(ctx context.Context, op *Op) (*Plan, error) {
 	}
 	if e.onBoard(op) {
 		return e.runOnBoard(ctx, op, seq)
+	}
+	if e.curSched.Load() == &boardSched {
+		// Left set by the last operation, on the board (runOnBoard):
+		// while this one connects, Progress must not report that one's.
+		e.curSched.Store(nil)
 	}
 	if k := keyOf(op); e.lastPlan == nil || k != e.lastKey {
 		p, err := e.Plan(op)
