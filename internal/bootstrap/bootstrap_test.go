@@ -572,16 +572,11 @@ func TestManyRanksFromOneAddressJoin(t *testing.T) {
 		r, err := StartRoot("127.0.0.1:0", RootOptions{Secret: secret, Version: "v1", Logger: quiet()})
 		require.NoError(t, err)
 		const n = 96
-		errs := make([]error, n)
-		var wg sync.WaitGroup
-		for rank := range n {
-			wg.Go(func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				defer cancel()
-				_, errs[rank] = Join(ctx, r.Addr().String(), secret, info(rank, n))
-			})
+		ranks := make([]int, n)
+		for rank := range ranks {
+			ranks[rank] = rank
 		}
-		wg.Wait()
+		_, errs := joinAll(t, r.Addr().String(), ranks, n, 10*time.Second)
 		r.Close()
 		for rank, err := range errs {
 			require.NoError(t, err, "round %d rank %d", round, rank)

@@ -2,7 +2,6 @@ package bootstrap
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,18 +21,7 @@ func TestTLSWatch(t *testing.T) {
 	require.NoError(t, err)
 	defer r.Close()
 	const n = 3
-	watches := make([]*Watch, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for rank := range n {
-		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			_, watches[rank], errs[rank] = JoinWatch(ctx, r.Addr().String(), secret, info(rank, n),
-				WithTLS(tlsrec.NewConfig(ca.Issue(t, "rank"), ca.Pool)))
-		})
-	}
-	wg.Wait()
+	watches, errs := startWatches(r.Addr().String(), n, WithTLS(tlsrec.NewConfig(ca.Issue(t, "rank"), ca.Pool)))()
 	for _, err := range errs {
 		require.NoError(t, err)
 	}

@@ -443,57 +443,77 @@ func TestBoardReducesRunAhead(t *testing.T) {
 	for _, n := range []int{2, 3, 4} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
 			es := shmEngines(t, n, Config{})
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
-			const ops, count = 300, 8
-			val := func(r, i, k int) float32 { return float32(r*1000 + i*10 + k) }
-			errs := make([]error, n)
-			var wg sync.WaitGroup
-			for r, e := range es {
-				wg.Go(func() {
-					for i := range ops {
-						root := (i / 100) % n // runs of a hundred with one root: the others post ahead
-						coll := algorithms.CollReduce
-						if i%150 == 149 {
-							coll = algorithms.CollAllReduce
-						}
-						in := make([]float32, count)
-						for k := range in {
-							in[k] = val(r, i, k)
-						}
-						op := &Op{Coll: coll, Type: kernels.Float32, Red: kernels.Sum, Count: count, Root: root, In: memory.HostBuffer(f32Bytes(in))}
-						out := make([]float32, count)
-						if coll == algorithms.CollAllReduce || r == root {
-							op.Out = memory.HostBuffer(f32Bytes(out))
-						}
-						pl, err := e.Run(ctx, op)
-						if err == nil && !pl.OnBoard() {
-							err = fmt.Errorf("operation %d did not run on the board", i)
-						}
-						if err != nil {
-							errs[r] = fmt.Errorf("rank %d, operation %d: %w", r, i, err)
-							return
-						}
-						if op.Out.Len() == 0 {
-							continue
-						}
-						for k := range out {
-							var want float32
-							for q := range n {
-								want += val(q, i, k)
-							}
-							if out[k] != want {
-								errs[r] = fmt.Errorf("rank %d, operation %d (%v, root %d): element %d is %v, want %v", r, i, coll, root, k, out[k], want)
-								return
-							}
-						}
-					}
-				})
-			}
-			wg.Wait()
-			require.NoError(t, errors.Join(errs...))
+			require.NoError(t, runAheadOnBoard(es, 300, func(i int) (algorithms.Collective, int) {
+				root := (i / 100) % n // runs of a hundred with one root: the others post ahead
+				if i%150 == 149 {
+					return algorithms.CollAllReduce, root
+				}
+				return algorithms.CollReduce, root
+			}, nil))
 		})
 	}
+}
+
+// runAheadOnBoard runs ops collectives of 8 float32 on es, each rank the
+// whole sequence on its own goroutine within 20 s: op says operation i's
+// collective (broadcast, reduce or all-reduce) and root, and pause, if
+// not nil, runs before rank r's operation i. Every result is checked
+// (a broadcast's is its root's input, a reduction's the sum of all
+// inputs); an operation off the board is an error.
+func runAheadOnBoard(es []*Engine, ops int, op func(i int) (algorithms.Collective, int), pause func(r, i, root int)) error {
+	const count = 8
+	n := len(es)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	val := func(r, i, k int) float32 { return float32(r*1000 + i*10 + k) }
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r, e := range es {
+		wg.Go(func() {
+			for i := range ops {
+				coll, root := op(i)
+				if pause != nil {
+					pause(r, i, root)
+				}
+				in := make([]float32, count)
+				for k := range in {
+					in[k] = val(r, i, k)
+				}
+				out := make([]float32, count)
+				o := &Op{Coll: coll, Type: kernels.Float32, Red: kernels.Sum, Count: count, Root: root,
+					In: memory.HostBuffer(f32Bytes(in)), Out: memory.HostBuffer(f32Bytes(out))}
+				if coll == algorithms.CollReduce && r != root {
+					o.Out = memory.Buffer{}
+				}
+				pl, err := e.Run(ctx, o)
+				if err == nil && !pl.OnBoard() {
+					err = fmt.Errorf("operation %d did not run on the board", i)
+				}
+				if err != nil {
+					errs[r] = fmt.Errorf("rank %d, operation %d: %w", r, i, err)
+					return
+				}
+				if o.Out.Len() == 0 {
+					continue
+				}
+				for k := range out {
+					want := val(root, i, k)
+					if coll != algorithms.CollBroadcast {
+						want = 0
+						for q := range n {
+							want += val(q, i, k)
+						}
+					}
+					if out[k] != want {
+						errs[r] = fmt.Errorf("rank %d, operation %d (%v, root %d): element %d is %v, want %v", r, i, coll, root, k, out[k], want)
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // TestBoardBroadcastsRunAhead: broadcasts, whose readers mark the board
@@ -509,65 +529,20 @@ func TestBoardBroadcastsRunAhead(t *testing.T) {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
 			es := shmEngines(t, n, Config{})
 			require.Greater(t, es[0].markEvery, uint64(1), "the shm board marks sparsely")
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
-			const ops, count = 400, 8
-			val := func(r, i, k int) float32 { return float32(r*1000 + i*10 + k) }
-			errs := make([]error, n)
-			var wg sync.WaitGroup
-			for r, e := range es {
-				wg.Go(func() {
-					for i := range ops {
-						root := (i / 100) % n
-						coll := algorithms.CollBroadcast
-						switch {
-						case i%150 == 149:
-							coll = algorithms.CollAllReduce
-						case i%90 == 89:
-							coll = algorithms.CollReduce
-						}
-						if r == (root+1)%n && i%37 == 0 {
-							time.Sleep(2 * time.Millisecond) // a slow reader: its root reaches the reuse limit
-						}
-						in := make([]float32, count)
-						for k := range in {
-							in[k] = val(r, i, k)
-						}
-						out := make([]float32, count)
-						op := &Op{Coll: coll, Type: kernels.Float32, Red: kernels.Sum, Count: count, Root: root,
-							In: memory.HostBuffer(f32Bytes(in)), Out: memory.HostBuffer(f32Bytes(out))}
-						if coll == algorithms.CollReduce && r != root {
-							op.Out = memory.Buffer{}
-						}
-						pl, err := e.Run(ctx, op)
-						if err == nil && !pl.OnBoard() {
-							err = fmt.Errorf("operation %d did not run on the board", i)
-						}
-						if err != nil {
-							errs[r] = fmt.Errorf("rank %d, operation %d: %w", r, i, err)
-							return
-						}
-						if op.Out.Len() == 0 {
-							continue
-						}
-						for k := range out {
-							want := val(root, i, k)
-							if coll != algorithms.CollBroadcast {
-								want = 0
-								for q := range n {
-									want += val(q, i, k)
-								}
-							}
-							if out[k] != want {
-								errs[r] = fmt.Errorf("rank %d, operation %d (%v, root %d): element %d is %v, want %v", r, i, coll, root, k, out[k], want)
-								return
-							}
-						}
-					}
-				})
-			}
-			wg.Wait()
-			require.NoError(t, errors.Join(errs...))
+			require.NoError(t, runAheadOnBoard(es, 400, func(i int) (algorithms.Collective, int) {
+				root := (i / 100) % n
+				switch {
+				case i%150 == 149:
+					return algorithms.CollAllReduce, root
+				case i%90 == 89:
+					return algorithms.CollReduce, root
+				}
+				return algorithms.CollBroadcast, root
+			}, func(r, i, root int) {
+				if r == (root+1)%n && i%37 == 0 {
+					time.Sleep(2 * time.Millisecond) // a slow reader: its root reaches the reuse limit
+				}
+			}))
 		})
 	}
 }

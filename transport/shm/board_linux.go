@@ -467,10 +467,11 @@ func (e *Endpoint) StartBoard(timeout time.Duration) error {
 			case <-ctx.Done():
 			}
 		}()
-		j.b, j.err = e.joinBoard(ctx)
-		if j.err == nil {
-			j.joinedB.Store(j.b)
+		b, err := e.joinBoard(ctx)
+		if err == nil {
+			j.b.Store(b)
 		}
+		j.err = err
 		if j.err != nil && !e.down.Load() {
 			e.log.Warn("goccl: shm: no board: small collectives will fail at their first use", "rank", e.o.Rank, "err", j.err)
 		}
@@ -528,11 +529,11 @@ func (e *Endpoint) joinBoard(ctx context.Context) (*board, error) {
 // joiningBoard is the board StartBoard is joining.
 type joiningBoard struct {
 	done chan struct{} // closed when the join has finished; then b or err
-	b    *board
-	err  error
-	// joinedB is b once joined: what every call after loads, where a
-	// select on done cost an 8-byte broadcast 4% (docs/performance.md).
-	joinedB atomic.Pointer[board]
+	// b is the board once joined: an atomic load for every call after,
+	// where a select on done cost an 8-byte broadcast 4%
+	// (docs/performance.md).
+	b   atomic.Pointer[board]
+	err error
 }
 
 var _ transport.BoardJoiner = (*joiningBoard)(nil)
@@ -554,7 +555,7 @@ func (j *joiningBoard) Joined(ctx context.Context) error {
 
 // joined is the board, once Joined has succeeded.
 func (j *joiningBoard) joined() (*board, error) {
-	if b := j.joinedB.Load(); b != nil {
+	if b := j.b.Load(); b != nil {
 		return b, nil
 	}
 	select {
@@ -562,7 +563,7 @@ func (j *joiningBoard) joined() (*board, error) {
 		if j.err != nil {
 			return nil, j.err
 		}
-		return j.b, nil
+		return nil, errors.New("shm: the board's join ended with no board")
 	default:
 		return nil, errors.New("shm: the board is used before it is joined (call Joined first)")
 	}
