@@ -239,6 +239,14 @@ type Flusher interface {
 type Board interface {
 	// Max is the largest contribution, in bytes.
 	Max() int
+	// Begin opens one collective's use of the board and End closes it:
+	// Post and Read are called between the two only, and the memory Read
+	// returns stays mapped until End whatever closes the endpoint in the
+	// meantime (an abort from another goroutine unmaps the board only
+	// once End has let go of it). Begin fails once the endpoint is
+	// closing; every Begin that succeeds is followed by one End.
+	Begin() error
+	End()
 	// Post publishes this rank's contribution to collective seq, with the
 	// operation's signature (as in Tag.Sig). It may wait until every
 	// member has finished reading what this rank posted some collectives
@@ -246,10 +254,12 @@ type Board interface {
 	Post(ctx context.Context, seq uint64, sig uint32, data []byte) error
 	// Mark records that this rank runs collective seq (signature sig)
 	// without the board, so that a rank waiting on the board for it learns
-	// that at once instead of waiting until its timeout.
+	// that at once instead of waiting until its timeout. It may be called
+	// outside Begin and End too.
 	Mark(seq uint64, sig uint32)
 	// Read waits until rank r has posted collective seq, and returns its
-	// signature and data, valid until this rank's next Post. If r marked
+	// signature and data, valid until this rank's next Post or End,
+	// whichever comes first. If r marked
 	// seq, or went past it, without posting it, Read returns posted false
 	// and the mark's signature (0 if r went past without a mark).
 	Read(ctx context.Context, r int, seq uint64) (sig uint32, data []byte, posted bool, err error)
@@ -285,6 +295,10 @@ type BoardWaiter interface {
 // succeeded.
 type BoardJoiner interface {
 	Joined(ctx context.Context) error
+	// JoinedBoard, once Joined has succeeded, is the board that was
+	// joined, for the caller to use in place of the joiner (which only
+	// passes every call on to it).
+	JoinedBoard() Board
 }
 
 // BoardHolder is implemented by endpoints that may share a Board among

@@ -123,6 +123,9 @@ func (e *Engine) awaitBoard(ctx context.Context, op *Op) error {
 		}
 		return &StepError{Channel: 0, Piece: 0, Step: -1, Kind: algorithms.SendRecv, Peer: peer, Err: err}
 	}
+	// The joiner passes every call on to the board it joined: call that
+	// board itself from now on (an interface call less per use).
+	e.board = j.JoinedBoard()
 	e.boardUp = true
 	return nil
 }
@@ -186,6 +189,12 @@ func (e *Engine) runOnBoard(ctx context.Context, op *Op, seq uint64) (*Plan, err
 	if e.curSched.Load() != &boardSched {
 		e.curSched.Store(&boardSched)
 	}
+	// What Read returns is the board's memory: it must stay mapped until
+	// this collective is done with it, whatever aborts meanwhile.
+	if err := e.board.Begin(); err != nil {
+		return pl, fail(-1, err)
+	}
+	defer e.board.End()
 	if op.Coll == algorithms.CollBroadcast && me != op.Root {
 		// Reached this collective (done reading the last): the root may
 		// reuse the entry this reader read last.

@@ -110,6 +110,9 @@ type board struct {
 	me   int
 	n    int
 	seen []uint64 // per member: collectives known reached (seq+1), from this rank's reads
+	// held: between Begin and End, which hold the segment (one acquire
+	// for a collective's post and reads, not one each).
+	held bool
 
 	sleeps atomic.Int32 // futex sleeps so far (tests look)
 	// waiting is the member a post or read waits for, plus one (0: none),
@@ -168,15 +171,44 @@ func (b *board) wake() *atomic.Uint32     { return b.seg.u32(boardWake) }
 // Max implements transport.Board.
 func (b *board) Max() int { return BoardMax }
 
+// Begin implements transport.Board.
+func (b *board) Begin() error {
+	if b.held {
+		return errors.New("shm: board Begin twice without End")
+	}
+	if !b.seg.acquire() {
+		return b.e.closedErr()
+	}
+	if b.e.down.Load() {
+		b.seg.release()
+		return b.e.closedErr()
+	}
+	b.held = true
+	return nil
+}
+
+// End implements transport.Board.
+func (b *board) End() {
+	if b.held {
+		b.held = false
+		b.seg.release()
+	}
+}
+
+// errNotHeld is a Post or Read outside Begin and End.
+var errNotHeld = errors.New("shm: the board is used outside Begin and End")
+
 // Post implements transport.Board.
 func (b *board) Post(ctx context.Context, seq uint64, sig uint32, data []byte) error {
 	if len(data) > BoardMax {
 		return fmt.Errorf("shm: a %d-byte post to the board, which holds %d", len(data), BoardMax)
 	}
-	if !b.seg.acquire() || b.e.down.Load() {
+	if !b.held {
+		return errNotHeld
+	}
+	if b.e.down.Load() {
 		return b.e.closedErr()
 	}
-	defer b.seg.release()
 	if seq >= boardEntries {
 		// The entry held seq-boardEntries: every member must have reached
 		// the collective after it (seen holds seq+1 of the latest reached).
@@ -244,7 +276,10 @@ func (b *board) Read(ctx context.Context, r int, seq uint64) (uint32, []byte, bo
 	if r < 0 || r >= b.n || r == b.me {
 		return 0, nil, false, fmt.Errorf("shm: no board member %d to read", r)
 	}
-	if !b.seg.acquire() || b.e.down.Load() {
+	if !b.held {
+		return 0, nil, false, errNotHeld
+	}
+	if b.e.down.Load() {
 		return 0, nil, false, b.e.closedErr()
 	}
 	e := b.entry(r, seq)
@@ -262,7 +297,6 @@ func (b *board) Read(ctx context.Context, r int, seq uint64) (uint32, []byte, bo
 		}
 		if !ready() {
 			if err := b.wait(ctx, r, ready); err != nil {
-				b.seg.release()
 				return 0, nil, false, err
 			}
 		}
@@ -272,14 +306,12 @@ func (b *board) Read(ctx context.Context, r int, seq uint64) (uint32, []byte, bo
 			if last == seq+1 {
 				sig = b.u32(r, memberLastSig).Load()
 			}
-			b.seg.release()
 			return sig, nil, false, nil
 		}
 	}
 	b.seen[r] = max(b.seen[r], seq+1)
 	size := min(int(binary.LittleEndian.Uint32(e[entrySize:])), BoardMax)
 	sig := binary.LittleEndian.Uint32(e[entrySig:])
-	b.seg.release()
 	return sig, e[entryData : entryData+size], true, nil
 }
 
@@ -569,6 +601,15 @@ func (j *joiningBoard) joined() (*board, error) {
 	}
 }
 
+// JoinedBoard implements transport.BoardJoiner: the board once joined,
+// else the joiner itself.
+func (j *joiningBoard) JoinedBoard() transport.Board {
+	if b := j.b.Load(); b != nil {
+		return b
+	}
+	return j
+}
+
 func (j *joiningBoard) Max() int { return BoardMax }
 
 // MarkEvery implements transport.BoardMarkEvery (a constant: callable
@@ -581,6 +622,20 @@ func (j *joiningBoard) Waiting() int {
 		return b.Waiting()
 	}
 	return -1
+}
+
+func (j *joiningBoard) Begin() error {
+	b, err := j.joined()
+	if err != nil {
+		return err
+	}
+	return b.Begin()
+}
+
+func (j *joiningBoard) End() {
+	if b := j.b.Load(); b != nil {
+		b.End()
+	}
 }
 
 func (j *joiningBoard) Post(ctx context.Context, seq uint64, sig uint32, data []byte) error {

@@ -64,14 +64,14 @@ func postAll(t *testing.T, eps []*Endpoint, seq uint64) {
 	t.Helper()
 	ctx := context.Background()
 	for r, ep := range eps {
-		require.NoError(t, ep.Board().Post(ctx, seq, uint32(r), contribution(seq, r)))
+		require.NoError(t, held{ep.Board()}.Post(ctx, seq, uint32(r), contribution(seq, r)))
 	}
 	for r, ep := range eps {
 		for p := range eps {
 			if p == r {
 				continue
 			}
-			sig, data, posted, err := ep.Board().Read(ctx, p, seq)
+			sig, data, posted, err := held{ep.Board()}.Read(ctx, p, seq)
 			require.NoError(t, err)
 			require.True(t, posted)
 			require.Equal(t, uint32(p), sig)
@@ -114,7 +114,7 @@ func TestOfferedBoardIsOpenedThroughProc(t *testing.T) {
 	}
 	require.NotContains(t, log.String(), "asking rank 0 for the board")
 	require.NoError(t, eps[2].Close(nil))
-	_, _, _, err := eps[0].Board().Read(context.Background(), 2, 3)
+	_, _, _, err := held{eps[0].Board()}.Read(context.Background(), 2, 3)
 	require.ErrorContains(t, err, "rank 2", "a member that leaves is seen to")
 	for _, ep := range eps {
 		ep.Close(nil)

@@ -99,6 +99,21 @@ func (e *Endpoint) Board() transport.Board {
 
 func (b *board) Max() int { return BoardMax }
 
+// Begin implements transport.Board. The board's memory is registered
+// with the NIC and goes at close, but Read hands out copies, so there is
+// nothing to hold: Begin only says whether the endpoint is closing.
+func (b *board) Begin() error {
+	for _, c := range b.conns {
+		if c != nil && c.down.Load() {
+			return c.e.closedErr()
+		}
+	}
+	return nil
+}
+
+// End implements transport.Board.
+func (b *board) End() {}
+
 // seqOf widens a 31-bit immediate to the sequence after prev (seq+1
 // form): a peer's posts and marks arrive in order on its QP.
 func seqOf(imm uint32, prev uint64) uint64 {
