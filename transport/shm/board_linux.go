@@ -176,11 +176,7 @@ func (b *board) Begin() error {
 	if b.held {
 		return errors.New("shm: board Begin twice without End")
 	}
-	if !b.seg.acquire() {
-		return b.e.closedErr()
-	}
-	if b.e.down.Load() {
-		b.seg.release()
+	if !b.seg.enter(&b.e.down) {
 		return b.e.closedErr()
 	}
 	b.held = true

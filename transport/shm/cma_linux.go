@@ -254,7 +254,7 @@ func (c *conn) Flush(ctx context.Context) error {
 	if !c.hasRef {
 		return nil
 	}
-	if !c.seg.acquire() || c.e.down.Load() {
+	if !c.seg.enter(&c.e.down) {
 		return c.fail("send", c.e.closedErr())
 	}
 	defer c.seg.release()
@@ -295,7 +295,7 @@ func (c *conn) WaitInto(ctx context.Context, dst memory.Buffer) (transport.Tag, 
 	if c.holding {
 		return transport.Tag{}, 0, errors.New("shm: wait while holding a slot")
 	}
-	if !c.seg.acquire() || c.e.down.Load() {
+	if !c.seg.enter(&c.e.down) {
 		return transport.Tag{}, 0, c.fail("recv", c.e.closedErr())
 	}
 	defer c.seg.release()

@@ -122,7 +122,7 @@ func (c *conn) Reserve(ctx context.Context, n int) (memory.Buffer, error) {
 	if n < 0 || n > c.tx.slotSize || c.isReserved {
 		return memory.Buffer{}, fmt.Errorf("shm: reserve %d bytes of a %d-byte slot (reserved already: %v)", n, c.tx.slotSize, c.isReserved)
 	}
-	if !c.seg.acquire() || c.e.down.Load() {
+	if !c.seg.enter(&c.e.down) {
 		return memory.Buffer{}, c.fail("send", c.e.closedErr())
 	}
 	if c.tail-c.headSeen >= c.tx.slots {
@@ -178,7 +178,7 @@ func (c *conn) Wait(ctx context.Context) (memory.Buffer, transport.Tag, error) {
 	if c.holding {
 		return memory.Buffer{}, transport.Tag{}, errors.New("shm: wait while holding a slot")
 	}
-	if !c.seg.acquire() || c.e.down.Load() {
+	if !c.seg.enter(&c.e.down) {
 		return memory.Buffer{}, transport.Tag{}, c.fail("recv", c.e.closedErr())
 	}
 	tag, n, byRef, dev, err := c.next(ctx)

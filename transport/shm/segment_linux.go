@@ -261,6 +261,21 @@ func (s *segment) acquire() bool {
 	return true
 }
 
+// enter acquires the segment for a call on an endpoint that is up. It
+// returns false, holding nothing, once the segment is being torn down or
+// the endpoint is down (acquiring first and then finding the endpoint
+// down must let go again, or the segment stays mapped after close).
+func (s *segment) enter(down *atomic.Bool) bool {
+	if !s.acquire() {
+		return false
+	}
+	if down.Load() {
+		s.release()
+		return false
+	}
+	return true
+}
+
 func (s *segment) release() {
 	if s.refs.Add(-1) == closedBit {
 		s.unmap()

@@ -23,6 +23,7 @@ import (
 	"github.com/goccl/goccl/algorithms"
 	"github.com/goccl/goccl/internal/handshake"
 	"github.com/goccl/goccl/internal/wire"
+	"github.com/goccl/goccl/memory"
 	"github.com/goccl/goccl/transport"
 	"github.com/goccl/goccl/transport/transporttest"
 )
@@ -329,6 +330,28 @@ func TestCloseUnmapsEverything(t *testing.T) {
 	for _, fd := range fds {
 		target, _ := os.Readlink("/proc/self/fd/" + fd.Name())
 		require.NotContains(t, target, "memfd:goccl", "descriptor %s", fd.Name())
+	}
+}
+
+// A call that comes while Close has begun (down set) but before it has
+// torn the segment down fails, and lets go of the segment: each used to
+// keep a reference, so the shared memory stayed mapped after Close.
+func TestCallsWhileClosingHoldNothing(t *testing.T) {
+	eps := endpoints(t, 2, nil)
+	a, b := connectPair(t, eps[0], eps[1], 0)
+	stream(t, a, b, 2, 64<<10)
+	for _, ep := range eps {
+		ep.down.Store(true) // Close's first step, as another goroutine would take it
+	}
+	ctx := context.Background()
+	_, err := a.Reserve(ctx, 10)
+	require.ErrorIs(t, err, transport.ErrClosed)
+	_, _, err = b.Wait(ctx)
+	require.ErrorIs(t, err, transport.ErrClosed)
+	_, _, err = b.(transport.DirectReceiver).WaitInto(ctx, memory.HostBuffer(make([]byte, 10)))
+	require.ErrorIs(t, err, transport.ErrClosed)
+	for _, c := range []transport.Conn{a, b} {
+		require.Zero(t, c.(*conn).seg.refs.Load(), "references left on the segment")
 	}
 }
 
