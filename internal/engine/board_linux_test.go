@@ -90,7 +90,7 @@ func TestBoardJoinedInTheBackground(t *testing.T) {
 	// engine gets a board still being joined.
 	e1, err := New(1, n, eps[1], Config{MaxChannels: 2, Link: testLink})
 	require.NoError(t, err)
-	_, joining := e1.board.(transport.BoardJoiner)
+	joiner, joining := e1.board.(transport.BoardJoiner)
 	require.True(t, joining, "the engine holds the board being joined")
 	require.NoError(t, eps[0].StartBoard(0))
 	es := boardEngines(t, eps, Config{})
@@ -108,12 +108,15 @@ func TestBoardJoinedInTheBackground(t *testing.T) {
 			require.Equal(t, []float32{float32(3 + 3*round), 3}, outs[r], "round %d, rank %d", round, r)
 		}
 	}
-	// Joined once, a board is ready even to a context that has ended.
-	// (Rank 1's: it held the board while it was being joined. Rank 0's
-	// engine may have come after the join and hold the plain board.)
+	// Once joined, the engine runs on the joined board itself, and the
+	// joining board is ready even to a context that has ended. (Rank 1's:
+	// it held the board while it was being joined. Rank 0's engine may
+	// have come after the join and hold the plain board.)
+	_, still := e1.board.(transport.BoardJoiner)
+	require.False(t, still, "the engine moved to the joined board")
 	ended, cancel := context.WithCancel(context.Background())
 	cancel()
-	require.NoError(t, e1.board.(transport.BoardJoiner).Joined(ended))
+	require.NoError(t, joiner.Joined(ended))
 }
 
 // TestBoardJoinFailsWhenAPeerGoes: rank 0 never hands the board over;
