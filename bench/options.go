@@ -196,6 +196,10 @@ type Options struct {
 	// device, every operation the Device form ordered on it (each rank
 	// passes its own stream; see device.go). Nil: host memory.
 	Stream collective.Stream
+	// Shared allocates the host buffers with collective.MemAlloc, which
+	// the ranks of one host map (goccl-perf -R 1, after nccl-tests' -R
+	// for NCCL's registered buffers).
+	Shared bool
 }
 
 func (o *Options) defaults() {

@@ -46,6 +46,8 @@ type Params struct {
 	Channels  int     `json:"channels,omitempty"`
 	Chunk     int64   `json:"chunkBytes,omitempty"`
 	Device    string  `json:"device,omitempty"` // "gpu": buffers in device memory
+	// Shared: host buffers from collective.MemAlloc (goccl-perf -R 1).
+	Shared bool `json:"sharedBuffers,omitempty"`
 }
 
 // ParamsOf fills Params from o (the transport and tuning fields are the
@@ -145,6 +147,9 @@ func (Table) Header(w io.Writer, rep *Report) {
 	}
 	if p.TLS {
 		fmt.Fprintln(w, "# tls: mutual TLS 1.3 on every TCP connection")
+	}
+	if p.Shared {
+		fmt.Fprintln(w, "# buffers: collective.MemAlloc (peers on this host map them; -R 1)")
 	}
 	fmt.Fprintln(w, "#")
 	fmt.Fprintln(w, "# Using ranks")

@@ -158,6 +158,18 @@ func sweepType[T collective.Number](ctx context.Context, c *collective.Comm, o O
 	maxG := geometryOf(o.Coll, n, dt.Size(), sizes[len(sizes)-1])
 	s.send = make([]T, maxG.sendLen)
 	s.recv = make([]T, max(maxG.recvLen, maxG.sendLen)) // in-place reduce-scatter runs in recv
+	if o.Shared {
+		var err error
+		if s.send, err = collective.MemAlloc[T](max(len(s.send), 1)); err != nil {
+			return rows, err
+		}
+		defer collective.MemFree(s.send)
+		if s.recv, err = collective.MemAlloc[T](max(len(s.recv), 1)); err != nil {
+			return rows, err
+		}
+		defer collective.MemFree(s.recv)
+		s.send, s.recv = s.send[:maxG.sendLen], s.recv[:max(maxG.recvLen, maxG.sendLen)]
+	}
 	if o.Stream != nil {
 		ds, err := newDevSide(o.Stream, len(s.send)*dt.Size(), len(s.recv)*dt.Size())
 		if err != nil {

@@ -27,6 +27,7 @@ import (
 	"github.com/goccl/goccl/internal/handshake"
 	"github.com/goccl/goccl/internal/tlsrec/tlstest"
 	"github.com/goccl/goccl/internal/wire"
+	"github.com/goccl/goccl/transport/shm"
 )
 
 // The multi-process tests start this test binary again as each rank, with
@@ -161,6 +162,28 @@ func TestMultiProcessEveryCollective(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// Buffers from MemAlloc: over shared memory, the receivers of
+// all-gathers (and of broadcasts on 3 ranks or more) copy the slices
+// straight out of the senders' buffers (with the kernel's copy off, that
+// is the only way a slice goes by reference), and every result is right.
+func TestMultiProcessSharedAllocations(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("shared allocations (memfd) and the shared-memory transport need Linux")
+	}
+	for _, n := range []int{2, 3} {
+		t.Run(fmt.Sprintf("nranks=%d", n), func(t *testing.T) {
+			res := spawn(t, "shared", gocclEnvs(t, n, "GOCCL_TRANSPORT=shm", "GOCCL_SHM_CMA=off"), nil)
+			requireAllOK(t, res)
+			for _, r := range res {
+				var got int
+				_, err := fmt.Sscanf(r.output[strings.LastIndex(r.output, "shared slices"):], "shared slices %d", &got)
+				require.NoError(t, err, "rank %d: %s", r.rank, r.output)
+				require.Positive(t, got, "rank %d copied nothing out of its peers' buffers", r.rank)
+			}
+		})
 	}
 }
 
@@ -573,6 +596,11 @@ func childMain(scenario string) int {
 		if err := childCollectives(ctx, c); err != nil {
 			return fail("%v", err)
 		}
+	case "shared":
+		if err := childShared(ctx, c); err != nil {
+			return fail("%v", err)
+		}
+		fmt.Printf("rank %d shared slices %d\n", c.Rank(), shm.SharedSlicesReceived())
 	case "strangers":
 		stop := make(chan struct{})
 		var wg sync.WaitGroup
@@ -809,6 +837,59 @@ func childCollectives(ctx context.Context, c *collective.Comm) error {
 	// (several slots, pieces and channels), some empty.
 	for _, scale := range []int{1, 300} {
 		if err := checkAllToAllv(ctx, c, scale); err != nil {
+			return err
+		}
+	}
+	return c.Barrier(ctx)
+}
+
+// childShared runs all-gathers, broadcasts and all-reduces on buffers
+// from MemAlloc, checks every result, and frees them.
+func childShared(ctx context.Context, c *collective.Comm) error {
+	n, r := c.Size(), c.Rank()
+	for _, k := range []int{1, 37, 70_001, 300_000} {
+		send, err := collective.MemAlloc[float32](k)
+		if err != nil {
+			return err
+		}
+		recv, err := collective.MemAlloc[float32](n * k)
+		if err != nil {
+			return err
+		}
+		val := func(q, i int) float32 { return float32(q*1_000_003+i) * 0.5 }
+		for i := range send {
+			send[i] = val(r, i)
+		}
+		if err := collective.AllGather(ctx, c, send, recv); err != nil {
+			return fmt.Errorf("all-gather of %d: %w", k, err)
+		}
+		for i, v := range recv {
+			if want := val(i/k, i%k); v != want {
+				return fmt.Errorf("all-gather of %d: element %d = %v, want %v", k, i, v, want)
+			}
+		}
+		root := k % n
+		bc := recv[:k]
+		if r == root {
+			copy(bc, send)
+		}
+		if err := collective.Broadcast(ctx, c, bc, bc, root); err != nil {
+			return fmt.Errorf("broadcast of %d: %w", k, err)
+		}
+		for i, v := range bc {
+			if want := val(root, i); v != want {
+				return fmt.Errorf("broadcast of %d from %d: element %d = %v, want %v", k, root, i, v, want)
+			}
+		}
+		if err := collective.AllReduce(ctx, c, send, bc, collective.Max); err != nil {
+			return fmt.Errorf("all-reduce of %d: %w", k, err)
+		}
+		for i, v := range bc {
+			if want := val(n-1, i); v != want {
+				return fmt.Errorf("all-reduce of %d: element %d = %v, want %v", k, i, v, want)
+			}
+		}
+		if err := errors.Join(collective.MemFree(send), collective.MemFree(recv)); err != nil {
 			return err
 		}
 	}

@@ -218,6 +218,19 @@ type PeerCopier interface {
 	PeerCopies(opBytes int64, send bool) bool
 }
 
+// PeerMapper is implemented by connections whose receiver can map the
+// sender's shared allocations (memory.AllocShared) and copy a slice
+// straight out of them with a plain copy: PostFrom sends a slice that
+// lies in one by reference whatever PeerCopies says, and WaitInto copies
+// it into the output. The engine uses PostFrom and WaitInto on such a
+// connection, in the collectives it would for PeerCopies, when this
+// rank's own buffers are shared allocations and PeerMaps says so for the
+// operation's size (send: whether the peer can map this rank's; else
+// whether this rank can map the peer's).
+type PeerMapper interface {
+	PeerMaps(opBytes int64, send bool) bool
+}
+
 // Flusher is implemented by connections whose posted slices may still be
 // on their way out when Post returns.
 type Flusher interface {

@@ -38,6 +38,9 @@ type chanRun struct {
 	// receiver copies straight from the sender; opBytes is its size.
 	landsOnly bool
 	opBytes   int64
+	// sharedIn, sharedOut: the operation's buffers are shared allocations
+	// (memory.AllocShared), which a transport.PeerMapper's receiver maps.
+	sharedIn, sharedOut bool
 
 	io           lockIO           // the lockstep step running (setLockIO)
 	conns        []transport.Conn // by peer
@@ -114,6 +117,10 @@ func (x *chanRun) setup(e *Engine, op *Op, pl *Plan, c int, dev bool) {
 	// runs beside the receiver's copy out of them, and the single copy
 	// saves no time.
 	x.landsOnly = !dev && (op.Coll == algorithms.CollAllGather || op.Coll == algorithms.CollBroadcast && e.nranks > 2)
+	x.sharedIn, x.sharedOut = false, false
+	if x.landsOnly {
+		x.sharedIn, x.sharedOut = memory.IsShared(op.In), memory.IsShared(op.Out)
+	}
 	x.opBytes = op.Bytes(e.nranks)
 	clear(x.sent)
 	clear(x.recvd)
@@ -270,7 +277,7 @@ func (x *chanRun) setLockIO(st *algorithms.Step) *lockIO {
 	}
 	if io.rc != nil && x.out.HostVisible() && (st.Kind == algorithms.Recv || st.Kind == algorithms.RecvCopySend) {
 		io.dr, _ = io.rc.(transport.DirectReceiver)
-		if pc, ok := io.rc.(transport.PeerCopier); ok && !(x.landsOnly && pc.PeerCopies(x.opBytes, false)) {
+		if pc, ok := io.rc.(transport.PeerCopier); ok && !(x.landsOnly && (pc.PeerCopies(x.opBytes, false) || x.sharedOut && peerMaps(io.rc, x.opBytes, false))) {
 			io.dr = nil // slots as ever: the receiver's copy would not pay
 		}
 	}
@@ -279,11 +286,17 @@ func (x *chanRun) setLockIO(st *algorithms.Step) *lockIO {
 	// A scaled input is sent from the slot it is scaled into.
 	if io.sc != nil && (x.unwritten[x.stepI] || sendsInput) && !(io.scaled && sendsSrc) && x.in.HostVisible() && x.out.HostVisible() {
 		io.ds, _ = io.sc.(transport.DirectSender)
-		if pc, ok := io.sc.(transport.PeerCopier); ok && !(x.landsOnly && pc.PeerCopies(x.opBytes, true)) {
+		if pc, ok := io.sc.(transport.PeerCopier); ok && !(x.landsOnly && (pc.PeerCopies(x.opBytes, true) || (x.sharedIn || x.sharedOut) && peerMaps(io.sc, x.opBytes, true))) {
 			io.ds = nil
 		}
 	}
 	return io
+}
+
+// peerMaps reports whether c is a transport.PeerMapper that says so.
+func peerMaps(c transport.Conn, opBytes int64, send bool) bool {
+	pm, ok := c.(transport.PeerMapper)
+	return ok && pm.PeerMaps(opBytes, send)
 }
 
 // lockstep runs a lockstep step: for each slice, receive, reserve the

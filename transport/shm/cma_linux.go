@@ -58,6 +58,7 @@ import (
 const (
 	sideBase = 16 // uint64: the address this side maps the segment at
 	sideCMA  = 24 // uint32: whether this side reads the other's memory (cma*)
+	sideMaps = 28 // uint32: whether this side maps the other's shared allocations (cma*; shared_linux.go)
 
 	cmaUnknown = 0
 	cmaYes     = 1
@@ -169,6 +170,7 @@ func (c *conn) probe() {
 	if c.probed {
 		return
 	}
+	c.probeMaps()
 	c.probed = true
 	res := uint32(cmaNo)
 	me, peer := c.seg.side, 1-c.seg.side
@@ -190,6 +192,18 @@ func (c *conn) probe() {
 		}
 	}
 	c.seg.u32(sideOff(me) + sideCMA).Store(res)
+}
+
+// PeerMaps implements transport.PeerMapper.
+func (c *conn) PeerMaps(opBytes int64, send bool) bool {
+	o := &c.e.o
+	if o.CMAMin < 0 || opBytes < o.CMAMin || (o.CMAMax > 0 && opBytes > o.CMAMax) || c.mapped.Len() > 0 {
+		return false
+	}
+	if !send {
+		return c.maps(c.seg.side)
+	}
+	return c.maps(1 - c.seg.side)
 }
 
 // PeerCopies implements transport.PeerCopier.
@@ -227,6 +241,11 @@ func (c *conn) PostFrom(ctx context.Context, src memory.Buffer, tag transport.Ta
 		return fmt.Errorf("shm: post of %d bytes, slots hold %d", n, c.tx.slotSize)
 	}
 	b := src.Bytes()
+	if n > inlineMax && c.maps(1-c.seg.side) {
+		if ref, ok := memory.SharedOf(b); ok {
+			return c.postShared(ctx, ref, tag)
+		}
+	}
 	byRef := n > inlineMax && c.reads(1-c.seg.side)
 	if !byRef {
 		slot, err := c.Reserve(ctx, n)
@@ -242,6 +261,7 @@ func (c *conn) PostFrom(ctx context.Context, src memory.Buffer, tag transport.Ta
 	d := c.tx.descOf(c.tail)
 	binary.LittleEndian.PutUint64(d[descInline:], uint64(uintptr(unsafe.Pointer(&b[0]))))
 	binary.LittleEndian.PutUint64(d[descInline+8:], uint64(n))
+	binary.LittleEndian.PutUint32(d[descInline+refKind:], refCMA)
 	c.lastRef, c.hasRef = c.tail, true
 	c.byRef.Add(1)
 	c.publish(tag, uint32(n)|refFlag)
@@ -276,7 +296,16 @@ func (c *conn) fetch(d []byte, dst []byte) error {
 	if l := binary.LittleEndian.Uint64(d[descInline+8:]); l != uint64(len(dst)) {
 		return &transport.PeerError{Peer: c.peer, Op: "recv", Err: fmt.Errorf("protocol error: rank %d posted a %d-byte slice that says it is %d bytes", c.peer, len(dst), l)}
 	}
-	if err := readPeer(c.pid, dst, addr); err != nil {
+	var err error
+	switch kind := binary.LittleEndian.Uint32(d[descInline+refKind:]); kind {
+	case refCMA:
+		err = readPeer(c.pid, dst, addr)
+	case refShared:
+		err = c.copyShared(d, dst)
+	default:
+		return &transport.PeerError{Peer: c.peer, Op: "recv", Err: fmt.Errorf("protocol error: rank %d posted a slice by a reference of kind %d", c.peer, kind)}
+	}
+	if err != nil {
 		if cerr := c.check(context.Background(), true); cerr != nil {
 			return c.fail("recv", cerr)
 		}

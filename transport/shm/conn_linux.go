@@ -41,11 +41,16 @@ type conn struct {
 	// Cross-memory attach (cma_linux.go): the peer's pid, whether this
 	// side has probed whether it can read the peer's memory, and the last
 	// slice this side posted by reference (for Flush).
-	pid     int
-	probed  bool
-	lastRef uint32
-	hasRef  bool
-	byRef   atomic.Int64 // slices posted by reference so far (tests look)
+	pid    int
+	probed bool
+	// mapsProbed: whether this side can map the peer's shared
+	// allocations has been probed (shared_linux.go); byMap counts the
+	// slices posted by reference into them (tests look).
+	mapsProbed bool
+	byMap      atomic.Int64
+	lastRef    uint32
+	hasRef     bool
+	byRef      atomic.Int64 // slices posted by reference so far (tests look)
 
 	closeCtl sync.Once
 	sleeps   atomic.Int32 // futex sleeps so far (tests look)

@@ -9,6 +9,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/goccl/goccl/memory"
 )
 
 // Segment layout. All offsets are multiples of the page size; every field
@@ -113,6 +115,11 @@ type segment struct {
 	// set once the segment is being torn down.
 	refs    atomic.Int64
 	unmapMu sync.Once
+
+	// The peer's shared allocations mapped here (shared_linux.go), oldest
+	// first in peerOrder; unmapped with the segment.
+	peerMaps  map[peerSharedKey]*memory.PeerShared
+	peerOrder []peerSharedKey
 }
 
 const closedBit = 1 << 62
@@ -306,7 +313,12 @@ func (s *segment) detach() {
 }
 
 func (s *segment) unmap() {
-	s.unmapMu.Do(func() { unix.Munmap(s.mem) })
+	s.unmapMu.Do(func() {
+		unix.Munmap(s.mem)
+		for _, p := range s.peerMaps {
+			p.Close()
+		}
+	})
 }
 
 // ring is one direction of a segment, seen from one side.
