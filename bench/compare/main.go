@@ -101,10 +101,14 @@ func run() error {
 		binDir = flag.String("bin", "", "directory with the built peers (default: OUT/bin, built by setup.sh)")
 		setup  = flag.Bool("setup", true, "run setup.sh (apt-get install and build the peers) when a peer binary is missing")
 		perfF  = flag.String("goccl-perf", "", "goccl-perf binary (default: built from this module into OUT/bin)")
+		regF   = flag.Int("R", 0, "goccl-perf's -R: 1 runs goccl on collective.MemAlloc buffers, which the ranks of a host map (the peers run on their own buffers either way)")
 	)
 	flag.Parse()
 	if *reps < 1 {
 		return errors.New("-reps must be at least 1")
+	}
+	if *regF != 0 && *regF != 1 {
+		return fmt.Errorf("-R %d: want 0 or 1", *regF)
 	}
 	lo, err := collective.ParseSize(*minB)
 	if err != nil {
@@ -246,7 +250,7 @@ func run() error {
 						switch tool {
 						case "goccl":
 							argv = hn.argv(s.np, append([]string{perf, string(s.coll), "-target", fmt.Sprintf("%gs", *target), "-a", "3", "-c", "1",
-								"-J", jsonTmp}, append(placement(s.coll), sweep...)...), hn.goccl())
+								"-R", strconv.Itoa(*regF), "-J", jsonTmp}, append(placement(s.coll), sweep...)...), hn.goccl())
 						case "mpich":
 							p := avail[slices.IndexFunc(avail, func(p peer) bool { return p.name == tool })]
 							argv = hn.argv(s.np, append([]string{filepath.Join(*binDir, p.binary), "-o", p.ops[s.coll], "-T", fmt.Sprint(*target)}, sweep...), hn.mpich())
@@ -255,7 +259,7 @@ func run() error {
 						}
 					} else if tool == "goccl" {
 						argv = append([]string{perf, string(s.coll), "-np", strconv.Itoa(s.np), "--transport", s.transport,
-							"-target", fmt.Sprintf("%gs", *target), "-a", "3", "-c", "1", "-J", jsonTmp}, append(placement(s.coll), sweep...)...)
+							"-target", fmt.Sprintf("%gs", *target), "-a", "3", "-c", "1", "-R", strconv.Itoa(*regF), "-J", jsonTmp}, append(placement(s.coll), sweep...)...)
 					} else {
 						p := avail[slices.IndexFunc(avail, func(p peer) bool { return p.name == tool })]
 						prefix := p.shm
@@ -296,6 +300,9 @@ func run() error {
 	}
 
 	// Report.
+	if *regF == 1 {
+		fmt.Println("# goccl's buffers: collective.MemAlloc (goccl-perf -R 1); the peers' their own")
+	}
 	var verdict []verdictRow
 	for _, s := range settings {
 		fmt.Printf("\n## %s (medians of %d runs; ratio < 1 in time and > 1 in busbw favour goccl)\n\n", s, *reps)

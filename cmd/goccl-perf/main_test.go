@@ -123,6 +123,22 @@ func TestTransportAndAlgorithmFlags(t *testing.T) {
 	require.Regexp(t, `(?m)^#\s+32768\s+float\s+ring/2ch$`, out)
 }
 
+// TestSharedBuffers: -R 1 runs every collective on collective.MemAlloc
+// buffers, which the ranks map over shared memory, with every result
+// checked, and says so in the header.
+func TestSharedBuffers(t *testing.T) {
+	for _, coll := range []string{"all_gather", "broadcast", "all_reduce"} {
+		out, errs, code := perf(t, coll, "-np", "3", "--transport", "shm", "-R", "1", "-b", "3K", "-e", "3M", "-f", "32", "-c", "1", "-T", "60")
+		require.Equal(t, 0, code, "%s: stdout:\n%s\nstderr:\n%s", coll, out, errs)
+		require.Contains(t, out, "# buffers: collective.MemAlloc", coll)
+		rs := rows(out)
+		require.Len(t, rs, 3, "%s: 3 KiB, 96 KiB, 3 MiB:\n%s", coll, out)
+		for _, f := range rs {
+			require.Equal(t, "0", f[len(f)-1], "%s: #wrong in %v", coll, f)
+		}
+	}
+}
+
 func TestBadArgumentsSayWhatIsWrong(t *testing.T) {
 	for _, c := range []struct {
 		args []string
@@ -135,6 +151,8 @@ func TestBadArgumentsSayWhatIsWrong(t *testing.T) {
 		{[]string{"-np", "2", "-z", "7"}, "-z 7"},
 		{[]string{"-np", "2", "--transport", "carrier-pigeon"}, "carrier-pigeon"},
 		{[]string{"plot"}, "usage: goccl-perf plot"},
+		{[]string{"-np", "2", "-R", "2"}, "-R 2: want 0 or 1"},
+		{[]string{"-np", "2", "-R", "1", "--device", "gpu"}, "-R 1 allocates host buffers"},
 	} {
 		out, errs, code := perf(t, c.args...)
 		require.NotEqual(t, 0, code, "%v: stdout:\n%s", c.args, out)

@@ -107,6 +107,12 @@
 // copies at least half as fast as user space; cma_linux.go has the
 // details.
 //
+// Where the sender's slice lies in a shared allocation
+// (memory.AllocShared, which collective.MemAlloc returns), the reference
+// names the allocation instead, and the receiver maps it read-only once,
+// through /proc/<pid>/fd, checking its seals and its nonce, and copies
+// the slice out with a plain copy at memcpy's speed (shared_linux.go).
+//
 // # Failures
 //
 // The Unix socket stays open as a control channel: a peer that dies closes
