@@ -25,6 +25,7 @@ import (
 	"github.com/goccl/goccl/algorithms"
 	"github.com/goccl/goccl/collective"
 	"github.com/goccl/goccl/internal/handshake"
+	"github.com/goccl/goccl/internal/launch"
 	"github.com/goccl/goccl/internal/tlsrec/tlstest"
 	"github.com/goccl/goccl/internal/wire"
 	"github.com/goccl/goccl/transport/shm"
@@ -102,11 +103,12 @@ func cleanEnv() []string {
 	return out
 }
 
+// freePort is launch.FreePort: below the kernel's own port range, so that
+// no connection of a test running beside takes it before the root listens.
 func freePort(t *testing.T) int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := launch.FreePort()
 	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return port
 }
 
 func secret() string {

@@ -32,7 +32,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"regexp"
@@ -43,6 +42,7 @@ import (
 	"time"
 
 	"github.com/goccl/goccl/collective"
+	"github.com/goccl/goccl/internal/launch"
 )
 
 // DefaultTimeout bounds a run when the test has no deadline of its own.
@@ -264,11 +264,4 @@ func runPattern(name string) string {
 	return strings.Join(parts, "/")
 }
 
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
+func freePort() (int, error) { return launch.FreePort() }

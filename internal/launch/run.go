@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	mrand "math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -88,8 +89,24 @@ func (e *ExitError) Error() string {
 }
 
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago:
-// another process may take it before the caller listens on it.
+// another process may take it before the caller listens on it. Where the
+// kernel says which ports it hands out on its own (Linux's
+// ip_local_port_range: the ports of every outgoing connection and of
+// every listener on port 0), the port comes from below that range, so
+// that only a process that asks for it by number can take it in the
+// meantime: a port of the range, free a moment ago, is the next
+// connection's source port as often as not on a busy host.
 func FreePort() (int, error) {
+	if lo, ok := ephemeralLow(); ok && lo > freePortMin+1024 {
+		for range 64 {
+			port := freePortMin + mrand.IntN(lo-freePortMin)
+			l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+			if err == nil {
+				l.Close()
+				return port, nil
+			}
+		}
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, fmt.Errorf("finding a free TCP port on 127.0.0.1: %w", err)
@@ -99,6 +116,24 @@ func FreePort() (int, error) {
 		return 0, fmt.Errorf("finding a free TCP port on 127.0.0.1: %w", err)
 	}
 	return port, nil
+}
+
+// freePortMin is the lowest port FreePort picks below the kernel's range
+// (above the registered services most hosts run).
+const freePortMin = 20000
+
+// ephemeralLow returns the lowest port of the kernel's own range.
+func ephemeralLow() (int, bool) {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0, false
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return 0, false
+	}
+	lo, err := strconv.Atoi(f[0])
+	return lo, err == nil
 }
 
 // NewSecret returns a fresh GOCCL_SECRET: 128 bits from crypto/rand as 32

@@ -410,4 +410,12 @@ func TestFreePort(t *testing.T) {
 	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
 	require.NoError(t, err, "port %d from FreePort is not free", p)
 	require.NoError(t, l.Close())
+	// Below the range the kernel hands out for connections and port-0
+	// listeners, where one is known.
+	if lo, ok := ephemeralLow(); ok && lo > freePortMin+1024 {
+		require.GreaterOrEqual(t, p, freePortMin)
+		require.Less(t, p, lo, "port %d is in the kernel's own range", p)
+	} else {
+		t.Logf("the kernel's port range is unknown or low here (%d, %v): FreePort took the kernel's pick", lo, ok)
+	}
 }
