@@ -223,10 +223,11 @@ type PeerCopier interface {
 // straight out of them with a plain copy: PostFrom sends a slice that
 // lies in one by reference whatever PeerCopies says, and WaitInto copies
 // it into the output. The engine uses PostFrom and WaitInto on such a
-// connection, in the collectives it would for PeerCopies, when this
-// rank's own buffers are shared allocations and PeerMaps says so for the
-// operation's size (send: whether the peer can map this rank's; else
-// whether this rank can map the peer's).
+// connection in host all-gathers and broadcasts (of two ranks too) when
+// this rank's own buffers are shared allocations and PeerMaps says so for
+// the operation's size (send: whether the peer can map this rank's; else
+// whether this rank can map the peer's). Either side may decide alone: a
+// slice by reference that arrives in Wait is copied into the slot.
 type PeerMapper interface {
 	PeerMaps(opBytes int64, send bool) bool
 }

@@ -117,8 +117,12 @@ func (x *chanRun) setup(e *Engine, op *Op, pl *Plan, c int, dev bool) {
 	// runs beside the receiver's copy out of them, and the single copy
 	// saves no time.
 	x.landsOnly = !dev && (op.Coll == algorithms.CollAllGather || op.Coll == algorithms.CollBroadcast && e.nranks > 2)
+	// Slices of shared allocations go by reference in 2-rank broadcasts
+	// too: the receiver's one copy straight out of the root's buffer
+	// takes 0.55-0.6 of the slots' two, side by side as they are
+	// (docs/performance.md, "MemAlloc").
 	x.sharedIn, x.sharedOut = false, false
-	if x.landsOnly {
+	if !dev && (op.Coll == algorithms.CollAllGather || op.Coll == algorithms.CollBroadcast) {
 		x.sharedIn, x.sharedOut = memory.IsShared(op.In), memory.IsShared(op.Out)
 	}
 	x.opBytes = op.Bytes(e.nranks)
@@ -277,7 +281,7 @@ func (x *chanRun) setLockIO(st *algorithms.Step) *lockIO {
 	}
 	if io.rc != nil && x.out.HostVisible() && (st.Kind == algorithms.Recv || st.Kind == algorithms.RecvCopySend) {
 		io.dr, _ = io.rc.(transport.DirectReceiver)
-		if pc, ok := io.rc.(transport.PeerCopier); ok && !(x.landsOnly && (pc.PeerCopies(x.opBytes, false) || x.sharedOut && peerMaps(io.rc, x.opBytes, false))) {
+		if pc, ok := io.rc.(transport.PeerCopier); ok && !(x.landsOnly && pc.PeerCopies(x.opBytes, false) || x.sharedOut && peerMaps(io.rc, x.opBytes, false)) {
 			io.dr = nil // slots as ever: the receiver's copy would not pay
 		}
 	}
@@ -286,7 +290,7 @@ func (x *chanRun) setLockIO(st *algorithms.Step) *lockIO {
 	// A scaled input is sent from the slot it is scaled into.
 	if io.sc != nil && (x.unwritten[x.stepI] || sendsInput) && !(io.scaled && sendsSrc) && x.in.HostVisible() && x.out.HostVisible() {
 		io.ds, _ = io.sc.(transport.DirectSender)
-		if pc, ok := io.sc.(transport.PeerCopier); ok && !(x.landsOnly && (pc.PeerCopies(x.opBytes, true) || (x.sharedIn || x.sharedOut) && peerMaps(io.sc, x.opBytes, true))) {
+		if pc, ok := io.sc.(transport.PeerCopier); ok && !(x.landsOnly && pc.PeerCopies(x.opBytes, true) || (x.sharedIn || x.sharedOut) && peerMaps(io.sc, x.opBytes, true)) {
 			io.ds = nil
 		}
 	}

@@ -197,7 +197,7 @@ func (c *conn) probe() {
 // PeerMaps implements transport.PeerMapper.
 func (c *conn) PeerMaps(opBytes int64, send bool) bool {
 	o := &c.e.o
-	if o.CMAMin < 0 || opBytes < o.CMAMin || (o.CMAMax > 0 && opBytes > o.CMAMax) || c.mapped.Len() > 0 {
+	if o.CMAMin < 0 || opBytes < o.CMAMin || (o.SharedMax > 0 && opBytes > o.SharedMax) || c.mapped.Len() > 0 {
 		return false
 	}
 	if !send {

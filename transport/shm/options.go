@@ -93,6 +93,13 @@ type Options struct {
 	// (the default) where this host's kernel copies fast enough for it to
 	// pay (measured once per process), CMAOn or CMAOff regardless.
 	CMA CMAMode
+	// SharedMax bounds the operations, in bytes, whose slices go by
+	// reference where the sender's buffers are shared allocations
+	// (memory.AllocShared; shared_linux.go), from CMAMin on: 0 means
+	// DefaultSharedMax, < 0 no bound. Above it the receiver's one copy
+	// from the sender's memory, out of cache, is slower than the slots'
+	// two copies, which the two ranks' cores make side by side.
+	SharedMax int64
 	// ListenersUp: every peer's listener is up before this endpoint is
 	// made (as the bootstrap guarantees), so a refused connection means
 	// the peer has closed and Connect fails at once (connsetup.Dialer).

@@ -80,6 +80,7 @@ func TestSharedAllocationSlicesGoByReference(t *testing.T) {
 	require.True(t, b.PeerMaps(1<<20, false))
 	require.False(t, a.PeerCopies(1<<20, true), "the kernel's copy stays off")
 	require.False(t, a.PeerMaps(DefaultCMAMin-1, true), "small operations keep their slots")
+	require.False(t, a.PeerMaps(DefaultSharedMax+1, true), "large operations keep their slots: two cores copy them faster")
 
 	// Ten slices, more than the ring's slots, from two places of the
 	// allocation: each goes by reference, from one mapping.

@@ -108,6 +108,9 @@ func New(o Options) (*Endpoint, error) {
 	if o.CMAMax == 0 {
 		o.CMAMax = DefaultCMAMax
 	}
+	if o.SharedMax == 0 {
+		o.SharedMax = DefaultSharedMax
+	}
 	if o.SpinFor == 0 {
 		o.SpinFor = DefaultSpinFor
 	}
