@@ -194,10 +194,33 @@ type rankOps struct {
 // chainAt is the longest chain of waits at operation s: a rank whose
 // entry runs waits on the peer of its first unfinished channel.
 func chainAt(rs []rankOps, s uint64) ([]int, bool) {
+	return chainOf(rs, func(r rankOps) (Entry, bool) { e, ok := r.ops[s]; return e, ok })
+}
+
+// chainNow is the longest chain of waits across operations: each rank
+// waits where its latest running operation does, so that a rank still
+// in an earlier operation, waiting on another, leads on to that one.
+func chainNow(rs []rankOps) ([]int, bool) {
+	return chainOf(rs, func(r rankOps) (Entry, bool) {
+		var last Entry
+		var ok bool
+		for _, e := range r.ops {
+			if e.State == Running && (!ok || e.Seq > last.Seq) {
+				last, ok = e, true
+			}
+		}
+		return last, ok
+	})
+}
+
+// chainOf is the longest chain of waits where each rank waits on the
+// peer of the first unfinished channel of the entry at(rank) picks, if
+// that runs.
+func chainOf(rs []rankOps, at func(rankOps) (Entry, bool)) ([]int, bool) {
 	next := map[int]int{}
 	for _, r := range rs {
 		next[r.rank] = -1
-		if e, ok := r.ops[s]; ok && e.State == Running {
+		if e, ok := at(r); ok && e.State == Running {
 			for _, p := range e.Progress {
 				if !p.Done && p.Peer >= 0 {
 					next[r.rank] = p.Peer
@@ -271,6 +294,10 @@ func Analyze(dumps []*Dump) Finding {
 		}
 		rs = append(rs, ro)
 	}
+	dumped := map[int]bool{}
+	for _, d := range dumps {
+		dumped[d.Rank] = true
+	}
 	// Sequence numbers every rank could report (the rings overlap).
 	var seqs []uint64
 	seen := map[uint64]bool{}
@@ -338,14 +365,21 @@ func Analyze(dumps []*Dump) Finding {
 					}
 				}
 			}
-			chain, cycle := chainAt(rs, s)
+			// An absent rank still in an earlier operation may itself
+			// wait on a rank that left no flight recorder: that one is
+			// the cause.
+			chain, cycle := chainNow(rs)
+			if n := len(chain); n > 1 && !cycle && !dumped[chain[n-1]] {
+				end := chain[n-1]
+				return Finding{Kind: "silent", Seq: s, Ranks: []int{end}, Chain: chain,
+					Summary: fmt.Sprintf("rank(s) %v never arrived at operation #%d %s, which ranks %v issued; %s; they wait on rank %d, which left no flight recorder (its process stopped, deadlocked, swapping or killed?)%s", absent, s, what, present, strings.Join(last, "; "), end, chainText(chain, cycle))}
+			}
+			if len(chain) < 2 {
+				chain, cycle = chainAt(rs, s)
+			}
 			return Finding{Kind: "missing", Seq: s, Ranks: absent, Chain: chain,
 				Summary: fmt.Sprintf("rank(s) %v never arrived at operation #%d %s, which ranks %v issued; %s%s", absent, s, what, present, strings.Join(last, "; "), chainText(chain, cycle))}
 		}
-	}
-	dumped := map[int]bool{}
-	for _, d := range dumps {
-		dumped[d.Rank] = true
 	}
 	for _, s := range seqs {
 		var stuck []int

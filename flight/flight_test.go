@@ -72,6 +72,22 @@ func TestAnalyzeFollowsTheChainOfWaits(t *testing.T) {
 	require.Equal(t, []int{0, 2, 1}, f.Chain)
 	require.Contains(t, f.Summary, "wait on rank 1, which left no flight recorder")
 
+	// Rank 2 was stopped in #1, which rank 3 is still running, waiting
+	// on it, while ranks 0 and 1 have gone on to #2: rank 3 is not the
+	// cause for never arriving at #2; rank 2, which wrote nothing, is.
+	dumps = []*Dump{
+		{Rank: 0, Size: 4, Ops: []Entry{ar(0, 4, Done), ar(1, 4, Done), running(2, 3)}},
+		{Rank: 1, Size: 4, Ops: []Entry{ar(0, 4, Done), ar(1, 4, Done), running(2, 0)}},
+		{Rank: 3, Size: 4, Ops: []Entry{ar(0, 4, Done), running(1, 2)}},
+	}
+	f = Analyze(dumps)
+	require.Equal(t, "silent", f.Kind, f.Summary)
+	require.Equal(t, []int{2}, f.Ranks)
+	require.Equal(t, []int{1, 0, 3, 2}, f.Chain)
+	require.Contains(t, f.Summary, "rank(s) [3] never arrived at operation #2")
+	require.Contains(t, f.Summary, "rank 3's last was #1 allreduce(float32×4, sum) (running)")
+	require.Contains(t, f.Summary, "wait on rank 2, which left no flight recorder")
+
 	// A cycle: each waits on the other.
 	f = Analyze([]*Dump{{Rank: 0, Size: 2, Ops: []Entry{running(0, 1)}}, {Rank: 1, Size: 2, Ops: []Entry{running(0, 0)}}})
 	require.Equal(t, "stuck", f.Kind)
