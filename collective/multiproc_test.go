@@ -891,6 +891,47 @@ func childShared(ctx context.Context, c *collective.Comm) error {
 				return fmt.Errorf("all-reduce of %d: element %d = %v, want %v", k, i, v, want)
 			}
 		}
+		// Reduce and reduce-scatter: the leaves' and the ring's first
+		// sends go by reference, and the receivers reduce straight out
+		// of the sender's buffer. The sums are exact in float32.
+		sum := func(i int) float32 {
+			var t float32
+			for q := range n {
+				t += val(q, i)
+			}
+			return t
+		}
+		out := recv[:k]
+		big := k*4 >= 64<<10 // from shm.DefaultCMAMin on
+		before := shm.SharedSlicesReceived()
+		if err := collective.Reduce(ctx, c, send, out, collective.Sum, root); err != nil {
+			return fmt.Errorf("reduce of %d: %w", k, err)
+		}
+		if big && n == 2 && r == root && shm.SharedSlicesReceived() == before {
+			return fmt.Errorf("reduce of %d: the root reduced nothing straight out of the leaf's buffer", k)
+		}
+		if r == root {
+			for i, v := range out {
+				if want := sum(i); v != want {
+					return fmt.Errorf("reduce of %d to %d: element %d = %v, want %v", k, root, i, v, want)
+				}
+			}
+		}
+		for i := range recv {
+			recv[i] = val(r, i)
+		}
+		before = shm.SharedSlicesReceived()
+		if err := collective.ReduceScatter(ctx, c, recv, send, collective.Sum); err != nil {
+			return fmt.Errorf("reduce-scatter of %d: %w", k, err)
+		}
+		if big && shm.SharedSlicesReceived() == before {
+			return fmt.Errorf("reduce-scatter of %d: the ring's first step reduced nothing straight out of a peer's buffer", k)
+		}
+		for i, v := range send {
+			if want := sum(r*k + i); v != want {
+				return fmt.Errorf("reduce-scatter of %d: element %d = %v, want %v", k, i, v, want)
+			}
+		}
 		if err := errors.Join(collective.MemFree(send), collective.MemFree(recv)); err != nil {
 			return err
 		}

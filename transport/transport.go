@@ -232,6 +232,17 @@ type PeerMapper interface {
 	PeerMaps(opBytes int64, send bool) bool
 }
 
+// Lender is implemented by connections whose Wait may return memory the
+// peer lends instead of a slot: a read-only view of the peer's own
+// buffer (a shared allocation, PeerMapper), valid until Release. The
+// peer's caller may reuse that buffer once its operation has failed, so
+// a caller that read such a slice calls Intact before it passes on
+// anything computed from it: an error means the peer aborted and what
+// was read may not be what it sent.
+type Lender interface {
+	Intact() error
+}
+
 // Flusher is implemented by connections whose posted slices may still be
 // on their way out when Post returns.
 type Flusher interface {

@@ -39,8 +39,10 @@ type chanRun struct {
 	landsOnly bool
 	opBytes   int64
 	// sharedIn, sharedOut: the operation's buffers are shared allocations
-	// (memory.AllocShared), which a transport.PeerMapper's receiver maps.
-	sharedIn, sharedOut bool
+	// (memory.AllocShared), which a transport.PeerMapper's receiver maps
+	// (sharedOut only where every receive lands in the output:
+	// landsShared, all-gather and broadcast).
+	sharedIn, sharedOut, landsShared bool
 
 	io           lockIO           // the lockstep step running (setLockIO)
 	conns        []transport.Conn // by peer
@@ -121,9 +123,14 @@ func (x *chanRun) setup(e *Engine, op *Op, pl *Plan, c int, dev bool) {
 	// too: the receiver's one copy straight out of the root's buffer
 	// takes 0.55-0.6 of the slots' two, side by side as they are
 	// (docs/performance.md, "MemAlloc").
-	x.sharedIn, x.sharedOut = false, false
-	if !dev && (op.Coll == algorithms.CollAllGather || op.Coll == algorithms.CollBroadcast) {
-		x.sharedIn, x.sharedOut = memory.IsShared(op.In), memory.IsShared(op.Out)
+	// In the other collectives a step that sends the input as it is
+	// (a reduce's leaves, the first step of a ring) sends it by
+	// reference too, and the receiver reduces straight out of it.
+	x.sharedIn, x.sharedOut, x.landsShared = false, false, false
+	if !dev {
+		x.landsShared = op.Coll == algorithms.CollAllGather || op.Coll == algorithms.CollBroadcast
+		x.sharedIn = memory.IsShared(op.In)
+		x.sharedOut = x.landsShared && memory.IsShared(op.Out)
 	}
 	x.opBytes = op.Bytes(e.nranks)
 	clear(x.sent)
@@ -259,6 +266,9 @@ type lockIO struct {
 	// over them.
 	dr transport.DirectReceiver
 	ds transport.DirectSender
+	// lent: rc may hand out the peer's own memory (transport.Lender),
+	// checked before anything computed from it goes on.
+	lent transport.Lender
 }
 
 // setLockIO fills x.io for step st (in place: it is large, and set up
@@ -273,8 +283,10 @@ func (x *chanRun) setLockIO(st *algorithms.Step) *lockIO {
 	io.scaled = x.premul && st.Src.Buf == algorithms.Input
 	io.rpeer, io.speer = int(st.RecvPeer), int(st.SendPeer)
 	io.rc, io.sc, io.dr, io.ds = nil, nil, nil, nil
+	io.lent = nil
 	if st.Kind.Receives() {
 		io.rc = x.conns[io.rpeer]
+		io.lent, _ = io.rc.(transport.Lender)
 	}
 	if st.Kind.Sends() {
 		io.sc = x.conns[io.speer]
@@ -290,7 +302,8 @@ func (x *chanRun) setLockIO(st *algorithms.Step) *lockIO {
 	// A scaled input is sent from the slot it is scaled into.
 	if io.sc != nil && (x.unwritten[x.stepI] || sendsInput) && !(io.scaled && sendsSrc) && x.in.HostVisible() && x.out.HostVisible() {
 		io.ds, _ = io.sc.(transport.DirectSender)
-		if pc, ok := io.sc.(transport.PeerCopier); ok && !(x.landsOnly && pc.PeerCopies(x.opBytes, true) || (x.sharedIn || x.sharedOut) && peerMaps(io.sc, x.opBytes, true)) {
+		byMap := (x.landsShared && (x.sharedIn || x.sharedOut) || x.sharedIn && sendsInput) && peerMaps(io.sc, x.opBytes, true)
+		if pc, ok := io.sc.(transport.PeerCopier); ok && !(x.landsOnly && pc.PeerCopies(x.opBytes, true) || byMap) {
 			io.ds = nil
 		}
 	}
@@ -395,6 +408,12 @@ func (x *chanRun) lockSlice(ctx context.Context, io *lockIO, sl uint32, nb int, 
 	if err != nil {
 		release()
 		return x.fail(st, -1, err)
+	}
+	if held && io.lent != nil {
+		if err := io.lent.Intact(); err != nil {
+			release()
+			return x.fail(st, io.rpeer, err)
+		}
 	}
 	if direct {
 		if err := release(); err != nil {
@@ -522,6 +541,7 @@ func (x *chanRun) exchange(ctx context.Context, st *algorithms.Step) error {
 	txBuf, srcBuf := x.buf(st.Tx.Buf), x.buf(st.Src.Buf)
 	rpeer, speer := int(st.RecvPeer), int(st.SendPeer)
 	rc, sc := x.conns[rpeer], x.conns[speer]
+	lent, _ := rc.(transport.Lender) // exchanges post through slots; checked all the same
 	reduces := st.Kind.Reduces()
 	scaleTx := x.premul && st.Tx.Buf == algorithms.Input
 	scaleSrc := x.premul && reduces && st.Src.Buf == algorithms.Input
@@ -569,6 +589,12 @@ func (x *chanRun) exchange(ctx context.Context, st *algorithms.Step) error {
 			if err != nil {
 				rc.Release()
 				return x.fail(st, -1, err)
+			}
+			if lent != nil {
+				if err := lent.Intact(); err != nil {
+					rc.Release()
+					return x.fail(st, rpeer, err)
+				}
 			}
 			if err := rc.Release(); err != nil {
 				return x.fail(st, rpeer, err)

@@ -37,6 +37,9 @@ type conn struct {
 	// Receive side: slices released, and whether a slot is held.
 	head    uint32
 	holding bool
+	// lent: the slice held is a view of the peer's shared allocation
+	// (shared_linux.go), not a slot.
+	lent bool
 
 	// Cross-memory attach (cma_linux.go): the peer's pid, whether this
 	// side has probed whether it can read the peer's memory, and the last
@@ -198,6 +201,18 @@ func (c *conn) Wait(ctx context.Context) (memory.Buffer, transport.Tag, error) {
 		return c.devRx.Slice(off, off+n), tag, nil
 	}
 	b := c.rx.payload(c.head, n)
+	c.lent = false
+	if byRef && c.rx.refKind(c.head) == refShared {
+		// Out of one of the peer's shared allocations: the caller reads
+		// it where it is (Lender).
+		v, err := c.viewShared(c.rx.descOf(c.head), n)
+		if err != nil {
+			c.seg.release()
+			return memory.Buffer{}, transport.Tag{}, err
+		}
+		c.holding, c.lent = true, true
+		return memory.HostBuffer(v), tag, nil
+	}
 	if byRef {
 		// Sent by reference (PostFrom): copied into the slot here, for a
 		// caller that reads it from there.

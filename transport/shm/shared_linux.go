@@ -3,6 +3,7 @@ package shm
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"sync/atomic"
 
@@ -108,6 +109,12 @@ func (c *conn) maps(side int) bool {
 	return c.seg.u32(sideOff(side)+sideMaps).Load() == cmaYes
 }
 
+// refKind is the kind of reference in descriptor i (a slice posted by
+// reference: refCMA or refShared).
+func (r *ring) refKind(i uint32) uint32 {
+	return binary.LittleEndian.Uint32(r.descOf(i)[descInline+refKind:])
+}
+
 // postShared posts a slice of a shared allocation by reference.
 func (c *conn) postShared(ctx context.Context, ref memory.SharedRef, tag transport.Tag) error {
 	if _, err := c.Reserve(ctx, 0); err != nil {
@@ -129,18 +136,63 @@ func (c *conn) postShared(ctx context.Context, ref memory.SharedRef, tag transpo
 // copyShared copies the slice that descriptor d names in one of the
 // peer's shared allocations into dst (whose length fetch has checked).
 func (c *conn) copyShared(d, dst []byte) error {
+	src, err := c.sharedSlice(d, len(dst))
+	if err != nil {
+		return err
+	}
+	copy(dst, src)
+	sharedReceived.Add(1)
+	return nil
+}
+
+// sharedSlice returns the n bytes that descriptor d names in one of the
+// peer's shared allocations, mapped read-only.
+func (c *conn) sharedSlice(d []byte, n int) ([]byte, error) {
 	off := int64(binary.LittleEndian.Uint64(d[descInline:]))
 	key := peerSharedKey{fd: int(binary.LittleEndian.Uint32(d[descInline+refFD:])), nonce: binary.LittleEndian.Uint64(d[descInline+refNonce:])}
 	p, err := c.seg.peerShared(c.pid, key)
 	if err != nil {
-		return fmt.Errorf("mapping rank %d's shared allocation: %w", c.peer, err)
+		return nil, fmt.Errorf("mapping rank %d's shared allocation: %w", c.peer, err)
 	}
-	src, ok := p.Bytes(off, int64(len(dst)))
+	src, ok := p.Bytes(off, int64(n))
 	if !ok {
-		return &transport.PeerError{Peer: c.peer, Op: "recv", Err: fmt.Errorf("protocol error: rank %d posted %d bytes at %d of a shared allocation, which is shorter", c.peer, len(dst), off)}
+		return nil, &transport.PeerError{Peer: c.peer, Op: "recv", Err: fmt.Errorf("protocol error: rank %d posted %d bytes at %d of a shared allocation, which is shorter", c.peer, n, off)}
 	}
-	copy(dst, src)
+	return src, nil
+}
+
+// viewShared is Wait's slice by reference into one of the peer's shared
+// allocations (descriptor d, n bytes, as the descriptor's size says):
+// the mapped bytes themselves, read where they are.
+func (c *conn) viewShared(d []byte, n int) ([]byte, error) {
+	if l := binary.LittleEndian.Uint64(d[descInline+8:]); l != uint64(n) {
+		return nil, &transport.PeerError{Peer: c.peer, Op: "recv", Err: fmt.Errorf("protocol error: rank %d posted a %d-byte slice that says it is %d bytes", c.peer, n, l)}
+	}
+	v, err := c.sharedSlice(d, n)
+	if err != nil {
+		var pe *transport.PeerError
+		if errors.As(err, &pe) {
+			return nil, err
+		}
+		if cerr := c.check(context.Background(), true); cerr != nil {
+			return nil, c.fail("recv", cerr)
+		}
+		return nil, c.fail("recv", err)
+	}
 	sharedReceived.Add(1)
+	return v, nil
+}
+
+// Intact implements transport.Lender: the peer had not aborted by the
+// time the caller was done reading the slice it lends (a sender that
+// aborts returns to a caller that may reuse its buffer).
+func (c *conn) Intact() error {
+	if !c.holding || !c.lent {
+		return nil
+	}
+	if reason, ok := c.seg.abortReason(1 - c.seg.side); ok {
+		return c.fail("recv", &transport.PeerAbortedError{Peer: c.peer, Cause: errors.New(reason)})
+	}
 	return nil
 }
 

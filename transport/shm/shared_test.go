@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"testing"
 	"time"
 
@@ -97,13 +98,37 @@ func TestSharedAllocationSlicesGoByReference(t *testing.T) {
 	sendShared(t, a, b, [][]byte{make([]byte, 40000), buf[:inlineMax]})
 	require.EqualValues(t, before+10, a.byMap.Load())
 
-	// A plain Wait takes a slice by reference into its slot.
+	// A plain Wait hands out the slice where it is, in the sender's
+	// buffer (transport.Lender): what the sender writes there shows.
 	require.NoError(t, a.PostFrom(context.Background(), memory.HostBuffer(buf[5:9005]), transport.Tag{Op: 3}))
 	got, _, err := b.Wait(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, buf[5:9005], got.Bytes())
+	buf[5] ^= 0xff
+	require.Equal(t, buf[5], got.Bytes()[0], "a view of the sender's buffer, not a copy")
+	require.NoError(t, b.Intact())
 	require.NoError(t, b.Release())
 	require.NoError(t, a.Flush(context.Background()))
+}
+
+// A slice lent out of the sender's buffer is no longer intact once the
+// sender aborts: its caller may be writing the buffer again.
+func TestSharedAllocationLentSliceAndAbort(t *testing.T) {
+	a, b := sharedPair(t)
+	buf := sharedAlloc(t, 1<<20)
+	sendShared(t, a, b, [][]byte{buf[:1000]})
+	ctx := context.Background()
+	require.NoError(t, a.PostFrom(ctx, memory.HostBuffer(buf[:60000]), transport.Tag{Op: 1}))
+	got, _, err := b.Wait(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 60000, got.Len())
+	require.NoError(t, b.Intact())
+	require.NoError(t, a.e.Close(errors.New("rank 0 gave up")))
+	err = b.Intact()
+	var pa *transport.PeerAbortedError
+	require.ErrorAs(t, err, &pa)
+	require.ErrorContains(t, err, "rank 0 gave up")
+	b.Release()
 }
 
 func TestSharedAllocationMappingsAreBounded(t *testing.T) {
@@ -141,6 +166,15 @@ func TestSharedAllocationBadReferences(t *testing.T) {
 			require.NoError(t, a.PostFrom(ctx, memory.HostBuffer(buf[:4000]), transport.Tag{Op: 1}))
 			tc.bend(a.tx.descOf(slot))
 			_, _, err := b.WaitInto(ctx, memory.HostBuffer(make([]byte, 4000)))
+			require.ErrorContains(t, err, tc.want)
+
+			// The same through a plain Wait, which would lend the slice.
+			a, b = sharedPair(t)
+			sendShared(t, a, b, [][]byte{buf[:1000]})
+			slot = a.tail
+			require.NoError(t, a.PostFrom(ctx, memory.HostBuffer(buf[:4000]), transport.Tag{Op: 1}))
+			tc.bend(a.tx.descOf(slot))
+			_, _, err = b.Wait(ctx)
 			require.ErrorContains(t, err, tc.want)
 		})
 	}
