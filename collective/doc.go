@@ -203,13 +203,13 @@
 // # Memory the ranks of a host share
 //
 // MemAlloc (NCCL's ncclMemAlloc) returns host memory that the other ranks
-// on this host can map: with such buffers the shared-memory transport
-// sends the slices of all-gathers, and of broadcasts of three ranks or
-// more, from 64 KiB on, by reference, and the receiver copies each one
-// straight out of the sender's buffer into its own (one copy, where Go
-// memory takes two, through the transport's slots). It works as ordinary
-// memory for anything else; MemFree gives it back. goccl-perf -R 1 runs
-// on it.
+// on this host can map: with such buffers, in operations of 64 KiB to 4
+// MiB over shared memory, all-gathers and broadcasts send each slice by
+// reference and the receiver copies it straight out of the sender's
+// buffer into its own (one copy, where Go memory takes two, through the
+// transport's slots), and reductions read a peer's input where it is. It
+// works as ordinary memory for anything else; MemFree gives it back.
+// goccl-perf -R 1 runs on it.
 //
 // # Arithmetic
 //

@@ -9,10 +9,12 @@ import (
 
 // MemAlloc returns n zeroed elements of host memory that the other ranks
 // on this host can map, for a collective's buffers (NCCL's ncclMemAlloc).
-// Over shared memory, the slices of broadcasts and all-gathers then go
-// with one copy, the receiver's, straight out of the sender's buffer at
-// memcpy's speed (with ordinary Go memory they go through the
-// transport's slots: two copies). It is ordinary memory otherwise, for any
+// Over shared memory, in operations of 64 KiB to 4 MiB, the slices of
+// broadcasts and all-gathers then go with one copy, the receiver's,
+// straight out of the sender's buffer at memcpy's speed (with ordinary Go
+// memory they go through the transport's slots: two copies), and a
+// reduction's receiver reads the sender's input where it is. It is
+// ordinary memory otherwise, for any
 // operation and any communicator, and stays valid until MemFree. It
 // counts against the process's shared memory (a memfd), not the Go heap.
 // Linux only: elsewhere it returns an error.

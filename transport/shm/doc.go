@@ -111,7 +111,9 @@
 // (memory.AllocShared, which collective.MemAlloc returns), the reference
 // names the allocation instead, and the receiver maps it read-only once,
 // through /proc/<pid>/fd, checking its seals and its nonce, and copies
-// the slice out with a plain copy at memcpy's speed (shared_linux.go).
+// the slice out with a plain copy at memcpy's speed, or, from a plain
+// Wait, lends the mapped slice itself to the caller (transport.Lender),
+// which reduces straight out of it (shared_linux.go).
 //
 // # Failures
 //

@@ -20,9 +20,14 @@ import (
 // (its descriptor number in the sender, its nonce) and the slice's offset
 // in it: the receiver maps the allocation read-only, once, through
 // /proc/<pid>/fd/<fd>, and copies the slice out with a plain copy, at
-// memcpy's speed, where process_vm_readv runs at a third of it here. The
-// sender's Flush waits for the receiver's release, as for any slice by
-// reference, so its buffer is intact while the peer copies.
+// memcpy's speed, where process_vm_readv runs at a third of it here
+// (WaitInto, and fetch for the kernel's copy). A plain Wait copies
+// nothing: it lends the mapped slice itself (read-only) until Release,
+// and the engine reduces straight out of it; Intact then says whether the
+// sender had aborted before the caller was done reading (an aborted
+// sender's caller may write the buffer again). The sender's Flush waits
+// for the receiver's release, as for any slice by reference, so its
+// buffer is intact while the peer reads.
 //
 // Whether a receiver can map the sender's allocations is probed, as the
 // kernel's copy is: it opens the sender's /proc/<pid>/fd directory (the
