@@ -223,11 +223,13 @@ type PeerCopier interface {
 // straight out of them with a plain copy: PostFrom sends a slice that
 // lies in one by reference whatever PeerCopies says, and WaitInto copies
 // it into the output. The engine uses PostFrom and WaitInto on such a
-// connection in host all-gathers and broadcasts (of two ranks too) when
-// this rank's own buffers are shared allocations and PeerMaps says so for
-// the operation's size (send: whether the peer can map this rank's; else
-// whether this rank can map the peer's). Either side may decide alone: a
-// slice by reference that arrives in Wait is copied into the slot.
+// connection in host all-gathers and broadcasts (of two ranks too), and
+// PostFrom for the steps of other collectives that send the input as it
+// is, when this rank's own buffers are shared allocations and PeerMaps
+// says so for the operation's size (send: whether the peer can map this
+// rank's; else whether this rank can map the peer's). Either side may
+// decide alone: a slice by reference that arrives in Wait is lent
+// (Lender) or copied into the slot.
 type PeerMapper interface {
 	PeerMaps(opBytes int64, send bool) bool
 }
