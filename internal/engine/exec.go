@@ -123,6 +123,7 @@ func (x *chanRun) setup(e *Engine, op *Op, pl *Plan, c int, dev bool) {
 	// too: the receiver's one copy straight out of the root's buffer
 	// takes 0.55-0.6 of the slots' two, side by side as they are
 	// (docs/performance.md, "MemAlloc").
+	//
 	// In the other collectives a step that sends the input as it is
 	// (a reduce's leaves, the first step of a ring) sends it by
 	// reference too, and the receiver reduces straight out of it.

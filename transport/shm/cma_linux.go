@@ -196,26 +196,29 @@ func (c *conn) probe() {
 
 // PeerMaps implements transport.PeerMapper.
 func (c *conn) PeerMaps(opBytes int64, send bool) bool {
-	o := &c.e.o
-	if o.CMAMin < 0 || opBytes < o.CMAMin || (o.SharedMax > 0 && opBytes > o.SharedMax) || c.mapped.Len() > 0 {
-		return false
-	}
-	if !send {
-		return c.maps(c.seg.side)
-	}
-	return c.maps(1 - c.seg.side)
+	return c.byRefFits(opBytes, c.e.o.SharedMax) && c.maps(c.reader(send))
 }
 
 // PeerCopies implements transport.PeerCopier.
 func (c *conn) PeerCopies(opBytes int64, send bool) bool {
-	o := &c.e.o
-	if o.CMAMin < 0 || opBytes < o.CMAMin || (o.CMAMax > 0 && opBytes > o.CMAMax) || c.mapped.Len() > 0 {
-		return false
+	return c.byRefFits(opBytes, c.e.o.CMAMax) && c.reads(c.reader(send))
+}
+
+// byRefFits reports whether an operation of opBytes may send its slices
+// by reference: from CMAMin (< 0: never) up to max (<= 0: no bound), on
+// a connection whose slots are not in device memory.
+func (c *conn) byRefFits(opBytes, max int64) bool {
+	min := c.e.o.CMAMin
+	return min >= 0 && opBytes >= min && (max <= 0 || opBytes <= max) && c.mapped.Len() == 0
+}
+
+// reader is the side that reads the slices by reference: the peer's
+// when this side sends.
+func (c *conn) reader(send bool) int {
+	if send {
+		return 1 - c.seg.side
 	}
-	if !send {
-		return c.reads(c.seg.side)
-	}
-	return c.reads(1 - c.seg.side)
+	return c.seg.side
 }
 
 // reads reports whether side has found that it can read the other side's
