@@ -345,9 +345,13 @@ func run() error {
 			}
 		}
 		for _, g := range gm {
-			if b, ok := best[g.Bytes]; ok {
-				verdict = append(verdict, b)
+			b, ok := best[g.Bytes]
+			if !ok {
+				// Every peer's runs failed here: said in the verdict, so
+				// that a missing row is not read as a win.
+				b = verdictRow{s: s, bytes: g.Bytes, gUs: g.OutOfPlace.TimeUs}
 			}
+			verdict = append(verdict, b)
 		}
 		if len(reports) > 0 {
 			png := filepath.Join(*out, s.file()+".png")
@@ -411,8 +415,15 @@ func printVerdict(w io.Writer, rows []verdictRow) {
 	fmt.Fprintf(w, "runs: apart when every run of one was faster than every run of the other,\n")
 	fmt.Fprintf(w, "overlap when the medians' order is within the runs' spread\n\n")
 	fmt.Fprintf(w, "%-34s %-10s %10s %12s %12s %-10s %-8s\n", "setting", "size", "time x", "goccl us", "best us", "best peer", "runs")
-	ahead, behindApart := 0, 0
+	ahead, behindApart, compared := 0, 0, 0
+	var unmatched []string
 	for _, r := range rows {
+		if r.peer == "" {
+			fmt.Fprintf(w, "%-34s %-10s %10s %12.2f %12s   no peer result (their runs failed: see OUT/runs.log)\n", r.s, sizeName(r.bytes), "-", r.gUs, "-")
+			unmatched = append(unmatched, fmt.Sprintf("%s %s", r.s, sizeName(r.bytes)))
+			continue
+		}
+		compared++
 		runs := "overlap"
 		if r.apart() {
 			runs = "apart"
@@ -428,7 +439,10 @@ func printVerdict(w io.Writer, rows []verdictRow) {
 		}
 		fmt.Fprintf(w, "%-34s %-10s %10.2f %12.2f %12.2f %-10s %-8s%s\n", r.s, sizeName(r.bytes), r.ratio, r.gUs, r.peerUs, r.peer, runs, mark)
 	}
-	fmt.Fprintf(w, "\ngoccl ahead of every peer at %d of %d settings and sizes; behind in every run at %d\n", ahead, len(rows), behindApart)
+	fmt.Fprintf(w, "\ngoccl ahead of every peer at %d of %d settings and sizes; behind in every run at %d\n", ahead, compared, behindApart)
+	if len(unmatched) > 0 {
+		fmt.Fprintf(w, "no peer result at %d: %s\n", len(unmatched), strings.Join(unmatched, ", "))
+	}
 }
 
 // runTool runs one benchmark command, logs its output and parses its table.

@@ -72,6 +72,16 @@ func TestVerdict(t *testing.T) {
 	row64M := out[strings.Index(out, "64 MiB"):]
 	require.NotContains(t, row64M[:strings.Index(row64M, "\n")], "behind")
 	require.Regexp(t, `64 MiB +0\.40 .* ompi +apart`, out)
+	// A size no peer measured (its runs failed) is said, not counted.
+	b.Reset()
+	printVerdict(&b, []verdictRow{
+		{s: s, bytes: 8, ratio: 0.5, peer: "ompi", gUs: 5, peerUs: 10},
+		{s: s, bytes: 1 << 20, gUs: 80},
+	})
+	out = b.String()
+	require.Contains(t, out, "goccl ahead of every peer at 1 of 1 settings and sizes")
+	require.Regexp(t, `1 MiB +- +80\.00 +- +no peer result`, out)
+	require.Contains(t, out, "no peer result at 1: all_reduce, 2 ranks, tcp 1 MiB")
 	runs := [][]bench.Row{{{Bytes: 8, OutOfPlace: bench.Measure{TimeUs: 3}}}, {{Bytes: 8, OutOfPlace: bench.Measure{TimeUs: 1}}, {Bytes: 16}}, {{Bytes: 8, OutOfPlace: bench.Measure{TimeUs: 2}}}}
 	require.Equal(t, [2]float64{1, 3}, spread(runs, 8))
 }
