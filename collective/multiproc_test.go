@@ -932,6 +932,35 @@ func childShared(ctx context.Context, c *collective.Comm) error {
 				return fmt.Errorf("reduce-scatter of %d: element %d = %v, want %v", k, i, v, want)
 			}
 		}
+		// An all-reduce from Go memory into a shared output: nothing of
+		// the input goes by reference, but the all-gather half's final
+		// output blocks do.
+		goIn := make([]float32, k)
+		for i := range goIn {
+			goIn[i] = val(r, i)
+		}
+		before = shm.SharedSlicesReceived()
+		if err := collective.AllReduce(ctx, c, goIn, out, collective.Sum); err != nil {
+			return fmt.Errorf("all-reduce of %d into shared memory: %w", k, err)
+		}
+		for i, v := range out {
+			if want := sum(i); v != want {
+				return fmt.Errorf("all-reduce of %d into shared memory: element %d = %v, want %v", k, i, v, want)
+			}
+		}
+		if big && shm.SharedSlicesReceived() == before {
+			return fmt.Errorf("all-reduce of %d into shared memory: the all-gather half read nothing straight out of a peer's output", k)
+		}
+		// In place it keeps its slots (docs/performance.md), and is right.
+		copy(send, goIn)
+		if err := collective.AllReduce(ctx, c, send, send, collective.Sum); err != nil {
+			return fmt.Errorf("all-reduce in place of %d: %w", k, err)
+		}
+		for i, v := range send {
+			if want := sum(i); v != want {
+				return fmt.Errorf("all-reduce in place of %d: element %d = %v, want %v", k, i, v, want)
+			}
+		}
 		if err := errors.Join(collective.MemFree(send), collective.MemFree(recv)); err != nil {
 			return err
 		}

@@ -39,9 +39,9 @@ type chanRun struct {
 	landsOnly bool
 	opBytes   int64
 	// sharedIn, sharedOut: the operation's buffers are shared allocations
-	// (memory.AllocShared), which a transport.PeerMapper's receiver maps
-	// (sharedOut only where every receive lands in the output:
-	// landsShared, all-gather and broadcast).
+	// (memory.AllocShared), which a transport.PeerMapper's receiver maps;
+	// landsShared: every receive lands in the output (all-gather,
+	// broadcast), where the receiver copies straight into it.
 	sharedIn, sharedOut, landsShared bool
 
 	io           lockIO           // the lockstep step running (setLockIO)
@@ -126,12 +126,17 @@ func (x *chanRun) setup(e *Engine, op *Op, pl *Plan, c int, dev bool) {
 	//
 	// In the other collectives a step that sends the input as it is
 	// (a reduce's leaves, the first step of a ring) sends it by
-	// reference too, and the receiver reduces straight out of it.
+	// reference too, and the receiver reduces straight out of it; so
+	// does a step that sends output blocks no later step writes (an
+	// all-reduce's all-gather half), and the receiver copies them on:
+	// out of place, 0.82-0.87 of the time at 1-4 MiB; not in place, where
+	// the sender's wait for the last release was 1.05 times as slow as
+	// the slots (docs/performance.md, "MemAlloc").
 	x.sharedIn, x.sharedOut, x.landsShared = false, false, false
 	if !dev {
 		x.landsShared = op.Coll == algorithms.CollAllGather || op.Coll == algorithms.CollBroadcast
 		x.sharedIn = memory.IsShared(op.In)
-		x.sharedOut = x.landsShared && memory.IsShared(op.Out)
+		x.sharedOut = memory.IsShared(op.Out)
 	}
 	x.opBytes = op.Bytes(e.nranks)
 	clear(x.sent)
@@ -294,7 +299,7 @@ func (x *chanRun) setLockIO(st *algorithms.Step) *lockIO {
 	}
 	if io.rc != nil && x.out.HostVisible() && (st.Kind == algorithms.Recv || st.Kind == algorithms.RecvCopySend) {
 		io.dr, _ = io.rc.(transport.DirectReceiver)
-		if pc, ok := io.rc.(transport.PeerCopier); ok && !(x.landsOnly && pc.PeerCopies(x.opBytes, false) || x.sharedOut && peerMaps(io.rc, x.opBytes, false)) {
+		if pc, ok := io.rc.(transport.PeerCopier); ok && !(x.landsOnly && pc.PeerCopies(x.opBytes, false) || x.landsShared && x.sharedOut && peerMaps(io.rc, x.opBytes, false)) {
 			io.dr = nil // slots as ever: the receiver's copy would not pay
 		}
 	}
@@ -303,7 +308,8 @@ func (x *chanRun) setLockIO(st *algorithms.Step) *lockIO {
 	// A scaled input is sent from the slot it is scaled into.
 	if io.sc != nil && (x.unwritten[x.stepI] || sendsInput) && !(io.scaled && sendsSrc) && x.in.HostVisible() && x.out.HostVisible() {
 		io.ds, _ = io.sc.(transport.DirectSender)
-		byMap := (x.landsShared && (x.sharedIn || x.sharedOut) || x.sharedIn && sendsInput) && peerMaps(io.sc, x.opBytes, true)
+		byMap := (x.landsShared && (x.sharedIn || x.sharedOut) || x.sharedIn && sendsInput || x.sharedOut && !x.aliased && x.unwritten[x.stepI]) &&
+			peerMaps(io.sc, x.opBytes, true)
 		if pc, ok := io.sc.(transport.PeerCopier); ok && !(x.landsOnly && pc.PeerCopies(x.opBytes, true) || byMap) {
 			io.ds = nil
 		}
