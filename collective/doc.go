@@ -207,7 +207,8 @@
 // MiB over shared memory, all-gathers and broadcasts send each slice by
 // reference and the receiver copies it straight out of the sender's
 // buffer into its own (one copy, where Go memory takes two, through the
-// transport's slots), and reductions read a peer's input where it is. It
+// transport's slots), and reductions read a peer's input (and an
+// out-of-place all-reduce its finished blocks) where they are. It
 // works as ordinary memory for anything else; MemFree gives it back.
 // goccl-perf -R 1 runs on it.
 //
