@@ -13,8 +13,8 @@ import (
 // broadcasts and all-gathers then go with one copy, the receiver's,
 // straight out of the sender's buffer at memcpy's speed (with ordinary Go
 // memory they go through the transport's slots: two copies), and a
-// reduction's receiver reads the sender's input (and an out-of-place
-// all-reduce's its finished blocks) where they are. It is
+// reduction's receiver reads the sender's input (and, in an
+// out-of-place all-reduce, its finished blocks) where they are. It is
 // ordinary memory otherwise, for any
 // operation and any communicator, and stays valid until MemFree. It
 // counts against the process's shared memory (a memfd), not the Go heap.
