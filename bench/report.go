@@ -55,7 +55,7 @@ type Params struct {
 func ParamsOf(o Options) Params {
 	o.defaults()
 	p := Params{MinBytes: o.MinBytes, MaxBytes: o.MaxBytes, Iters: o.Iters, Warmup: o.Warmup, TargetSec: o.Target.Seconds(),
-		Check: o.Check, Blocking: o.Blocking, Agg: o.Agg.String()}
+		Check: o.Check, Blocking: o.Blocking, Agg: o.Agg.String(), Shared: o.Shared}
 	if o.Factor > 1 {
 		p.Factor = o.Factor
 	} else {

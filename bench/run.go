@@ -156,19 +156,22 @@ func sweepType[T collective.Number](ctx context.Context, c *collective.Comm, o O
 	s := &sweeper[T]{c: c, o: o, t: typedFor[T]().(typed[T]), n: n, r: c.Rank()}
 	sizes := o.sizes()
 	maxG := geometryOf(o.Coll, n, dt.Size(), sizes[len(sizes)-1])
-	s.send = make([]T, maxG.sendLen)
-	s.recv = make([]T, max(maxG.recvLen, maxG.sendLen)) // in-place reduce-scatter runs in recv
+	sendLen, recvLen := maxG.sendLen, max(maxG.recvLen, maxG.sendLen) // in-place reduce-scatter runs in recv
 	if o.Shared {
-		var err error
-		if s.send, err = collective.MemAlloc[T](max(len(s.send), 1)); err != nil {
+		// MemAlloc wants one element at least.
+		send, err := collective.MemAlloc[T](max(sendLen, 1))
+		if err != nil {
 			return rows, err
 		}
-		defer collective.MemFree(s.send)
-		if s.recv, err = collective.MemAlloc[T](max(len(s.recv), 1)); err != nil {
+		defer collective.MemFree(send)
+		recv, err := collective.MemAlloc[T](max(recvLen, 1))
+		if err != nil {
 			return rows, err
 		}
-		defer collective.MemFree(s.recv)
-		s.send, s.recv = s.send[:maxG.sendLen], s.recv[:max(maxG.recvLen, maxG.sendLen)]
+		defer collective.MemFree(recv)
+		s.send, s.recv = send[:sendLen], recv[:recvLen]
+	} else {
+		s.send, s.recv = make([]T, sendLen), make([]T, recvLen)
 	}
 	if o.Stream != nil {
 		ds, err := newDevSide(o.Stream, len(s.send)*dt.Size(), len(s.recv)*dt.Size())

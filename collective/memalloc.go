@@ -15,10 +15,10 @@ import (
 // memory they go through the transport's slots: two copies), and a
 // reduction's receiver reads the sender's input (and, in an
 // out-of-place all-reduce, its finished blocks) where they are. It is
-// ordinary memory otherwise, for any
-// operation and any communicator, and stays valid until MemFree. It
-// counts against the process's shared memory (a memfd), not the Go heap.
-// Linux only: elsewhere it returns an error.
+// ordinary memory otherwise, for any operation and any communicator, and
+// stays valid until MemFree. It counts against the process's shared
+// memory (a memfd), not the Go heap. Linux only: elsewhere it returns an
+// error.
 func MemAlloc[T Number](n int) ([]T, error) {
 	var z T
 	size := int(unsafe.Sizeof(z))

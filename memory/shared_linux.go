@@ -1,6 +1,7 @@
 package memory
 
 import (
+	"cmp"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
@@ -103,21 +104,17 @@ func AllocShared(n int) ([]byte, error) {
 	user := mem[SharedHeader : SharedHeader+n : SharedHeader+n]
 	a.base, a.n = uintptr(unsafe.Pointer(&user[0])), uintptr(n)
 	shared.mu.Lock()
-	i, _ := slices.BinarySearchFunc(shared.allocs, a.base, func(x *sharedAlloc, b uintptr) int { return cmpPtr(x.base, b) })
+	i, _ := findShared(a.base)
 	shared.allocs = slices.Insert(shared.allocs, i, a)
 	shared.count.Store(int32(len(shared.allocs)))
 	shared.mu.Unlock()
 	return user, nil
 }
 
-func cmpPtr(a, b uintptr) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
+// findShared is where an allocation starting at p is, or would go, in
+// shared.allocs. The caller holds shared.mu.
+func findShared(p uintptr) (int, bool) {
+	return slices.BinarySearchFunc(shared.allocs, p, func(x *sharedAlloc, p uintptr) int { return cmp.Compare(x.base, p) })
 }
 
 // FreeShared frees what AllocShared returned (the whole slice it
@@ -130,7 +127,7 @@ func FreeShared(b []byte) error {
 	}
 	p := uintptr(unsafe.Pointer(&b[0]))
 	shared.mu.Lock()
-	i, found := slices.BinarySearchFunc(shared.allocs, p, func(x *sharedAlloc, b uintptr) int { return cmpPtr(x.base, b) })
+	i, found := findShared(p)
 	if !found {
 		shared.mu.Unlock()
 		return errors.New("memory: FreeShared of memory that AllocShared did not return (or freed already)")
@@ -154,7 +151,7 @@ func lookupShared(p, n uintptr) (*sharedAlloc, bool) {
 	}
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
-	i, found := slices.BinarySearchFunc(shared.allocs, p, func(x *sharedAlloc, b uintptr) int { return cmpPtr(x.base, b) })
+	i, found := findShared(p)
 	if !found {
 		i-- // the last allocation that starts before p
 	}

@@ -166,7 +166,6 @@ func run(args []string) int {
 	o.Shared = *regF == 1
 	o.Agg = bench.Aggregation(*agg)
 	cfg.params = bench.ParamsOf(*o)
-	cfg.params.Shared = o.Shared
 	if *timeout < 0 {
 		return fail(fmt.Errorf("-T %d: want seconds ≥ 0", *timeout))
 	} else if *timeout > 0 {

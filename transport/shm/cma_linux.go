@@ -295,25 +295,51 @@ func (c *conn) Flush(ctx context.Context) error {
 // dst, and checks that the sender was still in its operation when the
 // copy ended.
 func (c *conn) fetch(d []byte, dst []byte) error {
-	addr := binary.LittleEndian.Uint64(d[descInline:])
-	if l := binary.LittleEndian.Uint64(d[descInline+8:]); l != uint64(len(dst)) {
-		return &transport.PeerError{Peer: c.peer, Op: "recv", Err: fmt.Errorf("protocol error: rank %d posted a %d-byte slice that says it is %d bytes", c.peer, len(dst), l)}
+	if err := c.refLen(d, len(dst)); err != nil {
+		return err
 	}
 	var err error
 	switch kind := binary.LittleEndian.Uint32(d[descInline+refKind:]); kind {
 	case refCMA:
-		err = readPeer(c.pid, dst, addr)
+		err = readPeer(c.pid, dst, binary.LittleEndian.Uint64(d[descInline:]))
 	case refShared:
 		err = c.copyShared(d, dst)
 	default:
 		return &transport.PeerError{Peer: c.peer, Op: "recv", Err: fmt.Errorf("protocol error: rank %d posted a slice by a reference of kind %d", c.peer, kind)}
 	}
 	if err != nil {
-		if cerr := c.check(context.Background(), true); cerr != nil {
-			return c.fail("recv", cerr)
-		}
-		return c.fail("recv", err)
+		return c.refFailed(err)
 	}
+	return c.senderAborted()
+}
+
+// refLen checks that descriptor d's reference is of the n bytes its size
+// says.
+func (c *conn) refLen(d []byte, n int) error {
+	if l := binary.LittleEndian.Uint64(d[descInline+8:]); l != uint64(n) {
+		return &transport.PeerError{Peer: c.peer, Op: "recv", Err: fmt.Errorf("protocol error: rank %d posted a %d-byte slice that says it is %d bytes", c.peer, n, l)}
+	}
+	return nil
+}
+
+// refFailed is the error of a read by reference that failed: err itself
+// where it already names the peer (a protocol error), else the reason
+// the connection gives (the peer gone or aborted), else err.
+func (c *conn) refFailed(err error) error {
+	var pe *transport.PeerError
+	if errors.As(err, &pe) {
+		return err
+	}
+	if cerr := c.check(context.Background(), true); cerr != nil {
+		return c.fail("recv", cerr)
+	}
+	return c.fail("recv", err)
+}
+
+// senderAborted fails once the peer has aborted: a slice read out of its
+// memory after that may not be what it sent (its caller may be writing
+// the buffer again).
+func (c *conn) senderAborted() error {
 	if reason, ok := c.seg.abortReason(1 - c.seg.side); ok {
 		return c.fail("recv", &transport.PeerAbortedError{Peer: c.peer, Cause: errors.New(reason)})
 	}

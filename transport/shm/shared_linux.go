@@ -3,7 +3,6 @@ package shm
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"sync/atomic"
 
@@ -170,19 +169,12 @@ func (c *conn) sharedSlice(d []byte, n int) ([]byte, error) {
 // allocations (descriptor d, n bytes, as the descriptor's size says):
 // the mapped bytes themselves, read where they are.
 func (c *conn) viewShared(d []byte, n int) ([]byte, error) {
-	if l := binary.LittleEndian.Uint64(d[descInline+8:]); l != uint64(n) {
-		return nil, &transport.PeerError{Peer: c.peer, Op: "recv", Err: fmt.Errorf("protocol error: rank %d posted a %d-byte slice that says it is %d bytes", c.peer, n, l)}
+	if err := c.refLen(d, n); err != nil {
+		return nil, err
 	}
 	v, err := c.sharedSlice(d, n)
 	if err != nil {
-		var pe *transport.PeerError
-		if errors.As(err, &pe) {
-			return nil, err
-		}
-		if cerr := c.check(context.Background(), true); cerr != nil {
-			return nil, c.fail("recv", cerr)
-		}
-		return nil, c.fail("recv", err)
+		return nil, c.refFailed(err)
 	}
 	sharedReceived.Add(1)
 	return v, nil
@@ -195,10 +187,7 @@ func (c *conn) Intact() error {
 	if !c.holding || !c.lent {
 		return nil
 	}
-	if reason, ok := c.seg.abortReason(1 - c.seg.side); ok {
-		return c.fail("recv", &transport.PeerAbortedError{Peer: c.peer, Cause: errors.New(reason)})
-	}
-	return nil
+	return c.senderAborted()
 }
 
 // peerShared returns the peer's allocation key, mapped once. Only the

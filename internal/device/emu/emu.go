@@ -1,6 +1,7 @@
 package emu
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -205,7 +206,7 @@ func (d *Device) register(mem []byte, kind allocKind, release func() error) *all
 	a := &alloc{base: addrOf(mem), mem: mem[:len(mem):len(mem)], kind: kind, release: release}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	i, _ := slices.BinarySearchFunc(d.allocs, a.base, func(x *alloc, p uintptr) int { return cmpAddr(x.base, p) })
+	i, _ := slices.BinarySearchFunc(d.allocs, a.base, func(x *alloc, p uintptr) int { return cmp.Compare(x.base, p) })
 	d.allocs = slices.Insert(d.allocs, i, a)
 	// The system may give the addresses of freed memory out again: they
 	// are no longer a double free.
@@ -242,7 +243,7 @@ func (d *Device) free(b memory.Buffer, call string) error {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	i, ok := slices.BinarySearchFunc(d.allocs, ptr, func(x *alloc, p uintptr) int { return cmpAddr(x.base, p) })
+	i, ok := slices.BinarySearchFunc(d.allocs, ptr, func(x *alloc, p uintptr) int { return cmp.Compare(x.base, p) })
 	if !ok {
 		if n, ok := d.freed[ptr]; ok {
 			return fmt.Errorf("emu: %s of %#x: double free (the %d bytes there were freed already)", call, ptr, n)
@@ -330,7 +331,7 @@ func (d *Device) destroy(a *alloc) error {
 // find returns the live allocation holding address p, or nil. d.mu is
 // held.
 func (d *Device) find(p uintptr) *alloc {
-	i, ok := slices.BinarySearchFunc(d.allocs, p, func(x *alloc, p uintptr) int { return cmpAddr(x.base, p) })
+	i, ok := slices.BinarySearchFunc(d.allocs, p, func(x *alloc, p uintptr) int { return cmp.Compare(x.base, p) })
 	if ok {
 		return d.allocs[i]
 	}
@@ -470,13 +471,3 @@ func fill(b []byte, c byte) {
 }
 
 func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
-
-func cmpAddr(x, y uintptr) int {
-	switch {
-	case x < y:
-		return -1
-	case x > y:
-		return 1
-	}
-	return 0
-}
