@@ -330,7 +330,7 @@ func (e *Engine) plan(op *Op) (Plan, error) {
 	sliceElems := slotElems
 	if blockElems > 0 {
 		want := (blockElems + minSlicesPerStep - 1) / minSlicesPerStep
-		sliceElems = min(slotElems, max(want, minSliceBytes/es))
+		sliceElems = min(slotElems, max(want, max(minSliceBytes, e.caps.MinSlice)/es))
 	}
 	// Smaller slices mean fewer elements in flight per connection: keep
 	// every message within half the slots (algorithms.MinPieces).
@@ -494,7 +494,8 @@ func describeMismatch(got, want uint32) string {
 	return "same call, out of order"
 }
 
-// Slicing of small blocks; see plan.
+// Slicing of small blocks; see plan. A transport may raise the floor
+// (transport.Caps.MinSlice).
 const (
 	minSlicesPerStep = 4
 	minSliceBytes    = 16 << 10

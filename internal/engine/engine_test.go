@@ -250,3 +250,68 @@ func TestDialOutlivesThePeersLeaving(t *testing.T) {
 	require.NoError(t, <-recvErr)
 	require.Equal(t, f32s(want), got)
 }
+
+// minSliceEndpoint is an endpoint whose Caps raise the slice floor, as
+// TCP's do.
+type minSliceEndpoint struct {
+	transport.Endpoint
+	min int
+}
+
+func (m minSliceEndpoint) Caps() transport.Caps {
+	c := m.Endpoint.Caps()
+	c.MinSlice = m.min
+	return c
+}
+
+// A transport's MinSlice raises the engine's floor: a 2-rank all-gather
+// of 64 KiB (32 KiB blocks) is two 16 KiB slices per block by default and
+// one slice with a 32 KiB floor, and it still lands exactly.
+func TestTransportRaisesTheSliceFloor(t *testing.T) {
+	const n = 2
+	nw, err := mem.NewNetwork(n, mem.Options{Slots: 8, SlotSize: 128 << 10})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		for r := range n {
+			nw.Endpoint(r).Close(nil)
+		}
+	})
+	plain, raised := make([]*Engine, n), make([]*Engine, n)
+	cfg := Config{Algo: algorithms.Ring, Channels: 1, MaxChannels: 1, Link: testLink}
+	for r := range n {
+		plain[r], err = New(r, n, nw.Endpoint(r), cfg)
+		require.NoError(t, err)
+		raised[r], err = New(r, n, minSliceEndpoint{nw.Endpoint(r), 32 << 10}, cfg)
+		require.NoError(t, err)
+	}
+	for _, c := range []struct {
+		count            int // float32 elements per rank
+		plain, withFloor int // slice bytes
+	}{{8 << 10, 16 << 10, 32 << 10}, {4 << 10, 16 << 10, 32 << 10}} {
+		op := &Op{Coll: algorithms.CollAllGather, Type: kernels.Float32, Count: c.count}
+		p, err := plain[0].Plan(op)
+		require.NoError(t, err)
+		q, err := raised[0].Plan(op)
+		require.NoError(t, err)
+		require.Equal(t, c.plain, 4*p.SliceElems, "default floor, %d elements", c.count)
+		require.Equal(t, c.withFloor, 4*q.SliceElems, "32 KiB floor, %d elements", c.count)
+	}
+	outs := make([][]byte, n)
+	errs := runAll(t, raised, func(r int) *Op {
+		in := make([]float32, 8<<10)
+		for i := range in {
+			in[i] = float32(r*100_000 + i)
+		}
+		outs[r] = make([]byte, 4*n*len(in))
+		return &Op{Coll: algorithms.CollAllGather, Type: kernels.Float32, Count: len(in),
+			In: memory.HostBuffer(f32s(in)), Out: memory.HostBuffer(outs[r])}
+	})
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+	}
+	for r := range outs {
+		for i := range n * (8 << 10) {
+			require.Equal(t, float32(i/(8<<10)*100_000+i%(8<<10)), f32at(outs[r], i), "rank %d element %d", r, i)
+		}
+	}
+}

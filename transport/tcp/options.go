@@ -15,6 +15,15 @@ const (
 	DefaultSlots    = 8
 	DefaultSlotSize = 512 << 10
 	DefaultSpinFor  = time.Millisecond
+	// MinSlice is the smallest slice the engine cuts for TCP
+	// (transport.Caps.MinSlice): each slice costs a writev on one end and
+	// a read on the other, with their wake-ups, a few µs whatever its
+	// size. With the engine's 16 KiB floor, a 2-rank all-gather of 64 KiB
+	// sent each rank's 32 KiB block as two slices and took 12.8 µs over
+	// loopback; as one, 9.2 (docs/performance.md, "TCP: slices of at
+	// least 32 KiB"). 64 KiB was worse where both directions carry data
+	// (a 64 KiB slice and its header are more than loopback's 64 KiB MTU).
+	MinSlice = 32 << 10
 	// setupTimeout bounds how long a socket may take to authenticate and
 	// identify itself.
 	setupTimeout = 10 * time.Second
