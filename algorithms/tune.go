@@ -29,6 +29,13 @@ type LinkModel struct {
 	// tree, chain): big enough to amortise the per-step latency, small
 	// enough that the pipeline fills quickly.
 	ChunkBytes int64
+	// MinSliceBytes is the smallest slice the engine cuts a small block
+	// into (0: the engine's floor, 16 KiB). A link whose every slice has a
+	// fixed cost well above a slot's handover (TCP: a writev and a read
+	// with their wake-ups, on each end) raises it, so that a block that
+	// would go as several small slices goes as one. Every rank of a job
+	// has the same link model, so they cut alike.
+	MinSliceBytes int64
 	// PostCost is what one more message costs its sender, relative to
 	// Latency (LogP's o/L): how much a rank pays to send the same message
 	// to several peers, as OneShot does. Zero means DefaultPostCost.

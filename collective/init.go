@@ -132,6 +132,8 @@ var tcpLink = algorithms.LinkModel{
 	MaxChannels:  DefaultMaxChannels,
 	ChannelBytes: 4 << 20,
 	ChunkBytes:   2 << 20,
+	// A slice costs a writev and a read whatever its size (tcp.MinSlice).
+	MinSliceBytes: tcp.MinSlice,
 }
 
 // verbsLink is the tuner's model of RDMA connections: a hop is a write
@@ -590,9 +592,6 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	}
 	rep.caps = rep.all[0].Caps()
 	for _, ep := range rep.all[1:] {
-		// A slice goes over any of the transports: cut none smaller than
-		// the costliest floor (TCP's, across hosts).
-		rep.caps.MinSlice = max(rep.caps.MinSlice, ep.Caps().MinSlice)
 		// Device operations need every transport to carry them; slots of
 		// different kinds that a GPU reaches (shared memory's mapped ones,
 		// RDMA's in device memory) are only as much as mapped memory.

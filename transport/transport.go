@@ -46,12 +46,6 @@ type Caps struct {
 	// memory, which a GPU's kernels reach. Host means the endpoint carries
 	// no device operations.
 	DeviceSlots memory.Kind
-	// MinSlice is the smallest slice, in bytes, the engine cuts a small
-	// block into (0: the engine's own floor, 16 KiB). A transport whose
-	// every slice has a fixed cost larger than a slot's handover (TCP: a
-	// writev and a read with their wake-ups, on each end) raises it, so
-	// that a block that would travel as several small slices goes as one.
-	MinSlice int
 }
 
 // DeviceChannels is added to the channel number of the connections that

@@ -330,7 +330,7 @@ func (e *Engine) plan(op *Op) (Plan, error) {
 	sliceElems := slotElems
 	if blockElems > 0 {
 		want := (blockElems + minSlicesPerStep - 1) / minSlicesPerStep
-		sliceElems = min(slotElems, max(want, max(minSliceBytes, e.caps.MinSlice)/es))
+		sliceElems = min(slotElems, max(want, max(minSliceBytes, int(e.cfg.Link.MinSliceBytes))/es))
 	}
 	// Smaller slices mean fewer elements in flight per connection: keep
 	// every message within half the slots (algorithms.MinPieces).
@@ -494,8 +494,8 @@ func describeMismatch(got, want uint32) string {
 	return "same call, out of order"
 }
 
-// Slicing of small blocks; see plan. A transport may raise the floor
-// (transport.Caps.MinSlice).
+// Slicing of small blocks; see plan. A link model may raise the floor
+// (algorithms.LinkModel.MinSliceBytes).
 const (
 	minSlicesPerStep = 4
 	minSliceBytes    = 16 << 10

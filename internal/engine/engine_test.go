@@ -251,20 +251,7 @@ func TestDialOutlivesThePeersLeaving(t *testing.T) {
 	require.Equal(t, f32s(want), got)
 }
 
-// minSliceEndpoint is an endpoint whose Caps raise the slice floor, as
-// TCP's do.
-type minSliceEndpoint struct {
-	transport.Endpoint
-	min int
-}
-
-func (m minSliceEndpoint) Caps() transport.Caps {
-	c := m.Endpoint.Caps()
-	c.MinSlice = m.min
-	return c
-}
-
-// A transport's MinSlice raises the engine's floor: a 2-rank all-gather
+// A link model's MinSliceBytes raises the engine's floor: a 2-rank all-gather
 // of 64 KiB (32 KiB blocks) is two 16 KiB slices per block by default and
 // one slice with a 32 KiB floor, and it still lands exactly.
 func TestTransportRaisesTheSliceFloor(t *testing.T) {
@@ -278,10 +265,12 @@ func TestTransportRaisesTheSliceFloor(t *testing.T) {
 	})
 	plain, raised := make([]*Engine, n), make([]*Engine, n)
 	cfg := Config{Algo: algorithms.Ring, Channels: 1, MaxChannels: 1, Link: testLink}
+	floor := cfg
+	floor.Link.MinSliceBytes = 32 << 10
 	for r := range n {
 		plain[r], err = New(r, n, nw.Endpoint(r), cfg)
 		require.NoError(t, err)
-		raised[r], err = New(r, n, minSliceEndpoint{nw.Endpoint(r), 32 << 10}, cfg)
+		raised[r], err = New(r, n, nw.Endpoint(r), floor)
 		require.NoError(t, err)
 	}
 	for _, c := range []struct {

@@ -15,8 +15,8 @@ const (
 	DefaultSlots    = 8
 	DefaultSlotSize = 512 << 10
 	DefaultSpinFor  = time.Millisecond
-	// MinSlice is the smallest slice the engine cuts for TCP
-	// (transport.Caps.MinSlice): each slice costs a writev on one end and
+	// MinSlice is the smallest slice worth sending over TCP (the TCP link
+	// model's MinSliceBytes, in collective): each slice costs a writev on one end and
 	// a read on the other, with their wake-ups, a few µs whatever its
 	// size. With the engine's 16 KiB floor, a 2-rank all-gather of 64 KiB
 	// sent each rank's 32 KiB block as two slices and took 12.8 µs over

@@ -143,7 +143,7 @@ func New(o Options) (*Endpoint, error) {
 
 // Caps implements transport.Endpoint.
 func (e *Endpoint) Caps() transport.Caps {
-	c := transport.Caps{Slots: e.o.Slots, SlotSize: e.o.SlotSize, Memory: memory.Host, MinSlice: MinSlice}
+	c := transport.Caps{Slots: e.o.Slots, SlotSize: e.o.SlotSize, Memory: memory.Host}
 	if e.o.Device != nil {
 		c.DeviceSlots = memory.Mapped
 	}
