@@ -254,7 +254,7 @@ func TestDialOutlivesThePeersLeaving(t *testing.T) {
 // A link model's MinSliceBytes raises the engine's floor: a 2-rank all-gather
 // of 64 KiB (32 KiB blocks) is two 16 KiB slices per block by default and
 // one slice with a 32 KiB floor, and it still lands exactly.
-func TestTransportRaisesTheSliceFloor(t *testing.T) {
+func TestLinkModelRaisesTheSliceFloor(t *testing.T) {
 	const n = 2
 	nw, err := mem.NewNetwork(n, mem.Options{Slots: 8, SlotSize: 128 << 10})
 	require.NoError(t, err)

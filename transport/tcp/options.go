@@ -16,9 +16,9 @@ const (
 	DefaultSlotSize = 512 << 10
 	DefaultSpinFor  = time.Millisecond
 	// MinSlice is the smallest slice worth sending over TCP (the TCP link
-	// model's MinSliceBytes, in collective): each slice costs a writev on one end and
-	// a read on the other, with their wake-ups, a few µs whatever its
-	// size. With the engine's 16 KiB floor, a 2-rank all-gather of 64 KiB
+	// model's MinSliceBytes, in collective): each slice costs a writev on
+	// one end and a read on the other, with their wake-ups, a few µs
+	// whatever its size. With the engine's 16 KiB floor, a 2-rank all-gather of 64 KiB
 	// sent each rank's 32 KiB block as two slices and took 12.8 µs over
 	// loopback; as one, 9.2 (docs/performance.md, "TCP: slices of at
 	// least 32 KiB"). 64 KiB was worse where both directions carry data
