@@ -13,15 +13,23 @@
 // scales it by its rate against the runtime's clock, measured over the
 // first 10 ms it is read and then again about every second, over the
 // second just gone (so that it follows the runtime's clock where NTP slews
-// it), each time taking the runtime's clock as the new anchor. Readings
-// do not go back: a new anchor is the later of the runtime's clock and the
-// old scale's reading (so Now may run ahead of the runtime's clock by what
-// the rate's error adds up to, nanoseconds a second), and a goroutine
-// that finds another anchoring reads the old scale. (The one exception: a
-// reading taken from the runtime's clock while the first scale is being
-// anchored may be later than the first readings on it, by the rate's
-// error over the anchoring's few hundred nanoseconds.) Elsewhere, or
-// before the rate is known, Now is the runtime's clock.
+// it), each time taking the runtime's clock as the new anchor.
+//
+// Readings do not go back. An anchor pairs a reading of the runtime's
+// clock with a counter reading taken just before it (the closest pair of a
+// few tries), never just after: the counter read after the runtime's
+// clock is some 50-90 ns later than the time that clock returned, and a
+// scale anchored there would read behind the runtime's clock by that much
+// the moment it took over from it (a goroutine that read the runtime's
+// clock just before the first scale was stored then saw its next reading
+// go back by that gap; CI caught it once). Anchored on the earlier counter
+// reading, a scale reads ahead of the runtime's clock by the pair's gap
+// instead. A new anchor is the later of the runtime's clock and the old
+// scale's reading (so Now may run ahead of the runtime's clock by that gap
+// plus what the rate's error adds up to, nanoseconds a second), a
+// goroutine that finds another anchoring reads the old scale, and once a
+// scale exists no reading comes from the runtime's clock alone. Elsewhere,
+// or before the rate is known, Now is the runtime's clock.
 package clock
 
 import (
@@ -101,7 +109,7 @@ func slow() int64 {
 			return s.at(t) // anchored while this waited for the lock
 		}
 	}
-	n, t := nanotime(), ticks()
+	n, t := sample()
 	baseN, baseT := firstN, firstT // the rate since the last anchor (the first sample before any)
 	if s != nil {
 		baseN, baseT = s.raw, s.t0
@@ -115,14 +123,11 @@ func slow() int64 {
 		// Too soon to measure the rate, a counter on this CPU behind the
 		// anchor's, or one that ticks slower than a tick per 2^32 ns (not
 		// a counter to use).
-		if s != nil {
-			return max(n, s.n0)
-		}
-		return n
+		return later(n, t, s)
 	}
 	mult, _ := bits.Div64(uint64(dn)>>32, uint64(dn)<<32, dt)
 	if mult == 0 {
-		return n
+		return later(n, t, s)
 	}
 	next := &scale{t0: t, n0: n, raw: n, mult: mult, limit: uint64(reanchorEvery) << 32 / mult}
 	if s != nil {
@@ -130,4 +135,46 @@ func slow() int64 {
 	}
 	cur.Store(next)
 	return next.n0
+}
+
+// later is what slow returns when it anchors no scale: the runtime's
+// clock n, or, where a scale has been read, its reading at counter t if
+// that is later (the scale may run ahead of the runtime's clock, and a
+// reading must not go back behind what it returned).
+func later(n int64, t uint64, s *scale) int64 {
+	if s == nil {
+		return n
+	}
+	if int64(t-s.t0) >= 0 {
+		return max(n, s.at(t))
+	}
+	return max(n, s.n0)
+}
+
+// samplePairs is how many tries sample makes for its closest pair.
+const samplePairs = 4
+
+// sample reads the runtime's clock and the counter as one pair: n, and
+// the counter t read just before it. Of a few tries it keeps the one whose
+// counter readings before and after n are closest, so that a pair is not
+// torn by an interrupt or the goroutine's being descheduled between them
+// (which would skew the rate measured between two anchors, and put the
+// scale ahead of the runtime's clock by the stall).
+func sample() (n int64, t uint64) {
+	best := ^uint64(0)
+	for range samplePairs {
+		t1 := ticks()
+		n1 := nanotime()
+		t2 := ticks()
+		if d := t2 - t1; int64(d) >= 0 && d < best {
+			best, n, t = d, n1, t1
+		}
+	}
+	if best == ^uint64(0) {
+		// The counter went back between the reads of every pair (a
+		// migration between CPUs whose counters differ): take the last.
+		t = ticks()
+		n = nanotime()
+	}
+	return n, t
 }
