@@ -115,10 +115,15 @@ func (x *chanRun) setup(e *Engine, op *Op, pl *Plan, c int, dev bool) {
 	x.aliased = op.In.Overlaps(op.Out)
 	x.premul = op.PreMul && !dev
 	x.ch = c
-	// Not a broadcast on two ranks: there the root's copy into the slots
-	// runs beside the receiver's copy out of them, and the single copy
-	// saves no time.
-	x.landsOnly = !dev && (op.Coll == algorithms.CollAllGather || op.Coll == algorithms.CollBroadcast && e.nranks > 2)
+	// A broadcast on two ranks too (it was left out on the reasoning that
+	// the root's copy into the slots runs beside the receiver's copy out
+	// of them): measured with the single copy on, 2 ranks over shared
+	// memory, it takes 0.35-0.55 of the slots' time at 64 KiB-1 MiB when
+	// the root rewrites its input before every operation, and 0.2-0.4
+	// when it does not (docs/performance.md, "Shared memory at mid sizes
+	// on a fast day"). Whether the single copy is offered at all is the
+	// transport's choice (shm.Options.CMA).
+	x.landsOnly = !dev && (op.Coll == algorithms.CollAllGather || op.Coll == algorithms.CollBroadcast)
 	// Slices of shared allocations go by reference in 2-rank broadcasts
 	// too: the receiver's one copy straight out of the root's buffer
 	// takes 0.55-0.6 of the slots' two, side by side as they are
