@@ -20,9 +20,10 @@ func resetForTest() {
 
 // TestNowNeverGoesBackThroughTheFirstAnchor starts the calibration over
 // again and again and reads Now on two goroutines across the moment the
-// first scale takes over from the runtime's clock, and across a second
-// anchoring soon after (the scale's limit shortened): the moments where a
-// reading on one source is followed by one on another.
+// first scale takes over from the runtime's clock: where a goroutine's
+// reading from the runtime's clock is followed by one from the scale.
+// (With the counter read after the runtime's clock in the anchor, 1 of
+// 30 runs of it failed here.)
 func TestNowNeverGoesBackThroughTheFirstAnchor(t *testing.T) {
 	if !usable {
 		t.Skip("the time-stamp counter is not the kernel's clock source here: Now is the runtime's clock, with no anchor to cross")

@@ -120,9 +120,10 @@ func (x *chanRun) setup(e *Engine, op *Op, pl *Plan, c int, dev bool) {
 	// of them): measured with the single copy on, 2 ranks over shared
 	// memory, it takes 0.35-0.55 of the slots' time at 64 KiB-1 MiB when
 	// the root rewrites its input before every operation, and 0.2-0.4
-	// when it does not (docs/performance.md, "Shared memory at mid sizes
-	// on a fast day"). Whether the single copy is offered at all is the
-	// transport's choice (shm.Options.CMA).
+	// when it does not, where the slots' hand-overs between the cores are
+	// slow; 0.95-1.05 where they are fast (docs/performance.md, "Shared
+	// memory at mid sizes on a fast day"). Whether the single copy is
+	// offered at all is the transport's choice (shm.Options.CMA).
 	x.landsOnly = !dev && (op.Coll == algorithms.CollAllGather || op.Coll == algorithms.CollBroadcast)
 	// Slices of shared allocations go by reference in 2-rank broadcasts
 	// too: the receiver's one copy straight out of the root's buffer
