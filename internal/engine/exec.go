@@ -118,8 +118,8 @@ func (x *chanRun) setup(e *Engine, op *Op, pl *Plan, c int, dev bool) {
 	// A broadcast on two ranks too (it was left out on the reasoning that
 	// the root's copy into the slots runs beside the receiver's copy out
 	// of them): measured with the single copy on, 2 ranks over shared
-	// memory, it takes 0.35-0.55 of the slots' time at 64 KiB-1 MiB when
-	// the root rewrites its input before every operation, and 0.2-0.4
+	// memory, it takes 0.41-0.54 of the slots' time at 64 KiB-1 MiB when
+	// the root rewrites its input before every operation, and 0.16-0.31
 	// when it does not, where the slots' hand-overs between the cores are
 	// slow; 0.95-1.05 where they are fast (docs/performance.md, "Shared
 	// memory at mid sizes on a fast day"). Whether the single copy is
