@@ -2,7 +2,6 @@ package clock
 
 import (
 	"math/bits"
-	"sync"
 	"testing"
 	"time"
 
@@ -33,27 +32,7 @@ func TestNowNeverGoesBackThroughTheFirstAnchor(t *testing.T) {
 	}
 	for round := range 40 {
 		resetForTest()
-		end := nanotime() + int64(20*time.Millisecond)
-		var wg sync.WaitGroup
-		errs := make([]error, 2)
-		for g := range errs {
-			wg.Go(func() {
-				last := Now()
-				for i := 0; ; i++ {
-					n := Now()
-					if n < last {
-						errs[g] = &backErr{last, n, i}
-						return
-					}
-					last = n
-					if i%256 == 0 && nanotime() > end {
-						return
-					}
-				}
-			})
-		}
-		wg.Wait()
-		for _, err := range errs {
+		for _, err := range readOnTwo(20*time.Millisecond, 256) {
 			require.NoError(t, err, "round %d", round)
 		}
 		checkNearRuntime(t)

@@ -18,27 +18,7 @@ func TestNowNeverGoesBackAndFollowsTheRuntimeClock(t *testing.T) {
 		t.Skip("reads the clock for 1.2 s, past a new anchor; not with -short")
 	}
 	t.Logf("time-stamp counter in use: %v", usable)
-	end := nanotime() + int64(1200*time.Millisecond)
-	var wg sync.WaitGroup
-	errs := make([]error, 2)
-	for g := range errs {
-		wg.Go(func() {
-			last := Now()
-			for i := 0; ; i++ {
-				n := Now()
-				if n < last {
-					errs[g] = &backErr{last, n, i}
-					return
-				}
-				last = n
-				if i%1024 == 0 && nanotime() > end {
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	for _, err := range errs {
+	for _, err := range readOnTwo(1200*time.Millisecond, 1024) {
 		require.NoError(t, err)
 	}
 	checkNearRuntime(t)
@@ -68,6 +48,33 @@ func checkNearRuntime(t *testing.T) {
 	after := nanotime()
 	require.GreaterOrEqual(t, n, before-int64(time.Millisecond), "Now is %v behind the runtime's clock", time.Duration(before-n))
 	require.LessOrEqual(t, n, after+int64(time.Millisecond), "Now is %v ahead of the runtime's clock", time.Duration(n-after))
+}
+
+// readOnTwo reads Now in a loop on two goroutines for d (looking at the
+// time once every `every` reads), each checking that its readings never
+// go back, and returns each goroutine's error.
+func readOnTwo(d time.Duration, every int) []error {
+	end := nanotime() + int64(d)
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for g := range errs {
+		wg.Go(func() {
+			last := Now()
+			for i := 0; ; i++ {
+				n := Now()
+				if n < last {
+					errs[g] = &backErr{last, n, i}
+					return
+				}
+				last = n
+				if i%every == 0 && nanotime() > end {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return errs
 }
 
 type backErr struct {
