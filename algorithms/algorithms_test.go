@@ -295,6 +295,8 @@ func TestGolden(t *testing.T) {
 		{Coll: CollBroadcast, Algo: Ring, NRanks: 4, Root: 1},
 		{Coll: CollReduce, Algo: Ring, NRanks: 4, Root: 2},
 		{Coll: CollAllToAll, Algo: Pairwise, NRanks: 3},
+		{Coll: CollReduceScatter, Algo: Hier, NRanks: 4, Hosts: []int{0, 1, 0, 1}},
+		{Coll: CollAllGather, Algo: Hier, NRanks: 6, Hosts: []int{0, 0, 0, 1, 1, 1}},
 	}
 	for _, p := range cases {
 		name := fmt.Sprintf("%v_%v_n%d", p.Coll, p.Algo, p.NRanks)
@@ -303,6 +305,9 @@ func TestGolden(t *testing.T) {
 		}
 		if p.Ring != nil {
 			name += "_ring" + strings.Trim(strings.Join(strings.Fields(fmt.Sprint(p.Ring)), "-"), "[]")
+		}
+		if p.Hosts != nil {
+			name += "_hosts" + strings.Trim(strings.Join(strings.Fields(fmt.Sprint(p.Hosts)), "-"), "[]")
 		}
 		t.Run(name, func(t *testing.T) {
 			scheds, err := BuildAll(p)

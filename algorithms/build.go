@@ -91,10 +91,22 @@ func Build(p Params) (*Schedule, error) {
 			}
 			hierAllReduce(b, g, p.Algo == HierTree)
 		}
-	case CollReduceScatter:
-		ringReduceScatter(b, ring)
-	case CollAllGather:
-		ringAllGather(b, ring)
+	case CollReduceScatter, CollAllGather:
+		if p.Algo == Hier {
+			g, err := HostGrid(p.Hosts, n)
+			if err != nil {
+				return nil, err
+			}
+			if p.Coll == CollReduceScatter {
+				hierReduceScatter(b, g)
+			} else {
+				hierAllGather(b, g)
+			}
+		} else if p.Coll == CollReduceScatter {
+			ringReduceScatter(b, ring)
+		} else {
+			ringAllGather(b, ring)
+		}
 	case CollBroadcast:
 		chainBroadcast(b, ring)
 	case CollReduce:

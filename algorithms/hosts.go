@@ -43,6 +43,15 @@ import (
 //     of the shard), which pays log2 h latencies for h-1 at twice the
 //     bytes on the host's link, for many hosts.
 //
+//   - Hier for reduce-scatter and all-gather (hierReduceScatter,
+//     hierAllGather) moves each host's network share from (n-1)/n of the
+//     data, a flat ring's, to (h-1)/h, as the hierarchical all-reduce
+//     does for its two halves, without a buffer for the partial sums:
+//     the blocks go around m rings at once, each host by host but
+//     entering every host at a different local rank, so that all m
+//     ranks of a host cross to the next host together and every rank
+//     sends one block per step.
+//
 // Reduce-scatter, all-gather and all-to-all tie block j to rank j; the ring
 // versions already take any ring order, and all-to-all exchanges with
 // every rank whatever the order. Send and recv have one peer.
@@ -163,7 +172,7 @@ func HostGrid(hosts []int, n int) (Grid, error) {
 	g.Hosts, g.PerHost = len(g.Ranks), len(g.Ranks[0])
 	for _, rs := range g.Ranks {
 		if len(rs) != g.PerHost {
-			return Grid{}, fmt.Errorf("algorithms: the hierarchical all-reduce needs the same number of ranks on every host; hosts have %s", g.sizes())
+			return Grid{}, fmt.Errorf("algorithms: the hierarchical schedules need the same number of ranks on every host; hosts have %s", g.sizes())
 		}
 	}
 	return g, nil
@@ -260,4 +269,76 @@ func hierAllReduce(b builder, g Grid, tree bool) {
 		}
 		b.recv(lprev, shard(Output, own-(m-1)))
 	}
+}
+
+// hierReduceScatter is the reduce-scatter for h hosts of m ranks whose
+// network traffic is the hierarchical one: each host sends m(h-1) blocks
+// across (its m ranks h-1 each), (h-1)/h of the data, where a flat ring
+// sends n-1 blocks over its one crossing, (n-1)/n of it. It needs no
+// memory for partial sums, unlike reducing inside each host first and
+// then across (reduce-scatter's output holds one block).
+//
+// Block (c,i), the block of local rank i of host c, is reduced along a
+// chain through all n ranks: host c+1's ranks from local i+1 round to
+// local i, then host c+2's the same way, and so on, ending with host c's,
+// at (c,i) itself. Position q of that chain is local rank i+1+q of host
+// c+1+q/m (mod m and h), so rank (g,j) is position s of exactly one
+// chain, and works on it in step s, like a ring reduce-scatter: it
+// receives the running sum from (g,j-1), or from (g-1,j-1) when s is a
+// multiple of m (its chain just entered this host), adds its own block
+// and sends it to (g,j+1), or to (g+1,j+1) when s+1 is a multiple of m.
+// Every rank sends one block per step, as in a ring; in the steps s with
+// s+1 a multiple of m all ranks of a host send across at once, so each
+// host's link carries h-1 of the n-1 steps, m blocks each. With one rank
+// per host, or one host, it is the ring reduce-scatter over HostRing.
+func hierReduceScatter(b builder, g Grid) {
+	h, m, n := g.Hosts, g.PerHost, b.s.NRanks
+	own := b.s.Rank
+	host, j := locate(g.Ranks, own)
+	if n == 1 {
+		b.copy(Blocks(Input, own, 1), Blocks(Output, own, 1), true)
+		return
+	}
+	at := func(hs, l int) int { return g.Ranks[mod(hs, h)][mod(l, m)] }
+	in := func(s int) Ref { return Blocks(Input, at(host-1-s/m, j-1-s), 1) }
+	prev := func(s int) int { return at(host-boolInt(s%m == 0), j-1) }
+	next := func(s int) int { return at(host+boolInt((s+1)%m == 0), j+1) }
+	b.send(in(0), next(0))
+	for s := 1; s < n-1; s++ {
+		b.recvReduceSend(prev(s), in(s), next(s))
+	}
+	b.recvReduceCopy(prev(n-1), Blocks(Input, own, 1), Blocks(Output, own, 1), true)
+}
+
+// hierAllGather is hierReduceScatter's mirror: block (c,i) starts at
+// (c,i) and goes through the rest of host c (local i+1, ..., i-1), then
+// crosses to host c+1, entering at local i, and so on: position q of its
+// chain is local rank i+q of host c+q/m. Rank (g,j) is position t of one
+// chain in step t; it receives from (g,j-1), or from (g-1,j-1) when t is a
+// multiple of m, and forwards to (g,j+1), or to (g+1,j+1) when t+1 is one.
+// Each host sends m(h-1) blocks across, (h-1)/h of the data.
+func hierAllGather(b builder, g Grid) {
+	h, m, n := g.Hosts, g.PerHost, b.s.NRanks
+	own := b.s.Rank
+	host, j := locate(g.Ranks, own)
+	if n == 1 {
+		b.copy(Blocks(Input, own, 1), Blocks(Output, own, 1), false)
+		return
+	}
+	at := func(hs, l int) int { return g.Ranks[mod(hs, h)][mod(l, m)] }
+	out := func(t int) Ref { return Blocks(Output, at(host-t/m, j-t), 1) }
+	prev := func(t int) int { return at(host-boolInt(t%m == 0), j-1) }
+	next := func(t int) int { return at(host+boolInt((t+1)%m == 0), j+1) }
+	b.copySend(Blocks(Input, own, 1), Blocks(Output, own, 1), next(0))
+	for t := 1; t < n-1; t++ {
+		b.recvCopySend(prev(t), out(t), next(t))
+	}
+	b.recv(prev(n-1), out(n-1))
+}
+
+func boolInt(v bool) int {
+	if v {
+		return 1
+	}
+	return 0
 }

@@ -157,3 +157,63 @@ func TestSchedulesAcrossHosts(t *testing.T) {
 	_, err = Build(Params{Coll: CollAllReduce, Algo: Ring, NRanks: 8, Hosts: []int{0, 1}})
 	require.ErrorContains(t, err, "hosts has 2 entries")
 }
+
+// TestHierarchicalTraffic counts the blocks each host sends to other
+// hosts in one reduce-scatter and one all-gather: m(h-1) of the n blocks
+// with Hier, (h-1)/h of the data, where the ring over HostRing sends n-1,
+// (n-1)/n of it, over its one crossing; in both every rank sends n-1
+// blocks in n-1 steps.
+func TestHierarchicalTraffic(t *testing.T) {
+	sent := func(st Step) int {
+		switch {
+		case !st.Kind.Sends():
+			return 0
+		case st.Kind.Exchange():
+			return int(st.Tx.N)
+		case st.Src.Buf == NoBuf:
+			return int(st.Dst.N)
+		}
+		return int(st.Src.N)
+	}
+	for _, shape := range []struct{ h, m int }{{2, 2}, {2, 4}, {3, 3}, {4, 2}, {2, 1}, {1, 3}} {
+		for _, rr := range []bool{false, true} {
+			n := shape.h * shape.m
+			hosts := make([]int, n)
+			for r := range hosts {
+				hosts[r] = r / shape.m
+				if rr {
+					hosts[r] = r % shape.h
+				}
+			}
+			for _, c := range []Collective{CollReduceScatter, CollAllGather} {
+				for _, a := range []Algorithm{Ring, Hier} {
+					name := fmt.Sprintf("%dx%d/roundrobin=%v/%v/%v", shape.h, shape.m, rr, c, a)
+					across := map[int]int{}
+					for r := range n {
+						s, err := Build(Params{Coll: c, Algo: a, NRanks: n, Rank: r, Hosts: hosts})
+						require.NoError(t, err, name)
+						total := 0
+						for _, st := range s.Steps {
+							k := sent(st)
+							total += k
+							if k > 0 && hosts[st.SendPeer] != hosts[r] {
+								across[hosts[r]] += k
+							}
+						}
+						require.Equal(t, n-1, total, "%s: rank %d sends", name, r)
+					}
+					want := n - 1
+					if a == Hier || shape.m == 1 {
+						want = shape.m * (shape.h - 1)
+					}
+					if shape.h == 1 {
+						want = 0
+					}
+					for hs := range shape.h {
+						require.Equal(t, want, across[hs], "%s: blocks host %d sends to other hosts", name, hs)
+					}
+				}
+			}
+		}
+	}
+}

@@ -93,6 +93,8 @@ const (
 	// of each shard across hosts (one ring per local rank), and an
 	// all-gather inside each host. The network carries 2(h-1)/h of the
 	// data per host where a flat ring over n ranks carries 2(n-1)/n.
+	// Reduce-scatter and all-gather have a form with the same traffic,
+	// (h-1)/h where a ring's is (n-1)/n (hierReduceScatter).
 	Hier
 	// HierTree: Hier with a double binary tree of hosts for the phase
 	// across them (each local rank's shard reduced up two trees and
@@ -127,7 +129,9 @@ func (a Algorithm) Supports(c Collective) bool {
 	switch c {
 	case CollAllReduce:
 		return a == Ring || a == Tree || a == RecDoubling || a == Rabenseifner || a == OneShot || a == Hier || a == HierTree
-	case CollReduceScatter, CollAllGather, CollBroadcast, CollReduce:
+	case CollReduceScatter, CollAllGather:
+		return a == Ring || a == Hier
+	case CollBroadcast, CollReduce:
 		return a == Ring
 	case CollAllToAll:
 		return a == Pairwise

@@ -183,10 +183,15 @@ func Cost(p Problem, a Algorithm, c int) float64 {
 		case HierTree:
 			t = hierCost(p, c, S, chunks, gamma, true)
 		}
-	case CollReduceScatter:
-		t = (n-1+chunks-1)*alpha + (n-1)/n*S*(beta+gamma)
-	case CollAllGather:
-		t = (n-1+chunks-1)*alpha + (n-1)/n*S*beta
+	case CollReduceScatter, CollAllGather:
+		if p.Coll == CollAllGather {
+			gamma = 0
+		}
+		if a == Hier {
+			t = hierHalfCost(p, c, S, chunks, gamma)
+		} else {
+			t = (n-1+chunks-1)*alpha + (n-1)/n*S*(beta+gamma)
+		}
 	case CollBroadcast:
 		t = (n-1+chunks-1)*alpha + S*beta
 	case CollReduce:
@@ -231,12 +236,39 @@ func hierCost(p Problem, c int, S, chunks, gamma float64, tree bool) float64 {
 	return hops + bytes + ((m-1)/m+(h-1)/(h*m))*S*gamma
 }
 
+// hierHalfCost models the hierarchical reduce-scatter and all-gather
+// (hierReduceScatter): n-1 steps, of which h-1 cross hosts and the rest
+// stay inside one, paid once, and then the slower of the two byte
+// streams: each rank sends (n-h)/n of the data inside its host, and each
+// host's link carries (h-1)/h of it (the ring's crossing carries
+// (n-1)/n); a reduce-scatter reduces (n-1)/n of it on every rank
+// (gamma 0 for all-gather). Only for several hosts of several ranks
+// each: otherwise it is the ring.
+func hierHalfCost(p Problem, c int, S, chunks, gamma float64) float64 {
+	h, m := float64(p.Hosts), float64(p.PerHost)
+	if p.Hosts < 2 || p.PerHost < 2 {
+		return math.Inf(1)
+	}
+	n := h * m
+	in := p.Intra
+	if in.Bandwidth <= 0 {
+		in = p.Link
+	}
+	betaIn := 1 / (in.Bandwidth * float64(min(c, in.MaxChannels)))
+	betaNet := 1 / (p.Link.Bandwidth * float64(min(c, p.Link.MaxChannels)))
+	hops := (n-h)*in.Latency + (h-1)*p.Link.Latency + (chunks-1)*max(in.Latency, p.Link.Latency)
+	bytes := max((n-h)/n*S*betaIn, (h-1)/h*S*betaNet)
+	return hops + bytes + (n-1)/n*S*gamma
+}
+
 // candidates lists the algorithms the tuner weighs for c, in order of
 // preference when costs tie.
 func candidates(c Collective) []Algorithm {
 	switch c {
 	case CollAllReduce:
 		return []Algorithm{Ring, Tree, Rabenseifner, RecDoubling, OneShot, Hier, HierTree}
+	case CollReduceScatter, CollAllGather:
+		return []Algorithm{Ring, Hier}
 	case CollAllToAll:
 		return []Algorithm{Pairwise}
 	case CollSend, CollRecv:

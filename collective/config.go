@@ -38,8 +38,11 @@ const (
 // because each derives its plans from it independently.
 type Config struct {
 	// Algorithm forces the all-reduce algorithm (algorithms.Ring, Tree,
-	// RecDoubling or Rabenseifner); algorithms.AlgoAuto lets the tuner
-	// choose. Other collectives have one algorithm each and ignore it.
+	// RecDoubling, Rabenseifner, OneShot, Hier or HierTree);
+	// algorithms.AlgoAuto lets the tuner choose. Reduce-scatter and
+	// all-gather follow it where they implement it (Ring, Hier) and
+	// choose for themselves otherwise; the other collectives have one
+	// algorithm each and ignore it.
 	Algorithm algorithms.Algorithm
 	// Channels forces the number of channels (parallel slices of the
 	// buffer, each with its own connections), 1..MaxChannels; 0 lets the
@@ -610,7 +613,7 @@ func (c Config) validate() error {
 	}
 	switch {
 	case c.Algorithm != algorithms.AlgoAuto && !c.Algorithm.Supports(algorithms.CollAllReduce):
-		return bad("algorithm %v does not implement all-reduce (want auto, ring, tree, recdoubling or rabenseifner)", c.Algorithm)
+		return bad("algorithm %v does not implement all-reduce (want auto, ring, tree, recdoubling, rabenseifner, oneshot, hier or hiertree)", c.Algorithm)
 	case c.Channels < 0 || c.Channels > MaxChannels:
 		return bad("Channels %d out of range 0..%d", c.Channels, MaxChannels)
 	case c.MaxChannels < 0 || c.MaxChannels > MaxChannels:

@@ -128,7 +128,14 @@
 // reduce-scatter inside each host over shared memory, an all-reduce of
 // each shard across hosts, an all-gather inside each host; the network
 // then carries 2(h-1)/h of the data per host where a flat ring carries
-// 2(n-1)/n. The other collectives have no hierarchical form yet.
+// 2(n-1)/n. Reduce-scatter and all-gather have a hierarchical form too
+// (the same GOCCL_ALGO=hier, or the tuner's pick at every size on such
+// hosts): each host's link carries (h-1)/h of the data where a ring's
+// carries (n-1)/n, the blocks going around m rings host by host at once,
+// each entering the hosts at another local rank, so that all of a host's
+// ranks cross together. Broadcast and reduce need none: their chain
+// along the host ring already crosses each host boundary once. The INFO
+// summary of a communicator across hosts prints the picks at 64 MiB.
 //
 // A GOCCL_SOCKET_IFNAME that matches several interfaces gives every TCP
 // connection sockets on each of them (the INFO summary's "nics", with

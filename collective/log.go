@@ -128,17 +128,24 @@ func (c *Comm) logReady() {
 		tr = append(tr, fmt.Sprintf("%s:%d", t, n))
 	}
 	sort.Strings(tr)
-	algo := func(bytes int) string {
-		ch, err := c.Choose(algorithms.CollAllReduce, Float32, bytes/4)
+	pick := func(coll algorithms.Collective, bytes int) string {
+		// Choose takes the count of the smaller buffer (a reduce-scatter's
+		// output, an all-gather's input): bytes is the larger's.
+		count := bytes / 4 / coll.Majors(c.size)
+		ch, err := c.Choose(coll, Float32, count)
 		if err != nil {
 			return "?"
 		}
 		return ch.String()
 	}
 	attrs := []any{"nranks", c.size, "hosts", max(1, len(hosts)), "transports", strings.Join(tr, ","),
-		"allreduce_8B", algo(8), "allreduce_64MiB", algo(64 << 20), "timeout", c.cfg.Timeout, "tls", c.cfg.TLSCert != ""}
+		"allreduce_8B", pick(algorithms.CollAllReduce, 8), "allreduce_64MiB", pick(algorithms.CollAllReduce, 64<<20),
+		"timeout", c.cfg.Timeout, "tls", c.cfg.TLSCert != ""}
 	if labels := hostLabels(c.peers); labels != nil {
-		attrs = append(attrs, "ring", ringString(algorithms.HostRing(labels), labels))
+		// Across hosts reduce-scatter and all-gather have a choice too
+		// (the ring or the hierarchy).
+		attrs = append(attrs, "ring", ringString(algorithms.HostRing(labels), labels),
+			"reducescatter_64MiB", pick(algorithms.CollReduceScatter, 64<<20), "allgather_64MiB", pick(algorithms.CollAllGather, 64<<20))
 	}
 	if len(c.nics) > 0 {
 		attrs = append(attrs, "nics", strings.Join(c.nics, ","))

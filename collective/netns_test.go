@@ -150,6 +150,7 @@ func TestMultiHostNamespaces(t *testing.T) {
 		{place: []int{0, 0, 1, 1}, tls: true}, {place: []int{0, 1}, verbs: true}, {place: []int{0, 0, 1, 1}, verbs: true},
 		{place: []int{0, 1, 0, 1}, ring: "0 2 | 1 3"}, {place: []int{0, 1, 0, 1}, algo: "tree"},
 		{place: []int{0, 1, 0, 1}, algo: "hier"}, {place: []int{0, 0, 0, 1, 1, 1}, algo: "hier"},
+		{place: []int{0, 0, 1, 1}, algo: "ring"},
 		{place: []int{0, 0, 1, 1, 2, 2}, algo: "hiertree"},
 		{place: []int{0, 1, 2, 1, 2}, ring: "0 | 1 3 | 2 4"},
 	} {
@@ -210,12 +211,17 @@ func TestMultiHostNamespaces(t *testing.T) {
 				}
 				// Hosts of equal size, a slow network and fast shared
 				// memory: the tuner takes the hierarchy for large
-				// all-reduces; uneven hosts cannot have it.
-				pick := "allreduce_64MiB=hier/"
-				if slices.Max(place) == 1 {
-					require.Contains(t, res[0].output, pick)
-				} else {
-					require.NotContains(t, res[0].output, pick)
+				// all-reduces, reduce-scatters and all-gathers; uneven
+				// hosts cannot have it.
+				for _, pick := range []string{"allreduce_64MiB=hier/", "reducescatter_64MiB=hier/", "allgather_64MiB=hier/"} {
+					if slices.Max(place) == 1 {
+						require.Contains(t, res[0].output, pick)
+					} else {
+						require.NotContains(t, res[0].output, pick)
+					}
+				}
+				if slices.Max(place) > 1 {
+					require.Contains(t, res[0].output, "reducescatter_64MiB=ring/")
 				}
 			}
 			require.Contains(t, res[0].output, "10.77.0.", "the ranks talk over the veths")

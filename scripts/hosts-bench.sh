@@ -13,19 +13,25 @@
 # target two/one >= 1.8.
 # MODE=hier: one veth pair, two ranks per host in block placement, the
 # flat ring (-algo ring) against the tuner's choice (the hierarchical
-# all-reduce at 64 MiB); prints hier/ring.
+# all-reduce at 64 MiB; the hierarchical reduce-scatter and all-gather at
+# every size); prints hier/ring.
 # MODE=iperf: one veth pair, one rank per host, against iperf3 -t 3 over
 # the same link (GB/s, from its receiver's bits per second); prints
 # goccl/iperf3 (target >= 0.95). For 2 ranks busbw = algbw = the bytes
 # each direction moves per second.
 # Needs root. BIN may name several goccl-perf binaries (A/B of two builds).
+# COLL names goccl-perf's collective (default all_reduce).
 #
-#   sudo scripts/hosts-bench.sh [REPS]        # MODE=placement RATE=10gbit SIZE=64M BIN=...
+#   sudo scripts/hosts-bench.sh [REPS]        # MODE=placement RATE=10gbit SIZE=64M COLL=all_reduce BIN=...
 set -euo pipefail
 reps=${1:-5}
 mode=${MODE:-placement}
 rate=${RATE:-10gbit}
 size=${SIZE:-64M}
+coll=${COLL:-all_reduce}
+# The latency row: 8 B; for reduce-scatter and all-gather, whose size
+# counts every rank's block, 32 B (8 B a rank of four).
+small=8; case $coll in reduce_scatter|all_gather) small=32 ;; esac
 cd "$(dirname "$0")/.."
 if [ -z "${BIN:-}" ]; then
   BIN=$(mktemp -d)/goccl-perf
@@ -98,17 +104,17 @@ for i in $(seq "$reps"); do
         continue
       fi
       [ $p = goccl ] && place="a b"
-      t=$(run "$bin" "$place" "${extra[@]}" -b "$size" -e "$size" -n 5 -w 2 -a 3 | awk -v s="$bytes" '$1 == s {print $8}')
-      l=$(run "$bin" "$place" "${extra[@]}" -b 8 -e 8 -n 2000 -w 200 -a 3 | awk '$1 == 8 {print $6}')
+      t=$(run "$bin" "$place" -C "$coll" "${extra[@]}" -b "$size" -e "$size" -n 5 -w 2 -a 3 | awk -v s="$bytes" '$1 == s {print $8}')
+      l=$(run "$bin" "$place" -C "$coll" "${extra[@]}" -b "$small" -e "$small" -n 2000 -w 200 -a 3 | awk -v s="$small" '$1 == s {print $6}')
       bw[$bin.$p]+="$t "; lat[$bin.$p]+="$l "
-      echo "round $i $(basename "$(dirname "$bin")")/$p: busbw $t GB/s, 8 B $l us"
+      echo "round $i $(basename "$(dirname "$bin")")/$p: busbw $t GB/s, $small B $l us"
     done
   done
 done
 set -- $cases
 for bin in $BIN; do
   for p in $cases; do
-    echo "$bin $p: $size busbw median $(echo "${bw[$bin.$p]}" | median) GB/s; 8 B median $(echo "${lat[$bin.$p]}" | median) us"
+    echo "$bin $p: $coll $size busbw median $(echo "${bw[$bin.$p]}" | median) GB/s; $small B median $(echo "${lat[$bin.$p]}" | median) us"
   done
   target=0.9; [ "$mode" = nics ] && target=1.8; [ "$mode" = iperf ] && target=0.95
   awk -v r="$(echo "${bw[$bin.$2]}" | median)" -v k="$(echo "${bw[$bin.$1]}" | median)" -v c="$2/$1" -v t=$target \

@@ -183,38 +183,45 @@ func TestSimulateHostPlacements(t *testing.T) {
 }
 
 // TestSimulateHierarchical proves the hierarchical all-reduce, with rings
-// and with trees across hosts (Hier, HierTree), for every
-// grid of 1..64 ranks (hosts × ranks per host), in block and round-robin
-// numbering and every variant, and that uneven hosts are refused.
+// and with trees across hosts (Hier, HierTree), and the hierarchical
+// reduce-scatter and all-gather, for every grid of 1..64 ranks (hosts ×
+// ranks per host), in block and round-robin numbering and every variant,
+// and that uneven hosts are refused.
 func TestSimulateHierarchical(t *testing.T) {
-	rng := rand.New(rand.NewPCG(7, 8))
-	for n := 1; n <= 64; n++ {
-		for h := 1; h <= n; h++ {
-			if n%h != 0 || (testing.Short() && n > 24) {
-				continue
-			}
-			m := n / h
-			for _, rr := range []bool{false, true} {
-				hosts := make([]int, n)
-				for r := range hosts {
-					hosts[r] = r / m
-					if rr {
-						hosts[r] = r % h
+	for _, ca := range []collAlgo{{algorithms.CollAllReduce, algorithms.Hier}, {algorithms.CollAllReduce, algorithms.HierTree},
+		{algorithms.CollReduceScatter, algorithms.Hier}, {algorithms.CollAllGather, algorithms.Hier}} {
+		t.Run(fmt.Sprintf("coll=%v/algo=%v", ca.coll, ca.algo), func(t *testing.T) {
+			t.Parallel()
+			rng := rand.New(rand.NewPCG(7, uint64(ca.coll)<<8|uint64(ca.algo)))
+			for n := 1; n <= 64; n++ {
+				for h := 1; h <= n; h++ {
+					if n%h != 0 || (testing.Short() && n > 24) {
+						continue
+					}
+					m := n / h
+					for _, rr := range []bool{false, true} {
+						hosts := make([]int, n)
+						for r := range hosts {
+							hosts[r] = r / m
+							if rr {
+								hosts[r] = r % h
+							}
+						}
+						for vi, v := range variants {
+							count := counts(n)[rng.IntN(len(counts(n)))]
+							cfg := algotest.Config{Coll: ca.coll, Algo: ca.algo, NRanks: n, Hosts: hosts, Count: count,
+								Channels: v.channels, Pieces: v.pieces, SliceElems: v.slice, Slots: v.slots, InPlace: v.inPlace, Seed: uint64(n*100 + h*10 + vi)}
+							require.NoError(t, algotest.Run(cfg), "%d hosts × %d, round robin %v, count %d", h, m, rr, count)
+						}
 					}
 				}
-				for _, algo := range []algorithms.Algorithm{algorithms.Hier, algorithms.HierTree} {
-					for vi, v := range variants {
-						count := counts(n)[rng.IntN(len(counts(n)))]
-						cfg := algotest.Config{Coll: algorithms.CollAllReduce, Algo: algo, NRanks: n, Hosts: hosts, Count: count,
-							Channels: v.channels, Pieces: v.pieces, SliceElems: v.slice, Slots: v.slots, InPlace: v.inPlace, Seed: uint64(n*100 + h*10 + vi)}
-						require.NoError(t, algotest.Run(cfg), "%v, %d hosts × %d, round robin %v, count %d", algo, h, m, rr, count)
-					}
-				}
 			}
-		}
+		})
 	}
-	_, err := algorithms.Build(algorithms.Params{Coll: algorithms.CollAllReduce, Algo: algorithms.Hier, NRanks: 3, Hosts: []int{0, 0, 1}})
-	require.ErrorContains(t, err, "same number of ranks on every host; hosts have 2, 1")
+	for _, c := range []algorithms.Collective{algorithms.CollAllReduce, algorithms.CollReduceScatter, algorithms.CollAllGather} {
+		_, err := algorithms.Build(algorithms.Params{Coll: c, Algo: algorithms.Hier, NRanks: 3, Hosts: []int{0, 0, 1}})
+		require.ErrorContains(t, err, "same number of ranks on every host; hosts have 2, 1", "%v", c)
+	}
 }
 
 // TestSimulatorCatchesBrokenSchedules makes sure the simulator is not
