@@ -292,22 +292,18 @@ func hierAllReduce(b builder, g Grid, tree bool) {
 // host's link carries h-1 of the n-1 steps, m blocks each. With one rank
 // per host, or one host, it is the ring reduce-scatter over HostRing.
 func hierReduceScatter(b builder, g Grid) {
-	h, m, n := g.Hosts, g.PerHost, b.s.NRanks
-	own := b.s.Rank
-	host, j := locate(g.Ranks, own)
+	n, own := b.s.NRanks, b.s.Rank
 	if n == 1 {
 		b.copy(Blocks(Input, own, 1), Blocks(Output, own, 1), true)
 		return
 	}
-	at := func(hs, l int) int { return g.Ranks[mod(hs, h)][mod(l, m)] }
-	in := func(s int) Ref { return Blocks(Input, at(host-1-s/m, j-1-s), 1) }
-	prev := func(s int) int { return at(host-boolInt(s%m == 0), j-1) }
-	next := func(s int) int { return at(host+boolInt((s+1)%m == 0), j+1) }
-	b.send(in(0), next(0))
+	c := newChains(g, own)
+	in := func(s int) Ref { return Blocks(Input, c.at(c.host-1-s/c.m, c.j-1-s), 1) }
+	b.send(in(0), c.next(0))
 	for s := 1; s < n-1; s++ {
-		b.recvReduceSend(prev(s), in(s), next(s))
+		b.recvReduceSend(c.prev(s), in(s), c.next(s))
 	}
-	b.recvReduceCopy(prev(n-1), Blocks(Input, own, 1), Blocks(Output, own, 1), true)
+	b.recvReduceCopy(c.prev(n-1), Blocks(Input, own, 1), Blocks(Output, own, 1), true)
 }
 
 // hierAllGather is hierReduceScatter's mirror: block (c,i) starts at
@@ -318,23 +314,45 @@ func hierReduceScatter(b builder, g Grid) {
 // multiple of m, and forwards to (g,j+1), or to (g+1,j+1) when t+1 is one.
 // Each host sends m(h-1) blocks across, (h-1)/h of the data.
 func hierAllGather(b builder, g Grid) {
-	h, m, n := g.Hosts, g.PerHost, b.s.NRanks
-	own := b.s.Rank
-	host, j := locate(g.Ranks, own)
+	n, own := b.s.NRanks, b.s.Rank
 	if n == 1 {
 		b.copy(Blocks(Input, own, 1), Blocks(Output, own, 1), false)
 		return
 	}
-	at := func(hs, l int) int { return g.Ranks[mod(hs, h)][mod(l, m)] }
-	out := func(t int) Ref { return Blocks(Output, at(host-t/m, j-t), 1) }
-	prev := func(t int) int { return at(host-boolInt(t%m == 0), j-1) }
-	next := func(t int) int { return at(host+boolInt((t+1)%m == 0), j+1) }
-	b.copySend(Blocks(Input, own, 1), Blocks(Output, own, 1), next(0))
+	c := newChains(g, own)
+	out := func(t int) Ref { return Blocks(Output, c.at(c.host-t/c.m, c.j-t), 1) }
+	b.copySend(Blocks(Input, own, 1), Blocks(Output, own, 1), c.next(0))
 	for t := 1; t < n-1; t++ {
-		b.recvCopySend(prev(t), out(t), next(t))
+		b.recvCopySend(c.prev(t), out(t), c.next(t))
 	}
-	b.recv(prev(n-1), out(n-1))
+	b.recv(c.prev(n-1), out(n-1))
 }
+
+// chains is one rank's view of the chains of hierReduceScatter and
+// hierAllGather: its host and local index in the grid, and its
+// neighbours in each step.
+type chains struct {
+	g       Grid
+	h, m    int
+	host, j int
+}
+
+func newChains(g Grid, rank int) chains {
+	host, j := locate(g.Ranks, rank)
+	return chains{g: g, h: g.Hosts, m: g.PerHost, host: host, j: j}
+}
+
+// at is local rank l of host hs, both taken round.
+func (c chains) at(hs, l int) int { return c.g.Ranks[mod(hs, c.h)][mod(l, c.m)] }
+
+// prev is the rank this one receives from in step s: the local rank
+// before it, on the host before when s is a multiple of m (the chain has
+// just crossed).
+func (c chains) prev(s int) int { return c.at(c.host-boolInt(s%c.m == 0), c.j-1) }
+
+// next is the rank this one sends to in step s: the local rank after it,
+// on the next host when s+1 is a multiple of m.
+func (c chains) next(s int) int { return c.at(c.host+boolInt((s+1)%c.m == 0), c.j+1) }
 
 func boolInt(v bool) int {
 	if v {
