@@ -64,8 +64,10 @@
 // inside each host, all-reduce of each shard across hosts, all-gather
 // inside each host), on rings of hosts or, as HierTree, on a double binary
 // tree of them.
-// Reduce-scatter and all-gather: the halves of the ring. Broadcast and
-// reduce: a pipelined chain along the ring. All-to-all: pairwise exchange.
+// Reduce-scatter and all-gather: the halves of the ring, and Hier, the
+// same n-1 steps on chains that cross hosts all at once (hosts.go), so
+// that a host's link carries (h-1)/h of the data. Broadcast and reduce: a
+// pipelined chain along the ring. All-to-all: pairwise exchange.
 // Send and recv: one transfer.
 //
 // Across hosts (Params.Hosts), rings run host by host (HostRing), the tree

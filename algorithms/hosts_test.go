@@ -217,3 +217,21 @@ func TestHierarchicalTraffic(t *testing.T) {
 		}
 	}
 }
+
+// TestHierarchicalHalvesOnOneAxis: with one rank per host, or one host,
+// the hierarchical reduce-scatter and all-gather are the ring's over
+// HostRing, step for step.
+func TestHierarchicalHalvesOnOneAxis(t *testing.T) {
+	for _, hosts := range [][]int{{0, 1, 2, 3, 4}, {3, 1, 0, 2}, {0, 0, 0, 0}, nil} {
+		n := max(len(hosts), 3)
+		for _, c := range []Collective{CollReduceScatter, CollAllGather} {
+			for r := range n {
+				ring, err := Build(Params{Coll: c, Algo: Ring, NRanks: n, Rank: r, Hosts: hosts})
+				require.NoError(t, err)
+				hier, err := Build(Params{Coll: c, Algo: Hier, NRanks: n, Rank: r, Hosts: hosts})
+				require.NoError(t, err)
+				require.Equal(t, ring.Steps, hier.Steps, "%v hosts %v rank %d", c, hosts, r)
+			}
+		}
+	}
+}
