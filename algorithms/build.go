@@ -92,7 +92,11 @@ func Build(p Params) (*Schedule, error) {
 			hierAllReduce(b, g, p.Algo == HierTree)
 		}
 	case CollReduceScatter, CollAllGather:
-		if p.Algo == Hier {
+		if p.Algo == OneShot && p.Coll == CollReduceScatter {
+			oneShotReduceScatter(b)
+		} else if p.Algo == OneShot {
+			oneShotAllGather(b)
+		} else if p.Algo == Hier {
 			g, err := HostGrid(p.Hosts, n)
 			if err != nil {
 				return nil, err
@@ -458,6 +462,53 @@ func oneShotAllReduce(b builder) {
 			b.recvReduceCopy(j, all(cur), all(Output), final)
 			cur = Output
 		}
+	}
+}
+
+// oneShotReduceScatter: every rank sends block j of its input straight
+// to rank j, then receives its own block from each peer and reduces it
+// into its output: one hop where the ring pays n-1, the same bytes (the
+// direct reduce-scatter of Open MPI's and MPICH's small-message
+// variants). Sends go to r+1, r+2, ..., receipts come from r-1, r-2, ...,
+// so a rank first reads the message its nearest predecessor posted
+// first. Each block is reduced by its owner alone, in an order of its
+// own (own term, then r-1, r-2, ...): no two ranks need the same bits,
+// and in place the first reduction reads each element of the own block
+// before writing it, so no copy of the input is needed.
+func oneShotReduceScatter(b builder) {
+	n, r := b.s.NRanks, b.s.Rank
+	own := func(buf Buf) Ref { return Blocks(buf, r, 1) }
+	if n == 1 {
+		b.copy(own(Input), own(Output), true)
+		return
+	}
+	for k := 1; k < n; k++ {
+		to := (r + k) % n
+		b.send(Blocks(Input, to, 1), to)
+	}
+	cur := Input
+	for k := 1; k < n; k++ {
+		b.recvReduceCopy(mod(r-k, n), own(cur), own(Output), k == n-1)
+		cur = Output
+	}
+}
+
+// oneShotAllGather: every rank sends its block to every peer and receives
+// each peer's block straight into its place: one hop where the ring pays
+// n-1, the same bytes.
+func oneShotAllGather(b builder) {
+	n, r := b.s.NRanks, b.s.Rank
+	if n == 1 {
+		b.copy(Blocks(Input, r, 1), Blocks(Output, r, 1), false)
+		return
+	}
+	b.copySend(Blocks(Input, r, 1), Blocks(Output, r, 1), (r+1)%n)
+	for k := 2; k < n; k++ {
+		b.send(Blocks(Input, r, 1), (r+k)%n)
+	}
+	for k := 1; k < n; k++ {
+		from := mod(r-k, n)
+		b.recv(from, Blocks(Output, from, 1))
 	}
 }
 

@@ -87,6 +87,8 @@ const (
 	// One hop, n-1 times the bytes: for small messages on few ranks, where
 	// a rank should wait for its peers once per operation rather than once
 	// per round (on oversubscribed cores every wait is a context switch).
+	// Reduce-scatter and all-gather have the same one-hop form (every rank
+	// sends each peer the block the peer needs), with the ring's bytes.
 	OneShot
 	// Hier: the hierarchical all-reduce for several ranks per host, every
 	// host with as many: a reduce-scatter inside each host, an all-reduce
@@ -130,7 +132,7 @@ func (a Algorithm) Supports(c Collective) bool {
 	case CollAllReduce:
 		return a == Ring || a == Tree || a == RecDoubling || a == Rabenseifner || a == OneShot || a == Hier || a == HierTree
 	case CollReduceScatter, CollAllGather:
-		return a == Ring || a == Hier
+		return a == Ring || a == Hier || a == OneShot
 	case CollBroadcast, CollReduce:
 		return a == Ring
 	case CollAllToAll:

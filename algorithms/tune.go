@@ -40,6 +40,12 @@ type LinkModel struct {
 	// Latency (LogP's o/L): how much a rank pays to send the same message
 	// to several peers, as OneShot does. Zero means DefaultPostCost.
 	PostCost float64
+	// OneShotHalves lets the tuner weigh the one-shot reduce-scatter and
+	// all-gather on this link: they were measured ahead of the ring
+	// between processes over shared memory and TCP, and behind it
+	// (1.03-1.18 of its time) between the goroutines of the in-process
+	// transport; over RDMA they are not measured.
+	OneShotHalves bool
 }
 
 // Validate reports a model the tuner cannot use.
@@ -187,9 +193,12 @@ func Cost(p Problem, a Algorithm, c int) float64 {
 		if p.Coll == CollAllGather {
 			gamma = 0
 		}
-		if a == Hier {
+		switch a {
+		case Hier:
 			t = hierHalfCost(p, c, S, chunks, gamma)
-		} else {
+		case OneShot:
+			t = oneShotHalfCost(p, S, alpha, beta, gamma)
+		default:
 			t = (n-1+chunks-1)*alpha + (n-1)/n*S*(beta+gamma)
 		}
 	case CollBroadcast:
@@ -261,6 +270,49 @@ func hierHalfCost(p Problem, c int, S, chunks, gamma float64) float64 {
 	return hops + bytes + (n-1)/n*S*gamma
 }
 
+// The one-shot reduce-scatter and all-gather (oneShotReduceScatter),
+// fitted to their crossovers with the ring on one host, 3, 4 and 8 ranks
+// over shared memory and TCP, 64 KiB to 64 MiB (docs/performance.md, "The
+// one-shot reduce-scatter and all-gather"): over TCP and for all-gather
+// on shared memory they took 0.64-1.06 of the ring's time at every size
+// with 3 and 4 ranks; the reduce-scatter on shared memory 0.77-0.89 at
+// 64 KiB, 0.98-1.05 from 256 KiB to 16 MiB and 1.08-1.15 at 64 MiB. With
+// 8 ranks on the two cores the shared-memory forms lost from 1-4 MiB on
+// (up to 1.36), so beyond oneShotHalvesMaxRanks the ring keeps them.
+const (
+	oneShotHalvesMaxRanks = 4
+	// oneShotReduceEfficiency is the one-shot reduce-scatter's bandwidth
+	// relative to the ring's where copies and reductions share the
+	// memory (shared memory): every incoming block is reduced into the
+	// output, read again for the next, where the ring forwards partial
+	// sums through the slots.
+	oneShotReduceEfficiency = 0.9
+)
+
+// oneShotHalfCost models the one-shot reduce-scatter and all-gather: one
+// hop, a post per extra peer (as the one-shot all-reduce), and the ring's
+// bytes, (n-1)/n of the data in and out of every rank. As for the
+// all-reduce, over a link slower than the reduction only the link's time
+// counts. Only on links that allow it (LinkModel.OneShotHalves); not on
+// two ranks, where it is the ring step for step (and would only change
+// the ring's pieces), nor across hosts, where Hier moves less over the
+// network, nor beyond oneShotHalvesMaxRanks.
+func oneShotHalfCost(p Problem, S, alpha, beta, gamma float64) float64 {
+	if !p.Link.OneShotHalves || p.NRanks < 3 || p.NRanks > oneShotHalvesMaxRanks || p.Hosts > 1 {
+		return math.Inf(1)
+	}
+	n := float64(p.NRanks)
+	post := p.Link.PostCost
+	if post == 0 {
+		post = DefaultPostCost
+	}
+	perByte := beta
+	if gamma >= beta {
+		perByte = (beta + gamma) / oneShotReduceEfficiency
+	}
+	return alpha*(1+(n-2)*post) + (n-1)/n*S*perByte
+}
+
 // candidates lists the algorithms the tuner weighs for c, in order of
 // preference when costs tie.
 func candidates(c Collective) []Algorithm {
@@ -268,7 +320,7 @@ func candidates(c Collective) []Algorithm {
 	case CollAllReduce:
 		return []Algorithm{Ring, Tree, Rabenseifner, RecDoubling, OneShot, Hier, HierTree}
 	case CollReduceScatter, CollAllGather:
-		return []Algorithm{Ring, Hier}
+		return []Algorithm{Ring, Hier, OneShot}
 	case CollAllToAll:
 		return []Algorithm{Pairwise}
 	case CollSend, CollRecv:

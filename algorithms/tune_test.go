@@ -140,7 +140,11 @@ func TestTuneWeighsHierarchy(t *testing.T) {
 		for _, shape := range []struct{ hosts, per int }{{1, 4}, {2, 0}, {4, 1}} {
 			q.Hosts, q.PerHost = shape.hosts, shape.per
 			require.True(t, math.IsInf(Cost(q, Hier, 1), 1), "%v, %d hosts × %d", c, shape.hosts, shape.per)
-			require.Equal(t, Ring, Tune(q, AlgoAuto, 0, 0).Algo)
+			if shape.hosts > 1 {
+				require.Equal(t, Ring, Tune(q, AlgoAuto, 0, 0).Algo, "the one-shot form stays on one host")
+			} else {
+				require.NotEqual(t, Hier, Tune(q, AlgoAuto, 0, 0).Algo)
+			}
 		}
 	}
 }
@@ -164,4 +168,40 @@ func TestOneShotWhereTheLinkIsSlower(t *testing.T) {
 	// The cost itself: the link's time alone, not the reduction's on top.
 	p := Problem{Coll: CollAllReduce, NRanks: 2, Bytes: 1 << 30, Link: slow}
 	require.InDelta(t, float64(1<<30)/1.5e9, Cost(p, OneShot, 1), 0.01)
+}
+
+// TestTuneOneShotHalves: the one-shot reduce-scatter and all-gather where
+// they were measured ahead of the ring (docs/performance.md, "The one-shot
+// reduce-scatter and all-gather"): 3 and 4 ranks on one host, every size
+// over TCP and for the all-gather over shared memory, only small sizes
+// for the reduce-scatter over shared memory; never on 2 ranks (it is the
+// ring there), beyond 4 ranks, across hosts, or on a link that does not
+// allow it (the in-process transport's).
+func TestTuneOneShotHalves(t *testing.T) {
+	tcp := LinkModel{Latency: 10e-6, Bandwidth: 1.5e9, ReduceRate: 6e9, MaxChannels: 2, ChannelBytes: 4 << 20, ChunkBytes: 2 << 20, OneShotHalves: true}
+	shm := LinkModel{Latency: 1e-6, Bandwidth: 8e9, ReduceRate: 6e9, MaxChannels: 2, ChannelBytes: 4 << 20, ChunkBytes: 512 << 10, PostCost: 0.1, OneShotHalves: true}
+	pick := func(c Collective, n int, l LinkModel, bytes int64) Algorithm {
+		return Tune(Problem{Coll: c, NRanks: n, Bytes: bytes, Link: l}, AlgoAuto, 0, 0).Algo
+	}
+	for _, n := range []int{3, 4} {
+		for _, bytes := range []int64{8, 64 << 10, 1 << 20, 64 << 20} {
+			require.Equal(t, OneShot, pick(CollReduceScatter, n, tcp, bytes), "tcp rs n=%d %d B", n, bytes)
+			require.Equal(t, OneShot, pick(CollAllGather, n, tcp, bytes), "tcp ag n=%d %d B", n, bytes)
+			require.Equal(t, OneShot, pick(CollAllGather, n, shm, bytes), "shm ag n=%d %d B", n, bytes)
+		}
+		require.Equal(t, OneShot, pick(CollReduceScatter, n, shm, 8), "shm rs n=%d 8 B", n)
+		for _, bytes := range []int64{1 << 20, 64 << 20} {
+			require.Equal(t, Ring, pick(CollReduceScatter, n, shm, bytes), "shm rs n=%d %d B", n, bytes)
+		}
+	}
+	for _, c := range []Collective{CollReduceScatter, CollAllGather} {
+		for _, n := range []int{2, 5, 8} {
+			require.True(t, math.IsInf(Cost(Problem{Coll: c, NRanks: n, Bytes: 1 << 20, Link: tcp}, OneShot, 1), 1), "%v n=%d", c, n)
+		}
+		across := Problem{Coll: c, NRanks: 4, Bytes: 8, Link: tcp, Hosts: 2, PerHost: 2, Intra: shm}
+		require.True(t, math.IsInf(Cost(across, OneShot, 1), 1), "%v across hosts", c)
+		off := tcp
+		off.OneShotHalves = false
+		require.Equal(t, Ring, pick(c, 4, off, 8), "%v on a link without OneShotHalves", c)
+	}
 }

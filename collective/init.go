@@ -134,6 +134,9 @@ var tcpLink = algorithms.LinkModel{
 	ChunkBytes:   2 << 20,
 	// A slice costs a writev and a read whatever its size (tcp.MinSlice).
 	MinSliceBytes: tcp.MinSlice,
+	// The one-shot reduce-scatter and all-gather: 0.64-1.06 of the
+	// ring's time on 3 and 4 ranks (docs/performance.md).
+	OneShotHalves: true,
 }
 
 // verbsLink is the tuner's model of RDMA connections: a hop is a write
@@ -167,6 +170,10 @@ var shmLink = algorithms.LinkModel{
 	ChannelBytes: 4 << 20,
 	ChunkBytes:   512 << 10,
 	PostCost:     0.1,
+	// The one-shot reduce-scatter and all-gather: the all-gather
+	// 0.73-1.06 of the ring's time on 3 and 4 ranks, the reduce-scatter
+	// only ahead at small sizes (docs/performance.md).
+	OneShotHalves: true,
 }
 
 // Init joins rank of nranks to the job named by id and returns its
