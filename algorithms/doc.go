@@ -64,9 +64,11 @@
 // inside each host, all-reduce of each shard across hosts, all-gather
 // inside each host), on rings of hosts or, as HierTree, on a double binary
 // tree of them.
-// Reduce-scatter and all-gather: the halves of the ring, and Hier, the
-// same n-1 steps on chains that cross hosts all at once (hosts.go), so
-// that a host's link carries (h-1)/h of the data. Broadcast and reduce: a
+// Reduce-scatter and all-gather: the halves of the ring; OneShot, every
+// rank sending each peer its block directly (one hop, the ring's bytes,
+// for a few ranks on one host); and Hier, the same n-1 steps as the ring
+// on chains that cross hosts all at once (hosts.go), so that a host's
+// link carries (h-1)/h of the data. Broadcast and reduce: a
 // pipelined chain along the ring. All-to-all: pairwise exchange.
 // Send and recv: one transfer.
 //

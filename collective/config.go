@@ -40,8 +40,8 @@ type Config struct {
 	// Algorithm forces the all-reduce algorithm (algorithms.Ring, Tree,
 	// RecDoubling, Rabenseifner, OneShot, Hier or HierTree);
 	// algorithms.AlgoAuto lets the tuner choose. Reduce-scatter and
-	// all-gather follow it where they implement it (Ring, Hier) and
-	// choose for themselves otherwise; the other collectives have one
+	// all-gather follow it where they implement it (Ring, OneShot, Hier)
+	// and choose for themselves otherwise; the other collectives have one
 	// algorithm each and ignore it.
 	Algorithm algorithms.Algorithm
 	// Channels forces the number of channels (parallel slices of the
