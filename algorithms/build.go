@@ -467,9 +467,8 @@ func oneShotAllReduce(b builder) {
 
 // oneShotReduceScatter: every rank sends block j of its input straight
 // to rank j, then receives its own block from each peer and reduces it
-// into its output: one hop where the ring pays n-1, the same bytes (the
-// direct reduce-scatter of Open MPI's and MPICH's small-message
-// variants). Sends go to r+1, r+2, ..., receipts come from r-1, r-2, ...,
+// into its output: one hop where the ring pays n-1, the same bytes.
+// Sends go to r+1, r+2, ..., receipts come from r-1, r-2, ...,
 // so a rank first reads the message its nearest predecessor posted
 // first. Each block is reduced by its owner alone, in an order of its
 // own (own term, then r-1, r-2, ...): no two ranks need the same bits,

@@ -274,7 +274,7 @@ func hierHalfCost(p Problem, c int, S, chunks, gamma float64) float64 {
 // fitted to their crossovers with the ring on one host, 3, 4 and 8 ranks
 // over shared memory and TCP, 64 KiB to 64 MiB (docs/performance.md, "The
 // one-shot reduce-scatter and all-gather"): over TCP and for all-gather
-// on shared memory they took 0.64-1.06 of the ring's time at every size
+// on shared memory they took 0.69-1.06 of the ring's time at every size
 // with 3 and 4 ranks; the reduce-scatter on shared memory 0.77-0.89 at
 // 64 KiB, 0.98-1.05 from 256 KiB to 16 MiB and 1.08-1.15 at 64 MiB. With
 // 8 ranks on the two cores the shared-memory forms lost from 1-4 MiB on
@@ -283,9 +283,10 @@ const (
 	oneShotHalvesMaxRanks = 4
 	// oneShotReduceEfficiency is the one-shot reduce-scatter's bandwidth
 	// relative to the ring's where copies and reductions share the
-	// memory (shared memory): every incoming block is reduced into the
-	// output, read again for the next, where the ring forwards partial
-	// sums through the slots.
+	// memory (shared memory), from its 1.04-1.15 of the ring's time at
+	// 4-64 MiB on 4 ranks. Not profiled; a guess at the cause: each
+	// incoming block is reduced into the output, which is read back for
+	// the next, where the ring's partial sums go out through the slots.
 	oneShotReduceEfficiency = 0.9
 )
 

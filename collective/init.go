@@ -134,7 +134,7 @@ var tcpLink = algorithms.LinkModel{
 	ChunkBytes:   2 << 20,
 	// A slice costs a writev and a read whatever its size (tcp.MinSlice).
 	MinSliceBytes: tcp.MinSlice,
-	// The one-shot reduce-scatter and all-gather: 0.64-1.06 of the
+	// The one-shot reduce-scatter and all-gather: 0.69-1.06 of the
 	// ring's time on 3 and 4 ranks (docs/performance.md).
 	OneShotHalves: true,
 }
