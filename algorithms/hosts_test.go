@@ -164,17 +164,6 @@ func TestSchedulesAcrossHosts(t *testing.T) {
 // (n-1)/n of it, over its one crossing; in both every rank sends n-1
 // blocks in n-1 steps.
 func TestHierarchicalTraffic(t *testing.T) {
-	sent := func(st Step) int {
-		switch {
-		case !st.Kind.Sends():
-			return 0
-		case st.Kind.Exchange():
-			return int(st.Tx.N)
-		case st.Src.Buf == NoBuf:
-			return int(st.Dst.N)
-		}
-		return int(st.Src.N)
-	}
 	for _, shape := range []struct{ h, m int }{{2, 2}, {2, 4}, {3, 3}, {4, 2}, {2, 1}, {1, 3}} {
 		for _, rr := range []bool{false, true} {
 			n := shape.h * shape.m
@@ -194,7 +183,7 @@ func TestHierarchicalTraffic(t *testing.T) {
 						require.NoError(t, err, name)
 						total := 0
 						for _, st := range s.Steps {
-							k := sent(st)
+							k := st.sentBlocks()
 							total += k
 							if k > 0 && hosts[st.SendPeer] != hosts[r] {
 								across[hosts[r]] += k

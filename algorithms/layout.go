@@ -201,19 +201,22 @@ func (s *Slicer) Done() bool { return s.i >= len(s.spans) }
 func (s *Schedule) MaxMessageBlocks() int {
 	m := 0
 	for _, st := range s.Steps {
-		if !st.Kind.Sends() {
-			continue
-		}
-		n := st.Src.N
-		switch {
-		case st.Kind.Exchange():
-			n = st.Tx.N
-		case st.Src.Buf == NoBuf:
-			n = st.Dst.N
-		}
-		m = max(m, int(n))
+		m = max(m, st.sentBlocks())
 	}
 	return m
+}
+
+// sentBlocks is how many blocks step st sends (0 if it sends nothing).
+func (st Step) sentBlocks() int {
+	switch {
+	case !st.Kind.Sends():
+		return 0
+	case st.Kind.Exchange():
+		return int(st.Tx.N)
+	case st.Src.Buf == NoBuf:
+		return int(st.Dst.N)
+	}
+	return int(st.Src.N)
 }
 
 // MinPieces returns the fewest pieces to cut each major block of k elements

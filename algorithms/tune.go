@@ -102,6 +102,14 @@ const rabenseifnerEfficiency = 0.85
 // recursive doubling for 2, 4 and from 6 on.
 const DefaultPostCost = 0.75
 
+// postCost is m.PostCost, or DefaultPostCost where m leaves it zero.
+func (m LinkModel) postCost() float64 {
+	if m.PostCost == 0 {
+		return DefaultPostCost
+	}
+	return m.PostCost
+}
+
 // Cost predicts the time of problem p run with algorithm a on c channels,
 // in seconds, from the link model: latency α per hop, bytes over bandwidth,
 // bytes over the reduction rate (Hockney's α-β model with the γ term of
@@ -168,10 +176,7 @@ func Cost(p Problem, a Algorithm, c int) float64 {
 			// (docs/performance.md, "The tuner's crossovers"). On shared
 			// memory copy and reduction share the memory and no such gain
 			// was seen: both count.
-			post := m.PostCost
-			if post == 0 {
-				post = DefaultPostCost
-			}
+			post := m.postCost()
 			perByte := beta + gamma
 			if beta > gamma {
 				perByte = beta
@@ -230,12 +235,7 @@ func hierCost(p Problem, c int, S, chunks, gamma float64, tree bool) float64 {
 	if p.Hosts < 2 || p.PerHost < 2 {
 		return math.Inf(1)
 	}
-	in := p.Intra
-	if in.Bandwidth <= 0 {
-		in = p.Link
-	}
-	betaIn := 1 / (in.Bandwidth * float64(min(c, in.MaxChannels)))
-	betaNet := 1 / (p.Link.Bandwidth * float64(min(c, p.Link.MaxChannels)))
+	in, betaIn, betaNet := hierLinks(p, c)
 	across, netBytes := 2*(h-1), 2*(h-1)/h*S
 	if tree {
 		across, netBytes = 2*float64(log2ceil(p.Hosts)), 2*S
@@ -243,6 +243,19 @@ func hierCost(p Problem, c int, S, chunks, gamma float64, tree bool) float64 {
 	hops := 2*(m-1)*in.Latency + across*p.Link.Latency + (chunks-1)*max(in.Latency, p.Link.Latency)
 	bytes := max(2*(m-1)/m*S*betaIn, netBytes*betaNet)
 	return hops + bytes + ((m-1)/m+(h-1)/(h*m))*S*gamma
+}
+
+// hierLinks returns the model of the links inside a host (p.Intra, or
+// p.Link where it is unset) and the time per byte on c channels inside a
+// host and across hosts, for the hierarchical schedules' costs.
+func hierLinks(p Problem, c int) (in LinkModel, betaIn, betaNet float64) {
+	in = p.Intra
+	if in.Bandwidth <= 0 {
+		in = p.Link
+	}
+	betaIn = 1 / (in.Bandwidth * float64(min(c, in.MaxChannels)))
+	betaNet = 1 / (p.Link.Bandwidth * float64(min(c, p.Link.MaxChannels)))
+	return in, betaIn, betaNet
 }
 
 // hierHalfCost models the hierarchical reduce-scatter and all-gather
@@ -259,12 +272,7 @@ func hierHalfCost(p Problem, c int, S, chunks, gamma float64) float64 {
 		return math.Inf(1)
 	}
 	n := h * m
-	in := p.Intra
-	if in.Bandwidth <= 0 {
-		in = p.Link
-	}
-	betaIn := 1 / (in.Bandwidth * float64(min(c, in.MaxChannels)))
-	betaNet := 1 / (p.Link.Bandwidth * float64(min(c, p.Link.MaxChannels)))
+	in, betaIn, betaNet := hierLinks(p, c)
 	hops := (n-h)*in.Latency + (h-1)*p.Link.Latency + (chunks-1)*max(in.Latency, p.Link.Latency)
 	bytes := max((n-h)/n*S*betaIn, (h-1)/h*S*betaNet)
 	return hops + bytes + (n-1)/n*S*gamma
@@ -303,10 +311,7 @@ func oneShotHalfCost(p Problem, S, alpha, beta, gamma float64) float64 {
 		return math.Inf(1)
 	}
 	n := float64(p.NRanks)
-	post := p.Link.PostCost
-	if post == 0 {
-		post = DefaultPostCost
-	}
+	post := p.Link.postCost()
 	perByte := beta
 	if gamma >= beta {
 		perByte = (beta + gamma) / oneShotReduceEfficiency
