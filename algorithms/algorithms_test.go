@@ -294,6 +294,8 @@ func TestGolden(t *testing.T) {
 		{Coll: CollAllGather, Algo: Ring, NRanks: 4},
 		{Coll: CollReduceScatter, Algo: OneShot, NRanks: 4},
 		{Coll: CollAllGather, Algo: OneShot, NRanks: 4},
+		{Coll: CollAllGather, Algo: RecDoubling, NRanks: 4},
+		{Coll: CollAllGather, Algo: RecDoubling, NRanks: 6},
 		{Coll: CollBroadcast, Algo: Ring, NRanks: 4, Root: 1},
 		{Coll: CollReduce, Algo: Ring, NRanks: 4, Root: 2},
 		{Coll: CollAllToAll, Algo: Pairwise, NRanks: 3},

@@ -94,6 +94,8 @@ func Build(p Params) (*Schedule, error) {
 	case CollReduceScatter, CollAllGather:
 		if p.Algo == OneShot && p.Coll == CollReduceScatter {
 			oneShotReduceScatter(b)
+		} else if p.Algo == RecDoubling {
+			recDoublingAllGather(b)
 		} else if p.Algo == OneShot {
 			oneShotAllGather(b)
 		} else if p.Algo == Hier {
@@ -508,6 +510,53 @@ func oneShotAllGather(b builder) {
 	for k := 1; k < n; k++ {
 		from := mod(r-k, n)
 		b.recv(from, Blocks(Output, from, 1))
+	}
+}
+
+// recDoublingAllGather: in the round at distance d, virtual rank v sends
+// the blocks of its group (the d virtual ranks v&^(d-1)...) to v^d and
+// receives the partner's group's in their place; after log2(p) rounds
+// every rank holds every block (Thakur, Rabenseifner & Gropp 2005,
+// section 4.1; Open MPI's coll_tuned allgather algorithm 3). Rank counts
+// that are not powers of two use the fold: a rank that sits out hands its
+// block to its partner first and receives the whole output from it last.
+// A virtual rank's blocks are contiguous (one, or the two of its pair), so
+// a group's are too, and every message is one range of Output: no
+// scratch, log2(p) hops in place of the ring's n-1, the ring's bytes.
+func recDoublingAllGather(b builder) {
+	n, r := b.s.NRanks, b.s.Rank
+	if n == 1 {
+		b.copy(Blocks(Input, 0, 1), Blocks(Output, 0, 1), false)
+		return
+	}
+	f := newFold(n, r)
+	b.s.MsgBlocks = f.p / 2
+	if f.rem > 0 {
+		b.s.MsgBlocks = n // the epilogue's whole output
+	}
+	if f.vrank < 0 {
+		b.send(Blocks(Input, r, 1), r+1)
+		b.recv(r+1, Blocks(Output, 0, n))
+		return
+	}
+	// first(v) is the first block of virtual rank v; v's blocks run to
+	// first(v+1).
+	first := func(v int) int { return v + min(v, f.rem) }
+	group := func(v, d int) Ref {
+		lo := v &^ (d - 1)
+		return Blocks(Output, first(lo), first(lo+d)-first(lo))
+	}
+	b.copy(Blocks(Input, r, 1), Blocks(Output, r, 1), false)
+	if r < 2*f.rem {
+		b.recv(r-1, Blocks(Output, r-1, 1))
+	}
+	v := f.vrank
+	for d := 1; d < f.p; d <<= 1 {
+		peer := f.real(v ^ d)
+		b.sendRecv(group(v, d), peer, peer, group(v^d, d))
+	}
+	if r < 2*f.rem {
+		b.send(Blocks(Output, 0, n), r-1)
 	}
 }
 

@@ -68,7 +68,10 @@
 // rank sending each peer its block directly (one hop, the ring's bytes,
 // for a few ranks on one host); and Hier, the same n-1 steps as the ring
 // on chains that cross hosts all at once (hosts.go), so that a host's
-// link carries (h-1)/h of the data. Broadcast and reduce: a
+// link carries (h-1)/h of the data. All-gather also has RecDoubling:
+// log2 n exchanges of growing groups of blocks (with the fold), fewer
+// hops than the ring's n-1 and fewer messages than OneShot's n-1, for
+// small and mid sizes on one host. Broadcast and reduce: a
 // pipelined chain along the ring. All-to-all: pairwise exchange.
 // Send and recv: one transfer.
 //

@@ -71,7 +71,9 @@ const (
 	// the data, reduced up and broadcast down, pipelined by chunk.
 	Tree
 	// RecDoubling: recursive doubling all-reduce (latency-optimal for small
-	// messages), with the usual fold for rank counts that are not powers of two.
+	// messages), or all-gather (log2(n) exchanges of growing groups of
+	// blocks, the ring's bytes), with the usual fold for rank counts that
+	// are not powers of two.
 	RecDoubling
 	// Rabenseifner: recursive-halving reduce-scatter followed by
 	// recursive-doubling all-gather (Rabenseifner 2004; Thakur, Rabenseifner
@@ -131,8 +133,10 @@ func (a Algorithm) Supports(c Collective) bool {
 	switch c {
 	case CollAllReduce:
 		return a == Ring || a == Tree || a == RecDoubling || a == Rabenseifner || a == OneShot || a == Hier || a == HierTree
-	case CollReduceScatter, CollAllGather:
+	case CollReduceScatter:
 		return a == Ring || a == Hier || a == OneShot
+	case CollAllGather:
+		return a == Ring || a == Hier || a == OneShot || a == RecDoubling
 	case CollBroadcast, CollReduce:
 		return a == Ring
 	case CollAllToAll:

@@ -46,6 +46,11 @@ type LinkModel struct {
 	// (1.03-1.18 of its time) between the goroutines of the in-process
 	// transport; over RDMA they are not measured.
 	OneShotHalves bool
+	// ExchangeEfficiency is the bandwidth of the recursive-doubling
+	// all-gather relative to the ring's on this link: its rounds exchange
+	// whole groups of blocks and do not pipeline. Zero: the tuner does not
+	// weigh it (unmeasured on that link).
+	ExchangeEfficiency float64
 }
 
 // Validate reports a model the tuner cannot use.
@@ -55,6 +60,8 @@ func (m LinkModel) Validate() error {
 		return fmt.Errorf("algorithms: link model needs latency ≥ 0, bandwidth > 0, reduce rate ≥ 0: %+v", m)
 	case !(m.PostCost >= 0):
 		return fmt.Errorf("algorithms: link model needs PostCost ≥ 0: %+v", m)
+	case !(m.ExchangeEfficiency >= 0) || math.IsInf(m.ExchangeEfficiency, 1):
+		return fmt.Errorf("algorithms: link model needs a finite ExchangeEfficiency ≥ 0: %+v", m)
 	case m.MaxChannels < 1 || m.ChannelBytes < 1 || m.ChunkBytes < 1:
 		return fmt.Errorf("algorithms: link model needs MaxChannels, ChannelBytes and ChunkBytes ≥ 1: %+v", m)
 	}
@@ -203,6 +210,8 @@ func Cost(p Problem, a Algorithm, c int) float64 {
 			t = hierHalfCost(p, c, S, chunks, gamma)
 		case OneShot:
 			t = oneShotHalfCost(p, S, alpha, beta, gamma)
+		case RecDoubling:
+			t = recDoublingGatherCost(p, S, alpha, beta)
 		default:
 			t = (n-1+chunks-1)*alpha + (n-1)/n*S*(beta+gamma)
 		}
@@ -319,14 +328,37 @@ func oneShotHalfCost(p Problem, S, alpha, beta, gamma float64) float64 {
 	return alpha*(1+(n-2)*post) + (n-1)/n*S*perByte
 }
 
+// recDoublingGatherCost models the recursive-doubling all-gather
+// (recDoublingAllGather): log2 p rounds, each one hop, and the ring's
+// bytes at the link's ExchangeEfficiency; a rank count that is not a
+// power of two adds the fold's two hops and a whole output more. Only on
+// links that give an efficiency, on one host (across hosts its exchanges
+// at the larger distances would all cross, where Hier crosses once per
+// block), and from 3 ranks (on 2 it is the ring).
+func recDoublingGatherCost(p Problem, S, alpha, beta float64) float64 {
+	eff := p.Link.ExchangeEfficiency
+	if eff <= 0 || p.NRanks < 3 || p.Hosts > 1 {
+		return math.Inf(1)
+	}
+	n := float64(p.NRanks)
+	pw := 1 << (bits.Len(uint(p.NRanks)) - 1)
+	t := float64(log2ceil(pw))*alpha + (n-1)/n*S*beta/eff
+	if pw != p.NRanks {
+		t += 2*alpha + S*beta
+	}
+	return t
+}
+
 // candidates lists the algorithms the tuner weighs for c, in order of
 // preference when costs tie.
 func candidates(c Collective) []Algorithm {
 	switch c {
 	case CollAllReduce:
 		return []Algorithm{Ring, Tree, Rabenseifner, RecDoubling, OneShot, Hier, HierTree}
-	case CollReduceScatter, CollAllGather:
+	case CollReduceScatter:
 		return []Algorithm{Ring, Hier, OneShot}
+	case CollAllGather:
+		return []Algorithm{Ring, Hier, OneShot, RecDoubling}
 	case CollAllToAll:
 		return []Algorithm{Pairwise}
 	case CollSend, CollRecv:

@@ -205,3 +205,51 @@ func TestTuneOneShotHalves(t *testing.T) {
 		require.Equal(t, Ring, pick(c, 4, off, 8), "%v on a link without OneShotHalves", c)
 	}
 }
+
+// TestTuneRecDoublingGather checks the recursive-doubling all-gather's
+// picks against the crossovers measured with 4, 6 and 8 ranks
+// (docs/performance.md, "Recursive doubling for the all-gather").
+func TestTuneRecDoublingGather(t *testing.T) {
+	tcp := LinkModel{Latency: 10e-6, Bandwidth: 1.5e9, ReduceRate: 6e9, MaxChannels: 2, ChannelBytes: 4 << 20, ChunkBytes: 2 << 20,
+		OneShotHalves: true, ExchangeEfficiency: 0.9}
+	shm := LinkModel{Latency: 1e-6, Bandwidth: 8e9, ReduceRate: 6e9, MaxChannels: 2, ChannelBytes: 4 << 20, ChunkBytes: 512 << 10,
+		PostCost: 0.1, OneShotHalves: true, ExchangeEfficiency: 0.7}
+	pick := func(n int, l LinkModel, bytes int64) Algorithm {
+		return Tune(Problem{Coll: CollAllGather, NRanks: n, Bytes: bytes, Link: l}, AlgoAuto, 0, 0).Algo
+	}
+	cases := []struct {
+		n     int
+		link  LinkModel
+		name  string
+		bytes int64
+		want  Algorithm
+	}{
+		// 4 ranks over TCP: ahead of the one-shot to 64 KiB, behind at 16 MiB.
+		{4, tcp, "tcp", 8, RecDoubling}, {4, tcp, "tcp", 64 << 10, RecDoubling},
+		{4, tcp, "tcp", 1 << 20, OneShot}, {4, tcp, "tcp", 64 << 20, OneShot},
+		// 8 ranks over TCP: ahead of the ring to 1 MiB, behind at 16 MiB.
+		{8, tcp, "tcp", 8, RecDoubling}, {8, tcp, "tcp", 256 << 10, RecDoubling},
+		{8, tcp, "tcp", 16 << 20, Ring}, {8, tcp, "tcp", 64 << 20, Ring},
+		// 6 ranks (the fold): ahead at small sizes.
+		{6, tcp, "tcp", 48, RecDoubling}, {6, tcp, "tcp", 64 << 20, Ring},
+		// 3 ranks: the fold's extra hops lose to the one-shot's one.
+		{3, tcp, "tcp", 24, OneShot},
+		// Shared memory: 4 ranks keep the one-shot; 8 take it at small sizes.
+		{4, shm, "shm", 8, OneShot}, {4, shm, "shm", 1 << 20, OneShot},
+		{8, shm, "shm", 64 << 10, RecDoubling}, {8, shm, "shm", 16 << 20, Ring},
+	}
+	for _, c := range cases {
+		require.Equal(t, c.want, pick(c.n, c.link, c.bytes), "%s n=%d %d B", c.name, c.n, c.bytes)
+	}
+	require.True(t, math.IsInf(Cost(Problem{Coll: CollAllGather, NRanks: 2, Bytes: 8, Link: tcp}, RecDoubling, 1), 1), "2 ranks: the ring")
+	across := Problem{Coll: CollAllGather, NRanks: 8, Bytes: 8, Link: tcp, Hosts: 2, PerHost: 4, Intra: shm}
+	require.True(t, math.IsInf(Cost(across, RecDoubling, 1), 1), "across hosts")
+	off := tcp
+	off.ExchangeEfficiency = 0
+	require.Equal(t, Ring, pick(8, off, 8), "a link without ExchangeEfficiency")
+	require.True(t, math.IsInf(Cost(Problem{Coll: CollReduceScatter, NRanks: 8, Bytes: 8, Link: tcp}, RecDoubling, 1), 1),
+		"no recursive-doubling reduce-scatter")
+	bad := tcp
+	bad.ExchangeEfficiency = math.NaN()
+	require.Error(t, bad.Validate())
+}

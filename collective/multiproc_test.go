@@ -149,13 +149,19 @@ func TestMultiProcessEveryCollective(t *testing.T) {
 		// costs (auto leaves it off where it does not pay).
 		trs = append(trs, "shm+cma")
 	}
+	// Recursive doubling forced: the all-reduce's and the all-gather's
+	// (with the fold on 3 ranks), whatever the tuner would pick.
+	trs = append(trs, "tcp+recdoubling")
 	for _, tr := range trs {
 		for _, n := range []int{2, 3, 4} {
 			t.Run(fmt.Sprintf("transport=%s/nranks=%d", tr, n), func(t *testing.T) {
 				tr := tr
 				env := transportEnv(t, tr)
-				if tr == "shm+cma" {
+				switch tr {
+				case "shm+cma":
 					tr, env = "shm", append(transportEnv(t, "shm"), "GOCCL_SHM_CMA=on")
+				case "tcp+recdoubling":
+					tr, env = "tcp", append(transportEnv(t, "tcp"), "GOCCL_ALGO=recdoubling")
 				}
 				res := spawn(t, "collectives", gocclEnvs(t, n, env...), nil)
 				requireAllOK(t, res)

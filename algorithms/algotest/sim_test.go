@@ -26,6 +26,7 @@ var everyAlgorithm = []collAlgo{
 	{algorithms.CollReduceScatter, algorithms.OneShot},
 	{algorithms.CollAllGather, algorithms.Ring},
 	{algorithms.CollAllGather, algorithms.OneShot},
+	{algorithms.CollAllGather, algorithms.RecDoubling},
 	{algorithms.CollBroadcast, algorithms.Ring},
 	{algorithms.CollReduce, algorithms.Ring},
 	{algorithms.CollAllToAll, algorithms.Pairwise},

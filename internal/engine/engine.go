@@ -328,7 +328,7 @@ func (e *Engine) plan(op *Op) (Plan, error) {
 	// only overlaps its hops when there is more than one slice in flight.
 	blockElems := (op.Count + pieces*s.Minor - 1) / (pieces * s.Minor)
 	sliceElems := slotElems
-	if blockElems > 0 {
+	if blockElems > 0 && !lockstep(op.Coll, pl.Algo) {
 		want := (blockElems + minSlicesPerStep - 1) / minSlicesPerStep
 		sliceElems = min(slotElems, max(want, max(minSliceBytes, int(e.cfg.Link.MinSliceBytes))/es))
 	}
@@ -492,6 +492,18 @@ func describeMismatch(got, want uint32) string {
 		return fmt.Sprintf("both called %s, with a different count, root or slot setting", w.call())
 	}
 	return "same call, out of order"
+}
+
+// lockstep reports a schedule whose every transfer is an exchange of
+// whole groups of blocks with one partner per round (the recursive-doubling
+// all-gather): chanRun.exchange sends a slice and waits for the partner's
+// before the next, so each slice is a wait and nothing pipelines that
+// smaller slices would overlap; its slices are a slot's. Measured
+// (docs/performance.md, "Recursive doubling for the all-gather"): 4 ranks
+// over TCP, 1 MiB, 1389-1720 µs with the pipelined algorithms' slices,
+// 501-695 with a slot's.
+func lockstep(c algorithms.Collective, a algorithms.Algorithm) bool {
+	return c == algorithms.CollAllGather && a == algorithms.RecDoubling
 }
 
 // Slicing of small blocks; see plan. A link model may raise the floor

@@ -304,3 +304,53 @@ func TestLinkModelRaisesTheSliceFloor(t *testing.T) {
 		}
 	}
 }
+
+// TestRecDoublingGatherSlicesBySlot: the recursive-doubling all-gather's
+// exchanges go in lockstep (lockstep), so its slices are a slot's where
+// the ring's are cut smaller; and the result is exact.
+func TestRecDoublingGatherSlicesBySlot(t *testing.T) {
+	const n, slot = 4, 128 << 10
+	nw, err := mem.NewNetwork(n, mem.Options{Slots: 8, SlotSize: slot})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		for r := range n {
+			nw.Endpoint(r).Close(nil)
+		}
+	})
+	ring, rd := make([]*Engine, n), make([]*Engine, n)
+	for r := range n {
+		ring[r], err = New(r, n, nw.Endpoint(r), Config{Algo: algorithms.Ring, Channels: 1, MaxChannels: 1, Link: testLink})
+		require.NoError(t, err)
+		rd[r], err = New(r, n, nw.Endpoint(r), Config{Algo: algorithms.RecDoubling, Channels: 1, MaxChannels: 1, Link: testLink})
+		require.NoError(t, err)
+	}
+	const count = 64 << 10 // float32 elements per rank: a 256 KiB block
+	op := &Op{Coll: algorithms.CollAllGather, Type: kernels.Float32, Count: count}
+	p, err := ring[0].Plan(op)
+	require.NoError(t, err)
+	q, err := rd[0].Plan(op)
+	require.NoError(t, err)
+	require.Equal(t, algorithms.RecDoubling, q.Algo)
+	require.Less(t, 4*p.SliceElems, slot, "the ring: cut below a slot")
+	require.Equal(t, slot, 4*q.SliceElems, "recursive doubling: a slot")
+	outs := make([][]byte, n)
+	errs := runAll(t, rd, func(r int) *Op {
+		in := make([]float32, count)
+		for i := range in {
+			in[i] = float32(r*1_000_000 + i)
+		}
+		outs[r] = make([]byte, 4*n*count)
+		return &Op{Coll: algorithms.CollAllGather, Type: kernels.Float32, Count: count,
+			In: memory.HostBuffer(f32s(in)), Out: memory.HostBuffer(outs[r])}
+	})
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+	}
+	for r := range outs {
+		for i := range n * count {
+			if got, want := f32at(outs[r], i), float32(i/count*1_000_000+i%count); got != want {
+				t.Fatalf("rank %d element %d: %v, want %v", r, i, got, want)
+			}
+		}
+	}
+}
