@@ -97,3 +97,13 @@ const SplitRecord = splitRecord
 
 // LocalRootAddr is where a split child's root listens on one host.
 func LocalRootAddr(secret [16]byte, pid uint32) string { return localRootAddr(secret, pid) }
+
+// Oversubscribed is oversubscribed for ranks on the given hosts, each
+// host with cpus CPUs, asked for host.
+func Oversubscribed(hosts []string, cpus int, host string) bool {
+	var peers []wire.PeerInfo
+	for r, h := range hosts {
+		peers = append(peers, wire.PeerInfo{Rank: uint32(r), HostID: h, Topology: hostSummary{CPUs: cpus}.encode()})
+	}
+	return oversubscribed(peers, host)
+}

@@ -486,7 +486,8 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		tcpPeers[rank] = ln.Addr().String()
 		to := tcp.Options{Rank: rank, ListenersUp: true, NRanks: nranks, Peers: tcpPeers, Secret: id.secret[:], Listener: ln,
 			Listeners: nicLns, PeerNICs: tcpNICs,
-			NSocks: cfg.NSocks, Slots: slots, SlotSize: slotSize, SpinFor: cfg.Spin, TLS: cfg.tls}
+			NSocks: cfg.NSocks, Slots: slots, SlotSize: slotSize, SpinFor: cfg.Spin, TLS: cfg.tls,
+			YieldWhenIdle: oversubscribed(table.Peers, hostID)}
 		if reg, ok := dev.(device.Registrar); ok {
 			// Device operations stage their slices in registered memory.
 			to.Device = reg
@@ -559,9 +560,8 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		vport.Ctx.Close()
 	}
 	if nShm > 0 {
-		here := summarize(table.Peers)[hostID]
 		o := shm.Options{Rank: rank, ListenersUp: true, NRanks: nranks, Peers: shmPeers, Secret: id.secret[:], Listener: shmLn,
-			Slots: slots, SlotSize: slotSize, SpinFor: cfg.Spin, YieldWhenIdle: here.ranks > here.cpus, AllowUIDs: cfg.ShmAllowUIDs,
+			Slots: slots, SlotSize: slotSize, SpinFor: cfg.Spin, YieldWhenIdle: oversubscribed(table.Peers, hostID), AllowUIDs: cfg.ShmAllowUIDs,
 			CMA: map[string]shm.CMAMode{"on": shm.CMAOn, "off": shm.CMAOff}[cfg.ShmCMA], NoDeviceIPC: cfg.P2PDisable}
 		if reg, ok := dev.(device.Registrar); ok {
 			// Device operations reduce straight into the segments, which
@@ -831,6 +831,14 @@ func summarize(peers []wire.PeerInfo) map[string]hostLoad {
 		out[id] = h
 	}
 	return out
+}
+
+// oversubscribed reports whether this rank's host (hostID) runs more
+// ranks than it has CPUs: then a waiting rank gives its core away after
+// every failed poll (shm and tcp Options.YieldWhenIdle).
+func oversubscribed(peers []wire.PeerInfo, hostID string) bool {
+	h := summarize(peers)[hostID]
+	return h.ranks > h.cpus
 }
 
 // intraLink is the tuner's model of the links inside a host: shared

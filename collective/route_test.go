@@ -48,3 +48,15 @@ func TestIntraLinkFromTheTable(t *testing.T) {
 		"host b's pair has no shared memory")
 	require.False(t, collective.IntraLinkIsShm([]string{"a", "b"}, []bool{true, true}), "no host has two ranks")
 }
+
+// TestOversubscribed: a host's waiting ranks yield at every poll when it
+// runs more ranks than it has CPUs, counted per host.
+func TestOversubscribed(t *testing.T) {
+	four := []string{"a", "a", "a", "a"}
+	require.True(t, collective.Oversubscribed(four, 2, "a"), "4 ranks on 2 CPUs")
+	require.False(t, collective.Oversubscribed(four, 4, "a"), "4 ranks on 4 CPUs")
+	split := []string{"a", "a", "b", "b"}
+	require.False(t, collective.Oversubscribed(split, 2, "a"), "2 ranks a host on 2 CPUs each")
+	require.True(t, collective.Oversubscribed([]string{"a", "a", "a", "b"}, 2, "a"), "3 ranks on host a")
+	require.False(t, collective.Oversubscribed([]string{"a", "a", "a", "b"}, 2, "b"), "1 rank on host b")
+}

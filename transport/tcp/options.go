@@ -54,7 +54,12 @@ type Options struct {
 	Slots    int           // staging slots per connection; 0 means DefaultSlots
 	SlotSize int           // bytes per slot; 0 means DefaultSlotSize
 	SpinFor  time.Duration // polling before parking; 0 means DefaultSpinFor, <0 never polls
-	Logger   *slog.Logger
+	// YieldWhenIdle gives the CPU away after every failed poll (else
+	// after every 16th), for hosts with more ranks than cores (Open MPI's
+	// mpi_yield_when_idle): the rank being waited for may need this very
+	// core.
+	YieldWhenIdle bool
+	Logger        *slog.Logger
 	// TLS, when set, protects every socket with TLS 1.3 after goccl's own
 	// handshake: both ends present certificates, checked as TLS says
 	// (tlsrec.LoadConfig makes one that trusts a job's CA).
