@@ -328,7 +328,7 @@ func (e *Engine) plan(op *Op) (Plan, error) {
 	// only overlaps its hops when there is more than one slice in flight.
 	blockElems := (op.Count + pieces*s.Minor - 1) / (pieces * s.Minor)
 	sliceElems := slotElems
-	if blockElems > 0 && !lockstep(op.Coll, pl.Algo) {
+	if blockElems > 0 && !slotSlices(op.Coll, pl.Algo) {
 		want := (blockElems + minSlicesPerStep - 1) / minSlicesPerStep
 		sliceElems = min(slotElems, max(want, max(minSliceBytes, int(e.cfg.Link.MinSliceBytes))/es))
 	}
@@ -494,16 +494,20 @@ func describeMismatch(got, want uint32) string {
 	return "same call, out of order"
 }
 
-// lockstep reports a schedule whose every transfer is an exchange of
-// whole groups of blocks with one partner per round (the recursive-doubling
-// all-gather): chanRun.exchange sends a slice and waits for the partner's
-// before the next, so each slice is a wait and nothing pipelines that
-// smaller slices would overlap; its slices are a slot's. Measured
-// (docs/performance.md, "Recursive doubling for the all-gather"): 4 ranks
-// over TCP, 1 MiB, 1389-1720 µs with the pipelined algorithms' slices,
-// 501-695 with a slot's.
-func lockstep(c algorithms.Collective, a algorithms.Algorithm) bool {
-	return c == algorithms.CollAllGather && a == algorithms.RecDoubling
+// slotSlices reports the plans whose slices are a slot's rather than cut
+// to a few per block: the recursive-doubling all-gather, whose exchanges
+// go in lockstep (chanRun.exchange sends a slice and waits for the
+// partner's before the next, so each slice is a wait), and the one-shot
+// reduce-scatter and all-gather, one hop with nothing forwarded, where
+// smaller slices only add sends, reads and wake-ups. Measured
+// (docs/performance.md, "Recursive doubling for the all-gather"): 4
+// ranks over TCP, 1 MiB, the recursive-doubling all-gather 1389-1720 µs
+// with the pipelined algorithms' slices, 501-695 with a slot's; the
+// one-shot all-gather 708 -> 394 µs, its reduce-scatter 963 -> 598. The
+// all-reduces that do not forward either (one-shot, recursive doubling,
+// Rabenseifner) keep the engine's cut: measured both ways, mixed.
+func slotSlices(c algorithms.Collective, a algorithms.Algorithm) bool {
+	return (c == algorithms.CollAllGather || c == algorithms.CollReduceScatter) && (a == algorithms.RecDoubling || a == algorithms.OneShot)
 }
 
 // Slicing of small blocks; see plan. A link model may raise the floor

@@ -306,8 +306,9 @@ func TestLinkModelRaisesTheSliceFloor(t *testing.T) {
 }
 
 // TestRecDoublingGatherSlicesBySlot: the recursive-doubling all-gather's
-// exchanges go in lockstep (lockstep), so its slices are a slot's where
-// the ring's are cut smaller; and the result is exact.
+// exchanges go in lockstep and the one-shot halves forward nothing
+// (slotSlices), so their slices are a slot's where the ring's are cut
+// smaller; and the recursive-doubling all-gather's result is exact.
 func TestRecDoublingGatherSlicesBySlot(t *testing.T) {
 	const n, slot = 4, 128 << 10
 	nw, err := mem.NewNetwork(n, mem.Options{Slots: 8, SlotSize: slot})
@@ -317,22 +318,33 @@ func TestRecDoublingGatherSlicesBySlot(t *testing.T) {
 			nw.Endpoint(r).Close(nil)
 		}
 	})
-	ring, rd := make([]*Engine, n), make([]*Engine, n)
+	ring, rd, one := make([]*Engine, n), make([]*Engine, n), make([]*Engine, n)
 	for r := range n {
 		ring[r], err = New(r, n, nw.Endpoint(r), Config{Algo: algorithms.Ring, Channels: 1, MaxChannels: 1, Link: testLink})
 		require.NoError(t, err)
 		rd[r], err = New(r, n, nw.Endpoint(r), Config{Algo: algorithms.RecDoubling, Channels: 1, MaxChannels: 1, Link: testLink})
 		require.NoError(t, err)
+		one[r], err = New(r, n, nw.Endpoint(r), Config{Algo: algorithms.OneShot, Channels: 1, MaxChannels: 1, Link: testLink})
+		require.NoError(t, err)
 	}
 	const count = 64 << 10 // float32 elements per rank: a 256 KiB block
-	op := &Op{Coll: algorithms.CollAllGather, Type: kernels.Float32, Count: count}
-	p, err := ring[0].Plan(op)
-	require.NoError(t, err)
-	q, err := rd[0].Plan(op)
+	for _, c := range []algorithms.Collective{algorithms.CollAllGather, algorithms.CollReduceScatter} {
+		op := &Op{Coll: c, Type: kernels.Float32, Count: count}
+		p, err := ring[0].Plan(op)
+		require.NoError(t, err)
+		require.Less(t, 4*p.SliceElems, slot, "%v, the ring: cut below a slot", c)
+		q, err := one[0].Plan(op)
+		require.NoError(t, err)
+		require.Equal(t, algorithms.OneShot, q.Algo)
+		require.Equal(t, slot, 4*q.SliceElems, "%v, one-shot: a slot", c)
+	}
+	q, err := rd[0].Plan(&Op{Coll: algorithms.CollAllGather, Type: kernels.Float32, Count: count})
 	require.NoError(t, err)
 	require.Equal(t, algorithms.RecDoubling, q.Algo)
-	require.Less(t, 4*p.SliceElems, slot, "the ring: cut below a slot")
 	require.Equal(t, slot, 4*q.SliceElems, "recursive doubling: a slot")
+	ar, err := one[0].Plan(&Op{Coll: algorithms.CollAllReduce, Type: kernels.Float32, Count: count})
+	require.NoError(t, err)
+	require.Less(t, 4*ar.SliceElems, slot, "the one-shot all-reduce keeps the engine's cut")
 	outs := make([][]byte, n)
 	errs := runAll(t, rd, func(r int) *Op {
 		in := make([]float32, count)
