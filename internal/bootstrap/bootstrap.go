@@ -1286,7 +1286,7 @@ func dialRoot(ctx context.Context, addr string, secret []byte, tlsCfg *tls.Confi
 		if errors.As(err, &terr) {
 			err = fmt.Errorf("%w (does the root have GOCCL_TLS_* set too?)", err)
 		}
-		if last == nil || ctx.Err() == nil {
+		if last == nil || !handshake.Ended(ctx) {
 			// An attempt the deadline cut short says less than the
 			// whole one before it (a loaded machine ends mid-handshake).
 			last = err

@@ -261,10 +261,26 @@ func Bounded(ctx context.Context, c net.Conn, timeout time.Duration, f func() er
 	err := f()
 	stop()
 	c.SetDeadline(time.Time{})
-	if err != nil && ctx.Err() != nil {
-		return fmt.Errorf("%w (%v)", context.Cause(ctx), err)
+	if err != nil && Ended(ctx) {
+		cause := context.Cause(ctx)
+		if cause == nil {
+			cause = context.DeadlineExceeded
+		}
+		return fmt.Errorf("%w (%v)", cause, err)
 	}
 	return err
+}
+
+// Ended reports whether ctx is done or its deadline has passed. A
+// connection whose deadline is ctx's can time out a moment before ctx's
+// own timer marks it done; an error from such an attempt is the
+// deadline's, not the peer's.
+func Ended(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	d, ok := ctx.Deadline()
+	return ok && !time.Now().Before(d)
 }
 
 // TLS channel binding (issue 19, finding 1). The secret's proof says who

@@ -2,6 +2,7 @@ package handshake
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -205,4 +206,33 @@ func TestReadFrameAllocatesAsBytesArrive(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, wire.FramePeerInfo, typ)
 	require.Equal(t, want, got)
+}
+
+// lateCtx is a context whose deadline has passed before its timer marked
+// it done, as a connection given ctx's deadline can see it.
+type lateCtx struct {
+	context.Context
+	d time.Time
+}
+
+func (c lateCtx) Deadline() (time.Time, bool) { return c.d, true }
+
+// TestEndedAtTheDeadline: an attempt that fails at ctx's deadline is the
+// deadline's, even before ctx says it is done (CI once quoted such an
+// attempt's i/o timeout in place of the refusals before it).
+func TestEndedAtTheDeadline(t *testing.T) {
+	require.False(t, Ended(context.Background()))
+	require.False(t, Ended(lateCtx{context.Background(), time.Now().Add(time.Hour)}))
+	late := lateCtx{context.Background(), time.Now().Add(-time.Millisecond)}
+	require.NoError(t, late.Err(), "the timer has not fired")
+	require.True(t, Ended(late))
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	require.True(t, Ended(done))
+
+	a, b := pipe(t)
+	defer b.Close()
+	err := Bounded(late, a, time.Second, func() error { return errors.New("i/o timeout") })
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorContains(t, err, "i/o timeout")
 }
