@@ -182,7 +182,8 @@ func TestMsgBlocksIsGlobal(t *testing.T) {
 		c Collective
 		a Algorithm
 	}{{CollAllReduce, Ring}, {CollAllReduce, Tree}, {CollAllReduce, RecDoubling}, {CollAllReduce, Rabenseifner},
-		{CollReduceScatter, Ring}, {CollAllGather, Ring}, {CollBroadcast, Ring}, {CollReduce, Ring}, {CollAllToAll, Pairwise}} {
+		{CollReduceScatter, Ring}, {CollAllGather, Ring}, {CollBroadcast, Ring}, {CollReduce, Ring}, {CollAllToAll, Pairwise},
+		{CollReduceScatter, OneShot}, {CollAllGather, OneShot}, {CollAllGather, RecDoubling}} {
 		for n := 1; n <= 64; n++ {
 			scheds, err := BuildAll(Params{Coll: ca.c, Algo: ca.a, NRanks: n, Root: n / 2})
 			require.NoError(t, err)

@@ -521,8 +521,9 @@ func oneShotAllGather(b builder) {
 // that are not powers of two use the fold: a rank that sits out hands its
 // block to its partner first and receives the whole output from it last.
 // A virtual rank's blocks are contiguous (one, or the two of its pair), so
-// a group's are too, and every message is one range of Output: no
-// scratch, log2(p) hops in place of the ring's n-1, the ring's bytes.
+// a group's are too, and every exchange is one range of Output: no
+// scratch; for a power of two, log2(n) hops in place of the ring's n-1
+// and the ring's bytes (the fold adds two hops and a whole output).
 func recDoublingAllGather(b builder) {
 	n, r := b.s.NRanks, b.s.Rank
 	if n == 1 {

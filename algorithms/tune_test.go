@@ -244,6 +244,9 @@ func TestTuneRecDoublingGather(t *testing.T) {
 	require.True(t, math.IsInf(Cost(Problem{Coll: CollAllGather, NRanks: 2, Bytes: 8, Link: tcp}, RecDoubling, 1), 1), "2 ranks: the ring")
 	across := Problem{Coll: CollAllGather, NRanks: 8, Bytes: 8, Link: tcp, Hosts: 2, PerHost: 4, Intra: shm}
 	require.True(t, math.IsInf(Cost(across, RecDoubling, 1), 1), "across hosts")
+	uneven := Problem{Coll: CollAllGather, NRanks: 4, Bytes: 8, Link: tcp, Hosts: 2, PerHost: 0, Intra: shm}
+	require.True(t, math.IsInf(Cost(uneven, RecDoubling, 1), 1), "across hosts of different sizes")
+	require.True(t, math.IsInf(Cost(uneven, OneShot, 1), 1), "across hosts of different sizes")
 	off := tcp
 	off.ExchangeEfficiency = 0
 	require.Equal(t, Ring, pick(8, off, 8), "a link without ExchangeEfficiency")

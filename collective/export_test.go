@@ -107,3 +107,6 @@ func Oversubscribed(hosts []string, cpus int, host string) bool {
 	}
 	return oversubscribed(peers, host)
 }
+
+// TCPLinkModel and ShmLinkModel are the tuner's models of the transports.
+var TCPLinkModel, ShmLinkModel = tcpLink, shmLink

@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/goccl/goccl/algorithms"
 	"github.com/goccl/goccl/collective"
 )
 
@@ -59,4 +60,20 @@ func TestOversubscribed(t *testing.T) {
 	require.False(t, collective.Oversubscribed(split, 2, "a"), "2 ranks a host on 2 CPUs each")
 	require.True(t, collective.Oversubscribed([]string{"a", "a", "a", "b"}, 2, "a"), "3 ranks on host a")
 	require.False(t, collective.Oversubscribed([]string{"a", "a", "a", "b"}, 2, "b"), "1 rank on host b")
+}
+
+// TestLinkModelsPickTheMeasuredAllGathers: with the models the
+// communicator uses, the tuner picks the all-gathers measured fastest on
+// one host (docs/performance.md, "Recursive doubling for the all-gather").
+func TestLinkModelsPickTheMeasuredAllGathers(t *testing.T) {
+	pick := func(n int, l algorithms.LinkModel, bytes int64) algorithms.Algorithm {
+		return algorithms.Tune(algorithms.Problem{Coll: algorithms.CollAllGather, NRanks: n, Bytes: bytes, Link: l}, algorithms.AlgoAuto, 0, 0).Algo
+	}
+	require.Equal(t, algorithms.RecDoubling, pick(4, collective.TCPLinkModel, 64<<10))
+	require.Equal(t, algorithms.OneShot, pick(4, collective.TCPLinkModel, 1<<20))
+	require.Equal(t, algorithms.RecDoubling, pick(8, collective.TCPLinkModel, 256<<10))
+	require.Equal(t, algorithms.Ring, pick(8, collective.TCPLinkModel, 16<<20))
+	require.Equal(t, algorithms.OneShot, pick(4, collective.ShmLinkModel, 64<<10))
+	require.Equal(t, algorithms.RecDoubling, pick(8, collective.ShmLinkModel, 64<<10))
+	require.Equal(t, algorithms.Ring, pick(8, collective.ShmLinkModel, 16<<20))
 }

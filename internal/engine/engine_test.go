@@ -169,6 +169,21 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	pl, err := e.Plan(&Op{Coll: algorithms.CollAllReduce, Type: kernels.Float32, Red: kernels.Sum, Count: 1 << 24})
 	require.NoError(t, err)
 	require.NotEqual(t, algorithms.Hier, pl.Algo)
+	// Uneven hosts still span hosts: the tuner keeps the one-host forms
+	// of the all-gather (one-shot, recursive doubling) off them.
+	onHost := testLink
+	onHost.OneShotHalves, onHost.ExchangeEfficiency = true, 0.9
+	for _, hosts := range [][]int{{0, 0, 0}, {0, 0, 1}} {
+		e, err := New(0, 3, nw3.Endpoint(0), Config{MaxChannels: 1, Link: onHost, Hosts: hosts})
+		require.NoError(t, err)
+		pl, err := e.Plan(&Op{Coll: algorithms.CollAllGather, Type: kernels.Float32, Count: 16})
+		require.NoError(t, err)
+		if hosts[2] == 0 {
+			require.Equal(t, algorithms.OneShot, pl.Algo, "one host")
+		} else {
+			require.Equal(t, algorithms.Ring, pl.Algo, "hosts %v", hosts)
+		}
+	}
 }
 
 // TestOperatorMismatchAfterSameShape: the plan cache is keyed by what the

@@ -57,7 +57,8 @@ type Options struct {
 	// YieldWhenIdle gives the CPU away after every failed poll (else
 	// after every 16th), for hosts with more ranks than cores (Open MPI's
 	// mpi_yield_when_idle): the rank being waited for may need this very
-	// core.
+	// core. SpinFor is still checked every 16th poll, so on a busy host
+	// the polling may outlast it by up to 16 yields.
 	YieldWhenIdle bool
 	Logger        *slog.Logger
 	// TLS, when set, protects every socket with TLS 1.3 after goccl's own

@@ -597,7 +597,7 @@ func (ob *outbox) wait(ctx context.Context, fd int, events int16, o Options, try
 				// More ranks than cores: at every turn, as Open MPI's
 				// mpi_yield_when_idle (docs/performance.md, "Yielding at
 				// every turn": 4 ranks on 2 cores, 8-32 B all-reduces,
-				// all-gathers and reduce-scatters in 0.5-0.7 of the time).
+				// all-gathers and reduce-scatters in 0.47-0.73 of the time).
 				yieldCPU()
 			}
 		}
