@@ -73,14 +73,14 @@ func Build(p Params) (*Schedule, error) {
 			ringAllReduce(b, ring)
 		case Tree:
 			tree := func(t int) (int, []int) { return DoubleBinaryTree(n, p.Rank, t) }
-			if p.Hosts != nil && hostCount(p.Hosts) > 1 {
+			if p.Hosts != nil && HostCount(p.Hosts) > 1 {
 				tree = func(t int) (int, []int) { return HostTree(p.Hosts, p.Rank, t) }
 			}
 			treeAllReduce(b, tree)
 		case RecDoubling:
 			s = relabel(p, ring, recDoublingAllReduce)
 		case Rabenseifner:
-			near := p.Hosts != nil && hostCount(p.Hosts) > 1
+			near := p.Hosts != nil && HostCount(p.Hosts) > 1
 			s = relabel(p, ring, func(b builder) { rabenseifnerAllReduce(b, near) })
 		case OneShot:
 			s = relabel(p, ring, oneShotAllReduce)
@@ -92,26 +92,32 @@ func Build(p Params) (*Schedule, error) {
 			hierAllReduce(b, g, p.Algo == HierTree)
 		}
 	case CollReduceScatter, CollAllGather:
-		if p.Algo == OneShot && p.Coll == CollReduceScatter {
-			oneShotReduceScatter(b)
-		} else if p.Algo == RecDoubling {
+		rs := p.Coll == CollReduceScatter
+		switch p.Algo {
+		case OneShot:
+			if rs {
+				oneShotReduceScatter(b)
+			} else {
+				oneShotAllGather(b)
+			}
+		case RecDoubling: // all-gather only (Supports)
 			recDoublingAllGather(b)
-		} else if p.Algo == OneShot {
-			oneShotAllGather(b)
-		} else if p.Algo == Hier {
+		case Hier:
 			g, err := HostGrid(p.Hosts, n)
 			if err != nil {
 				return nil, err
 			}
-			if p.Coll == CollReduceScatter {
+			if rs {
 				hierReduceScatter(b, g)
 			} else {
 				hierAllGather(b, g)
 			}
-		} else if p.Coll == CollReduceScatter {
-			ringReduceScatter(b, ring)
-		} else {
-			ringAllGather(b, ring)
+		default:
+			if rs {
+				ringReduceScatter(b, ring)
+			} else {
+				ringAllGather(b, ring)
+			}
 		}
 	case CollBroadcast:
 		chainBroadcast(b, ring)

@@ -122,8 +122,8 @@ func HostTree(hosts []int, rank, t int) (parent int, children []int) {
 	return parent, children
 }
 
-// hostCount returns the number of distinct hosts.
-func hostCount(hosts []int) int { return len(hostGroups(hosts)) }
+// HostCount returns the number of distinct labels in hosts.
+func HostCount(hosts []int) int { return len(hostGroups(hosts)) }
 
 func checkHosts(hosts []int, n int) error {
 	if len(hosts) != n {

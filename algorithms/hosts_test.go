@@ -46,7 +46,7 @@ func TestHostRing(t *testing.T) {
 		hosts := randomHosts(rng, n, 1+rng.IntN(6))
 		ring := HostRing(hosts)
 		require.NoError(t, checkPerm(ring, n))
-		if k := hostCount(hosts); k > 1 {
+		if k := HostCount(hosts); k > 1 {
 			require.Equal(t, k, crossings(ring, hosts), "hosts %v ring %v: each host entered once", hosts, ring)
 		}
 		// Within a host, rank order.
@@ -93,7 +93,7 @@ func TestHostTree(t *testing.T) {
 				}
 			}
 			require.Equal(t, 1, roots, "hosts %v tree %d", hosts, tr)
-			require.Equal(t, hostCount(hosts)-1, cross, "hosts %v tree %d", hosts, tr)
+			require.Equal(t, HostCount(hosts)-1, cross, "hosts %v tree %d", hosts, tr)
 			// Acyclic: every rank reaches the root.
 			for r := range n {
 				x := r

@@ -398,6 +398,9 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		return fail(errors.New("this rank is not in the root's table"))
 	}
 	rank, nranks = me, len(table.Peers)
+	// A host with more ranks than CPUs: waiting ranks of both transports
+	// give their core away after every failed poll.
+	busy := oversubscribed(table.Peers, hostID)
 	route, anyNet, err := routes(table.Peers, rank, mode)
 	if err != nil {
 		closeListeners()
@@ -487,7 +490,7 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		to := tcp.Options{Rank: rank, ListenersUp: true, NRanks: nranks, Peers: tcpPeers, Secret: id.secret[:], Listener: ln,
 			Listeners: nicLns, PeerNICs: tcpNICs,
 			NSocks: cfg.NSocks, Slots: slots, SlotSize: slotSize, SpinFor: cfg.Spin, TLS: cfg.tls,
-			YieldWhenIdle: oversubscribed(table.Peers, hostID)}
+			YieldWhenIdle: busy}
 		if reg, ok := dev.(device.Registrar); ok {
 			// Device operations stage their slices in registered memory.
 			to.Device = reg
@@ -561,7 +564,7 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	}
 	if nShm > 0 {
 		o := shm.Options{Rank: rank, ListenersUp: true, NRanks: nranks, Peers: shmPeers, Secret: id.secret[:], Listener: shmLn,
-			Slots: slots, SlotSize: slotSize, SpinFor: cfg.Spin, YieldWhenIdle: oversubscribed(table.Peers, hostID), AllowUIDs: cfg.ShmAllowUIDs,
+			Slots: slots, SlotSize: slotSize, SpinFor: cfg.Spin, YieldWhenIdle: busy, AllowUIDs: cfg.ShmAllowUIDs,
 			CMA: map[string]shm.CMAMode{"on": shm.CMAOn, "off": shm.CMAOff}[cfg.ShmCMA], NoDeviceIPC: cfg.P2PDisable}
 		if reg, ok := dev.(device.Registrar); ok {
 			// Device operations reduce straight into the segments, which

@@ -221,7 +221,7 @@ func New(rank, nranks int, ep transport.Endpoint, cfg Config) (*Engine, error) {
 		}
 		// Hosts of different sizes: no hierarchy (PerHost 0), but the
 		// tuner still knows the job spans hosts.
-		grid = algorithms.Grid{Hosts: distinct(cfg.Hosts)}
+		grid = algorithms.Grid{Hosts: algorithms.HostCount(cfg.Hosts)}
 	}
 	e := &Engine{
 		rank: rank, nranks: nranks, ep: ep, caps: caps, cfg: cfg, grid: grid,
@@ -494,15 +494,6 @@ func describeMismatch(got, want uint32) string {
 		return fmt.Sprintf("both called %s, with a different count, root or slot setting", w.call())
 	}
 	return "same call, out of order"
-}
-
-// distinct returns how many different labels hosts holds.
-func distinct(hosts []int) int {
-	seen := map[int]bool{}
-	for _, h := range hosts {
-		seen[h] = true
-	}
-	return len(seen)
 }
 
 // slotSlices reports the plans whose slices are a slot's rather than cut

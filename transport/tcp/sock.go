@@ -584,20 +584,17 @@ func (ob *outbox) wait(ctx context.Context, fd int, events int16, o Options, try
 				} else if now.After(deadline) {
 					break
 				}
-				// Give the CPU away now and then: to a rank sharing the core,
-				// and to the kernel's own network work (veth and other
-				// virtual devices deliver in softirq threads), which a
-				// polling rank otherwise starves; docs/performance.md
-				// measured 0.79 GB/s without this over a veth, 1.50 with.
-				if !o.YieldWhenIdle {
-					yieldCPU()
-				}
 			}
-			if o.YieldWhenIdle {
-				// More ranks than cores: at every turn, as Open MPI's
-				// mpi_yield_when_idle (docs/performance.md, "Yielding at
-				// every turn": 4 ranks on 2 cores, 8-32 B all-reduces,
-				// all-gathers and reduce-scatters in 0.47-0.73 of the time).
+			// Give the CPU away now and then: to a rank sharing the core,
+			// and to the kernel's own network work (veth and other
+			// virtual devices deliver in softirq threads), which a
+			// polling rank otherwise starves; docs/performance.md
+			// measured 0.79 GB/s without this over a veth, 1.50 with.
+			// With more ranks than cores, at every turn, as Open MPI's
+			// mpi_yield_when_idle (docs/performance.md, "Yielding at
+			// every turn": 4 ranks on 2 cores, 8-32 B all-reduces,
+			// all-gathers and reduce-scatters in 0.47-0.73 of the time).
+			if o.YieldWhenIdle || i&15 == 15 {
 				yieldCPU()
 			}
 		}
