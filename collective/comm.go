@@ -321,6 +321,7 @@ func newComm(rank, size int, cfg Config, ep transport.Endpoint, link algorithms.
 	eng, err := engine.New(rank, size, ep, engine.Config{
 		Algo: cfg.Algorithm, Channels: cfg.Channels, ChunkBytes: cfg.ChunkSize,
 		MaxChannels: cfg.MaxChannels, Link: link, Device: dev, Hosts: hosts, IntraLink: intra,
+		Oversubscribed: cfg.oversubscribed,
 	})
 	if err != nil {
 		return nil, err

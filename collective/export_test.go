@@ -108,5 +108,15 @@ func Oversubscribed(hosts []string, cpus int, host string) bool {
 	return oversubscribed(peers, host)
 }
 
+// AnyOversubscribed is anyOversubscribed for ranks on the given hosts,
+// each host with cpus CPUs.
+func AnyOversubscribed(hosts []string, cpus int) bool {
+	var peers []wire.PeerInfo
+	for r, h := range hosts {
+		peers = append(peers, wire.PeerInfo{Rank: uint32(r), HostID: h, Topology: hostSummary{CPUs: cpus}.encode()})
+	}
+	return anyOversubscribed(summarize(peers))
+}
+
 // TCPLinkModel and ShmLinkModel are the tuner's models of the transports.
 var TCPLinkModel, ShmLinkModel = tcpLink, shmLink

@@ -631,6 +631,7 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		link.Bandwidth = min(link.Bandwidth, tcpNICBound(table.Peers, tcpRanks)/float64(link.MaxChannels))
 	}
 	intra := intraLink(table.Peers, link)
+	cfg.oversubscribed = anyOversubscribed(hosts)
 	c, err := newComm(rank, nranks, cfg, ep, link, dev, hostLabels(table.Peers), intra)
 	if err != nil {
 		ep.Close(err)
@@ -842,6 +843,17 @@ func summarize(peers []wire.PeerInfo) map[string]hostLoad {
 func oversubscribed(peers []wire.PeerInfo, hostID string) bool {
 	h := summarize(peers)[hostID]
 	return h.ranks > h.cpus
+}
+
+// anyOversubscribed reports whether some host of the job (hosts from
+// summarize) runs more ranks than it has CPUs.
+func anyOversubscribed(hosts map[string]hostLoad) bool {
+	for _, h := range hosts {
+		if h.ranks > h.cpus {
+			return true
+		}
+	}
+	return false
 }
 
 // intraLink is the tuner's model of the links inside a host: shared

@@ -60,6 +60,10 @@ func TestOversubscribed(t *testing.T) {
 	require.False(t, collective.Oversubscribed(split, 2, "a"), "2 ranks a host on 2 CPUs each")
 	require.True(t, collective.Oversubscribed([]string{"a", "a", "a", "b"}, 2, "a"), "3 ranks on host a")
 	require.False(t, collective.Oversubscribed([]string{"a", "a", "a", "b"}, 2, "b"), "1 rank on host b")
+	// The engine's slicing follows any host's, so that every rank cuts alike.
+	require.True(t, collective.AnyOversubscribed([]string{"a", "a", "a", "b"}, 2), "3 ranks on host a")
+	require.False(t, collective.AnyOversubscribed(split, 2), "2 ranks a host on 2 CPUs each")
+	require.False(t, collective.AnyOversubscribed(four, 4), "4 ranks on 4 CPUs")
 }
 
 // TestLinkModelsPickTheMeasuredAllGathers: with the models the

@@ -45,6 +45,10 @@ type Config struct {
 	// IntraLink is the tuner's model of the links inside a host, when
 	// Hosts has several (zero: Link).
 	IntraLink algorithms.LinkModel
+	// Oversubscribed: some host of the job runs more ranks than it has
+	// cores. Broadcast, reduce and all-reduce then send their blocks a
+	// slot at a time (slotSlices). Every rank must be given the same.
+	Oversubscribed bool
 }
 
 // Op is one operation on one rank. Counts are in elements.
@@ -330,7 +334,7 @@ func (e *Engine) plan(op *Op) (Plan, error) {
 	// only overlaps its hops when there is more than one slice in flight.
 	blockElems := (op.Count + pieces*s.Minor - 1) / (pieces * s.Minor)
 	sliceElems := slotElems
-	if blockElems > 0 && !slotSlices(op.Coll, pl.Algo) {
+	if blockElems > 0 && !slotSlices(op.Coll, pl.Algo, e.cfg.Oversubscribed) {
 		want := (blockElems + minSlicesPerStep - 1) / minSlicesPerStep
 		sliceElems = min(slotElems, max(want, max(minSliceBytes, int(e.cfg.Link.MinSliceBytes))/es))
 	}
@@ -497,19 +501,35 @@ func describeMismatch(got, want uint32) string {
 }
 
 // slotSlices reports the plans whose slices are a slot's rather than cut
-// to a few per block: the recursive-doubling all-gather, whose exchanges
-// go in lockstep (chanRun.exchange sends a slice and waits for the
-// partner's before the next, so each slice is a wait), and the one-shot
-// reduce-scatter and all-gather, one hop with nothing forwarded, where
-// smaller slices only add sends, reads and wake-ups. Measured
-// (docs/performance.md, "Recursive doubling for the all-gather"): 4
-// ranks over TCP, 1 MiB, the recursive-doubling all-gather 1389-1720 µs
-// with the pipelined algorithms' slices, 501-695 with a slot's; the
-// one-shot all-gather 708 -> 394 µs, its reduce-scatter 963 -> 598. The
-// all-reduces that do not forward either (one-shot, recursive doubling,
-// Rabenseifner) keep the engine's cut: measured both ways, mixed.
-func slotSlices(c algorithms.Collective, a algorithms.Algorithm) bool {
-	return (c == algorithms.CollAllGather || c == algorithms.CollReduceScatter) && (a == algorithms.RecDoubling || a == algorithms.OneShot)
+// to a few per block (minSlicesPerStep):
+//   - the recursive-doubling all-gather, whose exchanges go in lockstep
+//     (chanRun.exchange sends a slice and waits for the partner's before
+//     the next, so each slice is a wait), and the one-shot reduce-scatter
+//     and all-gather, one hop with nothing forwarded, where smaller slices
+//     only add sends, reads and wake-ups. Measured (docs/performance.md,
+//     "Recursive doubling for the all-gather"): 4 ranks over TCP, 1 MiB,
+//     the recursive-doubling all-gather 1389-1720 µs with the pipelined
+//     algorithms' slices, 501-695 with a slot's; the one-shot all-gather
+//     708 -> 394 µs, its reduce-scatter 963 -> 598. The all-reduces that
+//     do not forward either (one-shot, recursive doubling, Rabenseifner)
+//     keep the engine's cut: measured both ways, mixed.
+//   - broadcast, reduce and all-reduce where ranks outnumber cores
+//     (oversubscribed): the cut exists so that a chain's hops overlap,
+//     and there is no idle core to overlap them on, while every slice is
+//     one more poll, wake-up and yield at both ends. 4 ranks on 2 cores
+//     (docs/performance.md, "Slices of a slot where ranks outnumber
+//     cores"): 64 KiB broadcast and reduce 0.6-0.9 of the time, over TCP
+//     the 1 MiB reduce and all-reduce 0.85-0.9. The ring all-gather lost
+//     (4 MiB over TCP, 1.15-1.2 times as long), so the all-gathers and
+//     reduce-scatters keep the cut there.
+func slotSlices(c algorithms.Collective, a algorithms.Algorithm, oversubscribed bool) bool {
+	switch c {
+	case algorithms.CollAllGather, algorithms.CollReduceScatter:
+		return a == algorithms.RecDoubling || a == algorithms.OneShot
+	case algorithms.CollBroadcast, algorithms.CollReduce, algorithms.CollAllReduce:
+		return oversubscribed
+	}
+	return false
 }
 
 // Slicing of small blocks; see plan. A link model may raise the floor

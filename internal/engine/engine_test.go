@@ -320,6 +320,85 @@ func TestLinkModelRaisesTheSliceFloor(t *testing.T) {
 	}
 }
 
+// TestOversubscribedSlicesBySlot: where ranks outnumber cores
+// (Config.Oversubscribed) broadcast, reduce and all-reduce send their
+// blocks a slot at a time, the ring all-gather keeps the engine's cut,
+// and the results are exact.
+func TestOversubscribedSlicesBySlot(t *testing.T) {
+	const n, slot = 4, 128 << 10
+	nw, err := mem.NewNetwork(n, mem.Options{Slots: 8, SlotSize: slot})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		for r := range n {
+			nw.Endpoint(r).Close(nil)
+		}
+	})
+	plain, busy := make([]*Engine, n), make([]*Engine, n)
+	for r := range n {
+		cfg := Config{Algo: algorithms.Ring, Channels: 1, MaxChannels: 1, Link: testLink}
+		plain[r], err = New(r, n, nw.Endpoint(r), cfg)
+		require.NoError(t, err)
+		cfg.Oversubscribed = true
+		busy[r], err = New(r, n, nw.Endpoint(r), cfg)
+		require.NoError(t, err)
+	}
+	const count = 64 << 10 // float32 elements: 256 KiB
+	for _, c := range []algorithms.Collective{algorithms.CollBroadcast, algorithms.CollReduce, algorithms.CollAllReduce, algorithms.CollAllGather} {
+		op := &Op{Coll: c, Type: kernels.Float32, Count: count}
+		p, err := plain[0].Plan(op)
+		require.NoError(t, err)
+		require.Less(t, 4*p.SliceElems, slot, "%v: cut below a slot", c)
+		q, err := busy[0].Plan(op)
+		require.NoError(t, err)
+		if c == algorithms.CollAllGather {
+			require.Equal(t, p.SliceElems, q.SliceElems, "the ring all-gather keeps the cut")
+		} else {
+			require.Equal(t, slot, 4*q.SliceElems, "%v, oversubscribed: a slot", c)
+		}
+	}
+	outs := make([][]byte, n)
+	errs := runAll(t, busy, func(r int) *Op {
+		in := make([]float32, count)
+		for i := range in {
+			in[i] = float32(r*1_000 + i%1_000)
+		}
+		outs[r] = make([]byte, 4*count)
+		return &Op{Coll: algorithms.CollAllReduce, Type: kernels.Float32, Red: kernels.Sum, Count: count,
+			In: memory.HostBuffer(f32s(in)), Out: memory.HostBuffer(outs[r])}
+	})
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+	}
+	for r := range outs {
+		for i := range count {
+			if got, want := f32at(outs[r], i), float32(6_000+4*(i%1_000)); got != want {
+				t.Fatalf("all-reduce, rank %d element %d: %v, want %v", r, i, got, want)
+			}
+		}
+	}
+	errs = runAll(t, busy, func(r int) *Op {
+		buf := make([]float32, count)
+		if r == 1 {
+			for i := range buf {
+				buf[i] = float32(i)
+			}
+		}
+		outs[r] = f32s(buf)
+		return &Op{Coll: algorithms.CollBroadcast, Type: kernels.Float32, Count: count, Root: 1,
+			In: memory.HostBuffer(outs[r]), Out: memory.HostBuffer(outs[r])}
+	})
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+	}
+	for r := range outs {
+		for i := range count {
+			if got := f32at(outs[r], i); got != float32(i) {
+				t.Fatalf("broadcast, rank %d element %d: %v, want %v", r, i, got, i)
+			}
+		}
+	}
+}
+
 // TestRecDoublingGatherSlicesBySlot: the recursive-doubling all-gather's
 // exchanges go in lockstep and the one-shot halves forward nothing
 // (slotSlices), so their slices are a slot's where the ring's are cut
