@@ -14,7 +14,12 @@
 // recvReduceSend: the fused primitive of NCCL's prims_simple.h), posts the
 // outgoing slot and releases the incoming one. Because each slice moves on
 // as soon as it is ready, a chain of ranks pipelines at slice granularity,
-// and a connection's Slots bound how far a sender runs ahead.
+// and a connection's Slots bound how far a sender runs ahead. Blocks are
+// cut into at least four slices so that the chain's hops overlap, except
+// where overlap buys nothing (slotSlices): exchanges that go in lockstep,
+// one-hop schedules that forward nothing, and, when some host runs more
+// ranks than it has cores (Config.Oversubscribed), broadcast, reduce and
+// all-reduce, whose hops have no idle core to overlap on.
 //
 // Exchanges (recursive doubling, Rabenseifner, all-to-all) alternate one
 // outgoing and one incoming slice, so two ranks sending to each other
