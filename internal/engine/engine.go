@@ -518,9 +518,9 @@ func describeMismatch(got, want uint32) string {
 //     and there is no idle core to overlap them on, while every slice is
 //     one more poll, wake-up and yield at both ends. 4 ranks on 2 cores
 //     (docs/performance.md, "Slices of a slot where ranks outnumber
-//     cores"): 64 KiB broadcast and reduce 0.6-0.9 of the time, over TCP
-//     the 1 MiB reduce and all-reduce 0.85-0.9. The ring all-gather lost
-//     (4 MiB over TCP, 1.15-1.2 times as long), so the all-gathers and
+//     cores"): 64 KiB broadcast and reduce 0.7-0.85 of the time, over TCP
+//     the 1 MiB reduce and all-reduce 0.8-0.87. The ring all-gather lost
+//     (4 MiB over TCP, 1.07-1.23 times as long), so the all-gathers and
 //     reduce-scatters keep the cut there.
 func slotSlices(c algorithms.Collective, a algorithms.Algorithm, oversubscribed bool) bool {
 	switch c {
