@@ -566,6 +566,18 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		o := shm.Options{Rank: rank, ListenersUp: true, NRanks: nranks, Peers: shmPeers, Secret: id.secret[:], Listener: shmLn,
 			Slots: slots, SlotSize: slotSize, SpinFor: cfg.Spin, YieldWhenIdle: busy, AllowUIDs: cfg.ShmAllowUIDs,
 			CMA: map[string]shm.CMAMode{"on": shm.CMAOn, "off": shm.CMAOff}[cfg.ShmCMA], NoDeviceIPC: cfg.P2PDisable}
+		if busy {
+			// Above shm.DefaultSharedMax the slots' two copies beat the
+			// receiver's one copy out of a shared allocation only because
+			// the two ranks' cores make them side by side; with more ranks
+			// than cores no core is spare, and the one copy moves half the
+			// bytes at every size: 4 ranks on 2 cores, MemAlloc buffers,
+			// the all-gather at 64 MiB 17-21 ms against 26-31, the
+			// broadcast 26-31 against 38-44 (docs/performance.md, "MemAlloc
+			// where ranks outnumber cores"). Every rank of a host sees the
+			// same, as both ends of a connection must.
+			o.SharedMax = -1
+		}
 		if reg, ok := dev.(device.Registrar); ok {
 			// Device operations reduce straight into the segments, which
 			// the GPU reaches once registered.

@@ -9,8 +9,9 @@ import (
 
 // MemAlloc returns n zeroed elements of host memory that the other ranks
 // on this host can map, for a collective's buffers (NCCL's ncclMemAlloc).
-// Over shared memory, in operations of 64 KiB to 4 MiB, the slices of
-// broadcasts and all-gathers then go with one copy, the receiver's,
+// Over shared memory, in operations of 64 KiB to 4 MiB (from 64 KiB on,
+// with no upper bound, on a host with more ranks than CPUs), the slices
+// of broadcasts and all-gathers then go with one copy, the receiver's,
 // straight out of the sender's buffer at memcpy's speed (with ordinary Go
 // memory they go through the transport's slots: two copies), and a
 // reduction's receiver reads the sender's input (and, in an

@@ -190,6 +190,13 @@ func TestMultiProcessSharedAllocations(t *testing.T) {
 				_, err := fmt.Sscanf(r.output[strings.LastIndex(r.output, "shared slices"):], "shared slices %d", &got)
 				require.NoError(t, err, "rank %d: %s", r.rank, r.output)
 				require.Positive(t, got, "rank %d copied nothing out of its peers' buffers", r.rank)
+				_, err = fmt.Sscanf(r.output[strings.LastIndex(r.output, "by reference above 4 MiB"):], "by reference above 4 MiB %d", &got)
+				require.NoError(t, err, "rank %d: %s", r.rank, r.output)
+				if n > runtime.NumCPU() {
+					require.Positive(t, got, "rank %d, %d ranks on %d CPUs: an all-gather of %d MiB went through slots", r.rank, n, runtime.NumCPU(), 4*n)
+				} else {
+					require.Zero(t, got, "rank %d, %d ranks on %d CPUs: an all-gather of %d MiB went by reference", r.rank, n, runtime.NumCPU(), 4*n)
+				}
 			}
 		})
 	}
@@ -609,6 +616,13 @@ func childMain(scenario string) int {
 			return fail("%v", err)
 		}
 		fmt.Printf("rank %d shared slices %d\n", c.Rank(), shm.SharedSlicesReceived())
+		// Above shm.DefaultSharedMax slices go by reference only on a
+		// host with more ranks than CPUs.
+		before := shm.SharedSlicesReceived()
+		if err := childSharedGather(ctx, c, 1<<20); err != nil {
+			return fail("%v", err)
+		}
+		fmt.Printf("rank %d by reference above 4 MiB %d\n", c.Rank(), shm.SharedSlicesReceived()-before)
 	case "strangers":
 		stop := make(chan struct{})
 		var wg sync.WaitGroup
@@ -853,6 +867,35 @@ func childCollectives(ctx context.Context, c *collective.Comm) error {
 
 // childShared runs all-gathers, broadcasts and all-reduces on buffers
 // from MemAlloc, checks every result, and frees them.
+// childSharedGather all-gathers k float32 per rank between MemAlloc
+// buffers and checks the result.
+func childSharedGather(ctx context.Context, c *collective.Comm, k int) error {
+	n, r := c.Size(), c.Rank()
+	send, err := collective.MemAlloc[float32](k)
+	if err != nil {
+		return err
+	}
+	defer collective.MemFree(send)
+	recv, err := collective.MemAlloc[float32](n * k)
+	if err != nil {
+		return err
+	}
+	defer collective.MemFree(recv)
+	val := func(q, i int) float32 { return float32(q*1_000_003+i) * 0.5 }
+	for i := range send {
+		send[i] = val(r, i)
+	}
+	if err := collective.AllGather(ctx, c, send, recv); err != nil {
+		return fmt.Errorf("all-gather of %d: %w", k, err)
+	}
+	for i, v := range recv {
+		if want := val(i/k, i%k); v != want {
+			return fmt.Errorf("all-gather of %d: element %d = %v, want %v", k, i, v, want)
+		}
+	}
+	return nil
+}
+
 func childShared(ctx context.Context, c *collective.Comm) error {
 	n, r := c.Size(), c.Rank()
 	for _, k := range []int{1, 37, 70_001, 300_000} {

@@ -98,7 +98,9 @@ type Options struct {
 	// (memory.AllocShared; shared_linux.go), from CMAMin on: 0 means
 	// DefaultSharedMax, < 0 no bound. Above it the receiver's one copy
 	// from the sender's memory, out of cache, is slower than the slots'
-	// two copies, which the two ranks' cores make side by side.
+	// two copies, which the two ranks' cores make side by side; on a host
+	// with more ranks than cores, where no core is spare, collective
+	// lifts the bound. Both ends of a connection must have the same.
 	SharedMax int64
 	// ListenersUp: every peer's listener is up before this endpoint is
 	// made (as the bootstrap guarantees), so a refused connection means
