@@ -2,7 +2,9 @@ package collective
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
+	"math/bits"
 
 	"github.com/goccl/goccl/algorithms"
 	"github.com/goccl/goccl/internal/netif"
@@ -107,6 +109,32 @@ func Oversubscribed(hosts []string, cpus int, host string) bool {
 	}
 	return oversubscribed(peers, host)
 }
+
+// OversubscribedSets is oversubscribed for ranks on the given hosts,
+// rank r allowed the CPUs of bit mask sets[r] (0: it published no set and
+// reports 2 CPUs).
+func OversubscribedSets(hosts []string, sets []uint64, host string) bool {
+	var peers []wire.PeerInfo
+	for r, h := range hosts {
+		s := hostSummary{CPUs: 2}
+		if sets[r] != 0 {
+			s.CPUs = bits.OnesCount64(sets[r])
+			s.CPUMask = binary.LittleEndian.AppendUint64(nil, sets[r])
+		}
+		peers = append(peers, wire.PeerInfo{Rank: uint32(r), HostID: h, Topology: s.encode()})
+	}
+	return oversubscribed(peers, host)
+}
+
+// CPUMaskRoundTrip encodes a host summary with CPU set m and decodes it
+// back.
+func CPUMaskRoundTrip(m []byte) ([]byte, uint32, bool) {
+	h, ok := decodeHostSummary(hostSummary{CPUs: 3, NetMbps: 7, CPUMask: m}.encode())
+	return h.CPUMask, h.NetMbps, ok
+}
+
+// CPUMask is this process's CPU set as a host summary carries it.
+var CPUMask = cpuMask
 
 // AnyOversubscribed is anyOversubscribed for ranks on the given hosts,
 // each host with cpus CPUs.

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"math/bits"
 	"net"
 	"os"
 	"runtime"
@@ -352,7 +353,7 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		}
 	}
 	hostID, nicSpeeds := facts.hostID, facts.nicSpeeds
-	summary := hostSummary{CPUs: runtime.NumCPU(), NetNS: facts.netNS, NetMbps: facts.netMbps}
+	summary := hostSummary{CPUs: runtime.NumCPU(), NetNS: facts.netNS, NetMbps: facts.netMbps, CPUMask: cpuMask()}
 	for i, l := range nicLns {
 		summary.NICs = append(summary.NICs, l.Addr().String())
 		summary.NICNames = append(summary.NICNames, nics[i+1].Iface)
@@ -831,18 +832,47 @@ func launcherName(source string) string {
 
 type hostLoad struct{ ranks, cpus int }
 
-// summarize counts ranks and CPUs per host.
+// summarize counts ranks and CPUs per host. A host's CPUs are those its
+// ranks may run on together: the union of their CPU sets where every one
+// of them published its set, so that ranks bound to cores of their own
+// (Open MPI binds each rank to a core by default for 2 ranks, Slurm may
+// for any) count as many CPUs as they are bound to; else the fewest CPUs
+// any of its ranks reports.
 func summarize(peers []wire.PeerInfo) map[string]hostLoad {
 	out := map[string]hostLoad{}
+	union := map[string][]byte{}
+	sets := map[string]bool{} // every rank of the host published its CPU set
 	for _, p := range peers {
-		h := out[p.HostID]
+		h, seen := out[p.HostID]
 		h.ranks++
-		if s, ok := decodeHostSummary(p.Topology); ok && (h.cpus == 0 || s.CPUs < h.cpus) {
+		s, ok := decodeHostSummary(p.Topology)
+		if ok && (h.cpus == 0 || s.CPUs < h.cpus) {
 			h.cpus = s.CPUs
+		}
+		if !seen {
+			sets[p.HostID] = true
+		}
+		if !ok || len(s.CPUMask) == 0 {
+			sets[p.HostID] = false
+		} else {
+			u := union[p.HostID]
+			for len(u) < len(s.CPUMask) {
+				u = append(u, 0)
+			}
+			for i, m := range s.CPUMask {
+				u[i] |= m
+			}
+			union[p.HostID] = u
 		}
 		out[p.HostID] = h
 	}
 	for id, h := range out {
+		if sets[id] {
+			h.cpus = 0
+			for _, m := range union[id] {
+				h.cpus += bits.OnesCount8(m)
+			}
+		}
 		h.cpus = max(h.cpus, 1)
 		out[id] = h
 	}

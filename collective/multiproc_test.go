@@ -181,21 +181,48 @@ func TestMultiProcessSharedAllocations(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("shared allocations (memfd) and the shared-memory transport need Linux")
 	}
-	for _, n := range []int{2, 3} {
-		t.Run(fmt.Sprintf("nranks=%d", n), func(t *testing.T) {
-			res := spawn(t, "shared", gocclEnvs(t, n, "GOCCL_TRANSPORT=shm", "GOCCL_SHM_CMA=off"), nil)
+	for _, c := range []struct {
+		n   int
+		pin string // "": unbound; "one": every rank bound to CPU 0; "own": rank r to CPU r (taskset)
+	}{{2, ""}, {3, ""}, {2, "one"}, {2, "own"}} {
+		t.Run(fmt.Sprintf("nranks=%d/pin=%q", c.n, c.pin), func(t *testing.T) {
+			var wrap func(int) []string
+			cpus := runtime.NumCPU()
+			if c.pin != "" {
+				if _, err := exec.LookPath("taskset"); err != nil {
+					t.Skip("no taskset (util-linux) to bind the ranks to CPUs")
+				}
+				if c.pin == "own" && cpus < c.n {
+					t.Skipf("%d CPUs: too few to bind %d ranks to one each", cpus, c.n)
+				}
+				wrap = func(int) []string { return []string{"taskset", "-c", "0"} }
+				cpus = 1
+				if c.pin == "own" {
+					// Bound to cores of their own, the ranks do not share
+					// them, though each can use only one (summarize).
+					wrap = func(r int) []string { return []string{"taskset", "-c", strconv.Itoa(r)} }
+					cpus = c.n
+				}
+			}
+			res := spawn(t, "shared", gocclEnvs(t, c.n, "GOCCL_TRANSPORT=shm", "GOCCL_SHM_CMA=off"), wrap)
 			requireAllOK(t, res)
-			for _, r := range res {
+			count := func(r procResult, what string) int {
+				i := strings.LastIndex(r.output, what)
+				require.GreaterOrEqual(t, i, 0, "rank %d printed no %q: %s", r.rank, what, r.output)
 				var got int
-				_, err := fmt.Sscanf(r.output[strings.LastIndex(r.output, "shared slices"):], "shared slices %d", &got)
+				_, err := fmt.Sscanf(r.output[i+len(what):], " %d", &got)
 				require.NoError(t, err, "rank %d: %s", r.rank, r.output)
-				require.Positive(t, got, "rank %d copied nothing out of its peers' buffers", r.rank)
-				_, err = fmt.Sscanf(r.output[strings.LastIndex(r.output, "by reference above 4 MiB"):], "by reference above 4 MiB %d", &got)
-				require.NoError(t, err, "rank %d: %s", r.rank, r.output)
-				if n > runtime.NumCPU() {
-					require.Positive(t, got, "rank %d, %d ranks on %d CPUs: an all-gather of %d MiB went through slots", r.rank, n, runtime.NumCPU(), 4*n)
+				return got
+			}
+			for _, r := range res {
+				require.Positive(t, count(r, "rank "+strconv.Itoa(r.rank)+" shared slices"), "rank %d copied nothing out of its peers' buffers", r.rank)
+				// Above shm.DefaultSharedMax, by reference only where the
+				// ranks outnumber their CPUs.
+				got := count(r, "by reference above 4 MiB")
+				if c.n > cpus {
+					require.Positive(t, got, "rank %d, %d ranks on %d CPUs: an all-gather of %d MiB went through slots", r.rank, c.n, cpus, 4*c.n)
 				} else {
-					require.Zero(t, got, "rank %d, %d ranks on %d CPUs: an all-gather of %d MiB went by reference", r.rank, n, runtime.NumCPU(), 4*n)
+					require.Zero(t, got, "rank %d, %d ranks on %d CPUs: an all-gather of %d MiB went by reference", r.rank, c.n, cpus, 4*c.n)
 				}
 			}
 		})
@@ -865,8 +892,6 @@ func childCollectives(ctx context.Context, c *collective.Comm) error {
 	return c.Barrier(ctx)
 }
 
-// childShared runs all-gathers, broadcasts and all-reduces on buffers
-// from MemAlloc, checks every result, and frees them.
 // childSharedGather all-gathers k float32 per rank between MemAlloc
 // buffers and checks the result.
 func childSharedGather(ctx context.Context, c *collective.Comm, k int) error {
@@ -896,6 +921,8 @@ func childSharedGather(ctx context.Context, c *collective.Comm, k int) error {
 	return nil
 }
 
+// childShared runs all-gathers, broadcasts and all-reduces on buffers
+// from MemAlloc, checks every result, and frees them.
 func childShared(ctx context.Context, c *collective.Comm) error {
 	n, r := c.Size(), c.Rank()
 	for _, k := range []int{1, 37, 70_001, 300_000} {

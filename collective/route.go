@@ -44,6 +44,10 @@ type hostSummary struct {
 	// NetMbps is the sum of the link speeds (sysfs) of the interfaces its
 	// TCP connections use, in megabits per second; 0 where any is unknown.
 	NetMbps uint32
+	// CPUMask is the set of CPUs the rank may run on (cpuMask; nil:
+	// unknown), so that ranks bound to cores of their own (as launchers
+	// bind them) do not count as sharing them (summarize).
+	CPUMask []byte
 }
 
 const summaryVersion = 4
@@ -65,7 +69,11 @@ func (h hostSummary) encode() []byte {
 	for i := range n {
 		b = appendShort(appendShort(b, h.NICs[i]), h.NICNames[i])
 	}
-	return binary.BigEndian.AppendUint32(b, h.NetMbps)
+	b = binary.BigEndian.AppendUint32(b, h.NetMbps)
+	if len(h.CPUMask) > 0 && len(h.CPUMask) <= 255 {
+		b = appendShort(b, string(h.CPUMask))
+	}
+	return b
 }
 
 // maxSummaryNICs bounds the interfaces a host summary lists.
@@ -118,6 +126,14 @@ func decodeHostSummary(b []byte) (hostSummary, bool) {
 		return hostSummary{}, false
 	}
 	h.NetMbps = binary.BigEndian.Uint32(b)
+	if b = b[4:]; len(b) > 0 {
+		// The CPU set, where the rank could read it.
+		m, rest, ok := readShort(b)
+		if !ok || len(rest) > 0 {
+			return hostSummary{}, false
+		}
+		h.CPUMask = []byte(m)
+	}
 	return h, true
 }
 

@@ -2,6 +2,8 @@ package collective_test
 
 import (
 	"math"
+	"math/bits"
+	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -60,10 +62,42 @@ func TestOversubscribed(t *testing.T) {
 	require.False(t, collective.Oversubscribed(split, 2, "a"), "2 ranks a host on 2 CPUs each")
 	require.True(t, collective.Oversubscribed([]string{"a", "a", "a", "b"}, 2, "a"), "3 ranks on host a")
 	require.False(t, collective.Oversubscribed([]string{"a", "a", "a", "b"}, 2, "b"), "1 rank on host b")
+	// Ranks that publish their CPU sets count the CPUs of the sets' union:
+	// two ranks bound to cores of their own are not oversubscribed, two
+	// bound to one core are; one rank without a set falls back to the
+	// fewest CPUs any rank reports.
+	require.False(t, collective.OversubscribedSets([]string{"a", "a"}, []uint64{0b01, 0b10}, "a"), "2 ranks on cores of their own")
+	require.True(t, collective.OversubscribedSets([]string{"a", "a"}, []uint64{0b01, 0b01}, "a"), "2 ranks bound to one core")
+	require.True(t, collective.OversubscribedSets(four, []uint64{0b11, 0b11, 0b11, 0b11}, "a"), "4 ranks on 2 CPUs")
+	require.False(t, collective.OversubscribedSets(four, []uint64{1, 2, 4, 1 << 40}, "a"), "4 ranks on 4 cores of their own")
+	require.True(t, collective.OversubscribedSets([]string{"a", "a"}, []uint64{0b01, 0}, "a"), "one set unknown: the fewest CPUs, 1")
 	// The engine's slicing follows any host's, so that every rank cuts alike.
 	require.True(t, collective.AnyOversubscribed([]string{"a", "a", "a", "b"}, 2), "3 ranks on host a")
 	require.False(t, collective.AnyOversubscribed(split, 2), "2 ranks a host on 2 CPUs each")
 	require.False(t, collective.AnyOversubscribed(four, 4), "4 ranks on 4 CPUs")
+}
+
+// TestCPUMask: the CPU set survives the host summary, and on Linux this
+// process's set has as many CPUs as the runtime counts.
+func TestCPUMask(t *testing.T) {
+	for _, m := range [][]byte{nil, {1}, {0, 0x80}, make([]byte, 128)} {
+		got, mbps, ok := collective.CPUMaskRoundTrip(m)
+		require.True(t, ok, "%x", m)
+		require.Equal(t, uint32(7), mbps)
+		if len(m) == 0 {
+			require.Empty(t, got)
+		} else {
+			require.Equal(t, m, got)
+		}
+	}
+	if runtime.GOOS != "linux" {
+		t.Skip("CPU sets are read on Linux only")
+	}
+	n := 0
+	for _, b := range collective.CPUMask() {
+		n += bits.OnesCount8(b)
+	}
+	require.Equal(t, runtime.NumCPU(), n)
 }
 
 // TestLinkModelsPickTheMeasuredAllGathers: with the models the

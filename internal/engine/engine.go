@@ -510,15 +510,18 @@ func describeMismatch(got, want uint32) string {
 //     "Recursive doubling for the all-gather"): 4 ranks over TCP, 1 MiB,
 //     the recursive-doubling all-gather 1389-1720 µs with the pipelined
 //     algorithms' slices, 501-695 with a slot's; the one-shot all-gather
-//     708 -> 394 µs, its reduce-scatter 963 -> 598. The all-reduces that
-//     do not forward either (one-shot, recursive doubling, Rabenseifner)
-//     keep the engine's cut: measured both ways, mixed.
+//     708 -> 394 µs, its reduce-scatter 963 -> 598. Where each rank has
+//     a core, the all-reduces that do not forward either (one-shot,
+//     recursive doubling, Rabenseifner) keep the engine's cut: measured
+//     both ways, mixed.
 //   - broadcast, reduce and all-reduce where ranks outnumber cores
-//     (oversubscribed): the cut exists so that a chain's hops overlap,
-//     and there is no idle core to overlap them on, while every slice is
-//     one more poll, wake-up and yield at both ends. 4 ranks on 2 cores
+//     (oversubscribed), whatever the algorithm: the cut exists so that a
+//     chain's hops overlap, and there is no idle core to overlap them on,
+//     while every slice is one more poll, wake-up and yield at both
+//     ends (and the all-reduces that forward nothing were mixed either
+//     way, measured with a core per rank). 4 ranks on 2 cores
 //     (docs/performance.md, "Slices of a slot where ranks outnumber
-//     cores"): 64 KiB broadcast and reduce 0.7-0.85 of the time, over TCP
+//     cores"): 64 KiB broadcast and reduce 0.55-0.85 of the time, over TCP
 //     the 1 MiB reduce and all-reduce 0.8-0.87. The ring all-gather lost
 //     (4 MiB over TCP, 1.07-1.23 times as long), so the all-gathers and
 //     reduce-scatters keep the cut there.
