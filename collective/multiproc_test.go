@@ -192,15 +192,24 @@ func TestMultiProcessSharedAllocations(t *testing.T) {
 				if _, err := exec.LookPath("taskset"); err != nil {
 					t.Skip("no taskset (util-linux) to bind the ranks to CPUs")
 				}
-				if c.pin == "own" && cpus < c.n {
-					t.Skipf("%d CPUs: too few to bind %d ranks to one each", cpus, c.n)
+				var allowed []string // the CPUs this process may run on
+				for i, b := range collective.CPUMask() {
+					for j := range 8 {
+						if b&(1<<j) != 0 {
+							allowed = append(allowed, strconv.Itoa(8*i+j))
+						}
+					}
 				}
-				wrap = func(int) []string { return []string{"taskset", "-c", "0"} }
+				if c.pin == "own" && len(allowed) < c.n {
+					t.Skipf("%d CPUs: too few to bind %d ranks to one each", len(allowed), c.n)
+				}
+				require.NotEmpty(t, allowed)
+				wrap = func(int) []string { return []string{"taskset", "-c", allowed[0]} }
 				cpus = 1
 				if c.pin == "own" {
 					// Bound to cores of their own, the ranks do not share
 					// them, though each can use only one (summarize).
-					wrap = func(r int) []string { return []string{"taskset", "-c", strconv.Itoa(r)} }
+					wrap = func(r int) []string { return []string{"taskset", "-c", allowed[r]} }
 					cpus = c.n
 				}
 			}
