@@ -655,7 +655,11 @@ func childMain(scenario string) int {
 		// Above shm.DefaultSharedMax slices go by reference only on a
 		// host with more ranks than CPUs.
 		before := shm.SharedSlicesReceived()
-		if err := childSharedGather(ctx, c, 1<<20); err != nil {
+		send, recv, err := sharedGather(ctx, c, 1<<20)
+		if send != nil {
+			err = errors.Join(err, collective.MemFree(send), collective.MemFree(recv))
+		}
+		if err != nil {
 			return fail("%v", err)
 		}
 		fmt.Printf("rank %d by reference above 4 MiB %d\n", c.Rank(), shm.SharedSlicesReceived()-before)
@@ -901,33 +905,32 @@ func childCollectives(ctx context.Context, c *collective.Comm) error {
 	return c.Barrier(ctx)
 }
 
-// childSharedGather all-gathers k float32 per rank between MemAlloc
-// buffers and checks the result.
-func childSharedGather(ctx context.Context, c *collective.Comm, k int) error {
+// sharedVal is element i of rank q's input in the MemAlloc scenarios.
+func sharedVal(q, i int) float32 { return float32(q*1_000_003+i) * 0.5 }
+
+// sharedGather all-gathers k float32 per rank (sharedVal) between buffers
+// from MemAlloc, checks the result, and returns both buffers for the
+// caller to use further and free.
+func sharedGather(ctx context.Context, c *collective.Comm, k int) (send, recv []float32, err error) {
 	n, r := c.Size(), c.Rank()
-	send, err := collective.MemAlloc[float32](k)
-	if err != nil {
-		return err
+	if send, err = collective.MemAlloc[float32](k); err != nil {
+		return nil, nil, err
 	}
-	defer collective.MemFree(send)
-	recv, err := collective.MemAlloc[float32](n * k)
-	if err != nil {
-		return err
+	if recv, err = collective.MemAlloc[float32](n * k); err != nil {
+		return nil, nil, errors.Join(err, collective.MemFree(send))
 	}
-	defer collective.MemFree(recv)
-	val := func(q, i int) float32 { return float32(q*1_000_003+i) * 0.5 }
 	for i := range send {
-		send[i] = val(r, i)
+		send[i] = sharedVal(r, i)
 	}
 	if err := collective.AllGather(ctx, c, send, recv); err != nil {
-		return fmt.Errorf("all-gather of %d: %w", k, err)
+		return send, recv, fmt.Errorf("all-gather of %d: %w", k, err)
 	}
 	for i, v := range recv {
-		if want := val(i/k, i%k); v != want {
-			return fmt.Errorf("all-gather of %d: element %d = %v, want %v", k, i, v, want)
+		if want := sharedVal(i/k, i%k); v != want {
+			return send, recv, fmt.Errorf("all-gather of %d: element %d = %v, want %v", k, i, v, want)
 		}
 	}
-	return nil
+	return send, recv, nil
 }
 
 // childShared runs all-gathers, broadcasts and all-reduces on buffers
@@ -935,25 +938,9 @@ func childSharedGather(ctx context.Context, c *collective.Comm, k int) error {
 func childShared(ctx context.Context, c *collective.Comm) error {
 	n, r := c.Size(), c.Rank()
 	for _, k := range []int{1, 37, 70_001, 300_000} {
-		send, err := collective.MemAlloc[float32](k)
+		send, recv, err := sharedGather(ctx, c, k)
 		if err != nil {
 			return err
-		}
-		recv, err := collective.MemAlloc[float32](n * k)
-		if err != nil {
-			return err
-		}
-		val := func(q, i int) float32 { return float32(q*1_000_003+i) * 0.5 }
-		for i := range send {
-			send[i] = val(r, i)
-		}
-		if err := collective.AllGather(ctx, c, send, recv); err != nil {
-			return fmt.Errorf("all-gather of %d: %w", k, err)
-		}
-		for i, v := range recv {
-			if want := val(i/k, i%k); v != want {
-				return fmt.Errorf("all-gather of %d: element %d = %v, want %v", k, i, v, want)
-			}
 		}
 		root := k % n
 		bc := recv[:k]
@@ -964,7 +951,7 @@ func childShared(ctx context.Context, c *collective.Comm) error {
 			return fmt.Errorf("broadcast of %d: %w", k, err)
 		}
 		for i, v := range bc {
-			if want := val(root, i); v != want {
+			if want := sharedVal(root, i); v != want {
 				return fmt.Errorf("broadcast of %d from %d: element %d = %v, want %v", k, root, i, v, want)
 			}
 		}
@@ -972,7 +959,7 @@ func childShared(ctx context.Context, c *collective.Comm) error {
 			return fmt.Errorf("all-reduce of %d: %w", k, err)
 		}
 		for i, v := range bc {
-			if want := val(n-1, i); v != want {
+			if want := sharedVal(n-1, i); v != want {
 				return fmt.Errorf("all-reduce of %d: element %d = %v, want %v", k, i, v, want)
 			}
 		}
@@ -982,7 +969,7 @@ func childShared(ctx context.Context, c *collective.Comm) error {
 		sum := func(i int) float32 {
 			var t float32
 			for q := range n {
-				t += val(q, i)
+				t += sharedVal(q, i)
 			}
 			return t
 		}
@@ -1003,7 +990,7 @@ func childShared(ctx context.Context, c *collective.Comm) error {
 			}
 		}
 		for i := range recv {
-			recv[i] = val(r, i)
+			recv[i] = sharedVal(r, i)
 		}
 		before = shm.SharedSlicesReceived()
 		if err := collective.ReduceScatter(ctx, c, recv, send, collective.Sum); err != nil {
@@ -1022,7 +1009,7 @@ func childShared(ctx context.Context, c *collective.Comm) error {
 		// output blocks do.
 		goIn := make([]float32, k)
 		for i := range goIn {
-			goIn[i] = val(r, i)
+			goIn[i] = sharedVal(r, i)
 		}
 		before = shm.SharedSlicesReceived()
 		if err := collective.AllReduce(ctx, c, goIn, out, collective.Sum); err != nil {

@@ -33,17 +33,26 @@ func engines(t *testing.T, n int, cfg Config, opts mem.Options) ([]*Engine, *mem
 	if cfg.Link == (algorithms.LinkModel{}) {
 		cfg.Link = testLink
 	}
-	es := make([]*Engine, n)
-	for r := range es {
-		es[r], err = New(r, n, nw.Endpoint(r), cfg)
-		require.NoError(t, err)
-	}
+	es := enginesOn(t, nw, n, cfg)
 	t.Cleanup(func() {
 		for r := 0; r < n; r++ {
 			nw.Endpoint(r).Close(nil)
 		}
 	})
 	return es, nw
+}
+
+// enginesOn makes an engine with cfg for each of nw's n ranks, beside
+// any engines nw already carries.
+func enginesOn(t *testing.T, nw *mem.Network, n int, cfg Config) []*Engine {
+	t.Helper()
+	es := make([]*Engine, n)
+	for r := range es {
+		var err error
+		es[r], err = New(r, n, nw.Endpoint(r), cfg)
+		require.NoError(t, err)
+	}
+	return es
 }
 
 func f32s(v []float32) []byte {
@@ -271,23 +280,11 @@ func TestDialOutlivesThePeersLeaving(t *testing.T) {
 // one slice with a 32 KiB floor, and it still lands exactly.
 func TestLinkModelRaisesTheSliceFloor(t *testing.T) {
 	const n = 2
-	nw, err := mem.NewNetwork(n, mem.Options{Slots: 8, SlotSize: 128 << 10})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		for r := range n {
-			nw.Endpoint(r).Close(nil)
-		}
-	})
-	plain, raised := make([]*Engine, n), make([]*Engine, n)
 	cfg := Config{Algo: algorithms.Ring, Channels: 1, MaxChannels: 1, Link: testLink}
 	floor := cfg
 	floor.Link.MinSliceBytes = 32 << 10
-	for r := range n {
-		plain[r], err = New(r, n, nw.Endpoint(r), cfg)
-		require.NoError(t, err)
-		raised[r], err = New(r, n, nw.Endpoint(r), floor)
-		require.NoError(t, err)
-	}
+	plain, nw := engines(t, n, cfg, mem.Options{Slots: 8, SlotSize: 128 << 10})
+	raised := enginesOn(t, nw, n, floor)
 	for _, c := range []struct {
 		count            int // float32 elements per rank
 		plain, withFloor int // slice bytes
@@ -326,22 +323,10 @@ func TestLinkModelRaisesTheSliceFloor(t *testing.T) {
 // and the results are exact.
 func TestOversubscribedSlicesBySlot(t *testing.T) {
 	const n, slot = 4, 128 << 10
-	nw, err := mem.NewNetwork(n, mem.Options{Slots: 8, SlotSize: slot})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		for r := range n {
-			nw.Endpoint(r).Close(nil)
-		}
-	})
-	plain, busy := make([]*Engine, n), make([]*Engine, n)
-	for r := range n {
-		cfg := Config{Algo: algorithms.Ring, Channels: 1, MaxChannels: 1, Link: testLink}
-		plain[r], err = New(r, n, nw.Endpoint(r), cfg)
-		require.NoError(t, err)
-		cfg.Oversubscribed = true
-		busy[r], err = New(r, n, nw.Endpoint(r), cfg)
-		require.NoError(t, err)
-	}
+	cfg := Config{Algo: algorithms.Ring, Channels: 1, MaxChannels: 1, Link: testLink}
+	plain, nw := engines(t, n, cfg, mem.Options{Slots: 8, SlotSize: slot})
+	cfg.Oversubscribed = true
+	busy := enginesOn(t, nw, n, cfg)
 	const count = 64 << 10 // float32 elements: 256 KiB
 	for _, c := range []algorithms.Collective{algorithms.CollBroadcast, algorithms.CollReduce, algorithms.CollAllReduce, algorithms.CollAllGather} {
 		op := &Op{Coll: c, Type: kernels.Float32, Count: count}
@@ -412,22 +397,12 @@ func TestOversubscribedSlicesBySlot(t *testing.T) {
 // smaller; and the recursive-doubling all-gather's result is exact.
 func TestRecDoublingGatherSlicesBySlot(t *testing.T) {
 	const n, slot = 4, 128 << 10
-	nw, err := mem.NewNetwork(n, mem.Options{Slots: 8, SlotSize: slot})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		for r := range n {
-			nw.Endpoint(r).Close(nil)
-		}
-	})
-	ring, rd, one := make([]*Engine, n), make([]*Engine, n), make([]*Engine, n)
-	for r := range n {
-		ring[r], err = New(r, n, nw.Endpoint(r), Config{Algo: algorithms.Ring, Channels: 1, MaxChannels: 1, Link: testLink})
-		require.NoError(t, err)
-		rd[r], err = New(r, n, nw.Endpoint(r), Config{Algo: algorithms.RecDoubling, Channels: 1, MaxChannels: 1, Link: testLink})
-		require.NoError(t, err)
-		one[r], err = New(r, n, nw.Endpoint(r), Config{Algo: algorithms.OneShot, Channels: 1, MaxChannels: 1, Link: testLink})
-		require.NoError(t, err)
-	}
+	cfg := Config{Algo: algorithms.Ring, Channels: 1, MaxChannels: 1, Link: testLink}
+	ring, nw := engines(t, n, cfg, mem.Options{Slots: 8, SlotSize: slot})
+	cfg.Algo = algorithms.RecDoubling
+	rd := enginesOn(t, nw, n, cfg)
+	cfg.Algo = algorithms.OneShot
+	one := enginesOn(t, nw, n, cfg)
 	const count = 64 << 10 // float32 elements per rank: a 256 KiB block
 	for _, c := range []algorithms.Collective{algorithms.CollAllGather, algorithms.CollReduceScatter} {
 		op := &Op{Coll: c, Type: kernels.Float32, Count: count}
