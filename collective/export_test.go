@@ -107,7 +107,7 @@ func Oversubscribed(hosts []string, cpus int, host string) bool {
 	for r, h := range hosts {
 		peers = append(peers, wire.PeerInfo{Rank: uint32(r), HostID: h, Topology: hostSummary{CPUs: cpus}.encode()})
 	}
-	return oversubscribed(peers, host)
+	return summarize(peers)[host].oversubscribed()
 }
 
 // OversubscribedSets is oversubscribed for ranks on the given hosts,
@@ -123,7 +123,7 @@ func OversubscribedSets(hosts []string, sets []uint64, host string) bool {
 		}
 		peers = append(peers, wire.PeerInfo{Rank: uint32(r), HostID: h, Topology: s.encode()})
 	}
-	return oversubscribed(peers, host)
+	return summarize(peers)[host].oversubscribed()
 }
 
 // CPUMaskRoundTrip encodes a host summary with CPU set m and decodes it

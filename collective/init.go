@@ -401,7 +401,8 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	rank, nranks = me, len(table.Peers)
 	// A host with more ranks than CPUs: waiting ranks of both transports
 	// give their core away after every failed poll.
-	busy := oversubscribed(table.Peers, hostID)
+	hosts := summarize(table.Peers)
+	busy := hosts[hostID].oversubscribed()
 	route, anyNet, err := routes(table.Peers, rank, mode)
 	if err != nil {
 		closeListeners()
@@ -635,7 +636,6 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	if len(rep.all) == 1 {
 		ep = rep.all[0]
 	}
-	hosts := summarize(table.Peers)
 	link.MaxChannels = min(cfg.MaxChannels, channelsPerRank(hosts))
 	if slices.Contains(tcpRanks, true) {
 		// The channels of a TCP connection share its NIC: together they
@@ -879,19 +879,16 @@ func summarize(peers []wire.PeerInfo) map[string]hostLoad {
 	return out
 }
 
-// oversubscribed reports whether this rank's host (hostID) runs more
-// ranks than it has CPUs: then a waiting rank gives its core away after
-// every failed poll (shm and tcp Options.YieldWhenIdle).
-func oversubscribed(peers []wire.PeerInfo, hostID string) bool {
-	h := summarize(peers)[hostID]
-	return h.ranks > h.cpus
-}
+// oversubscribed reports whether the host runs more ranks than it has
+// CPUs: then a waiting rank gives its core away after every failed poll
+// (shm and tcp Options.YieldWhenIdle).
+func (h hostLoad) oversubscribed() bool { return h.ranks > h.cpus }
 
 // anyOversubscribed reports whether some host of the job (hosts from
 // summarize) runs more ranks than it has CPUs.
 func anyOversubscribed(hosts map[string]hostLoad) bool {
 	for _, h := range hosts {
-		if h.ranks > h.cpus {
+		if h.oversubscribed() {
 			return true
 		}
 	}
