@@ -78,6 +78,13 @@ type Config struct {
 	// ranks (1..64); 0 means the transport's default. Every rank must use
 	// the same value.
 	NSocks int
+	// TCPWindow is how many large slices (over 64 KiB) a TCP connection
+	// sends ahead of what its receiver has read, paced by credits the
+	// receiver sends back on a control socket of the connection; 0 means
+	// the connection's slot count, negative turns the credits off (TCP's
+	// own flow control alone). It must be at least half the slots and one
+	// more. Every rank must agree on whether credits are used.
+	TCPWindow int
 	// SocketIfname chooses the network interfaces, as NCCL_SOCKET_IFNAME:
 	// prefixes to use ("eth,ib"), ^ to exclude ("^docker,lo"), = for exact
 	// names ("=eth0"). Empty: every interface that is up except loopback
@@ -345,6 +352,7 @@ const (
 	EnvInitTimeout  = "GOCCL_INIT_TIMEOUT"      // like GOCCL_TIMEOUT, for Init and InitFromEnv
 	EnvHeartbeat    = "GOCCL_HEARTBEAT_TIMEOUT" // a duration; 0 turns the heartbeat off
 	EnvNSocks       = "GOCCL_NSOCKS"            // TCP sockets per connection, 1..64
+	EnvTCPWindow    = "GOCCL_TCP_WINDOW"        // large slices a TCP connection sends ahead of its receiver's credits; 0 the slot count, "off" none
 	EnvSocketIf     = "GOCCL_SOCKET_IFNAME"
 	EnvHostID       = "GOCCL_HOSTID"
 	EnvSpin         = "GOCCL_SPIN"           // a duration ("1ms", "200us"); 0 never polls
@@ -460,6 +468,15 @@ func fromEnv(lookup func(string) (string, bool)) (Config, error) {
 			return c, bad(EnvNSocks, v, "an integer in 1..64")
 		}
 		c.NSocks = n
+	}
+	if v, ok := lookup(EnvTCPWindow); ok && v != "" {
+		if v = strings.TrimSpace(v); v == "off" {
+			c.TCPWindow = -1
+		} else if n, err := strconv.Atoi(v); err != nil || n < 0 || n > 4096 {
+			return c, bad(EnvTCPWindow, v, `an integer in 0..4096, or "off"`)
+		} else {
+			c.TCPWindow = n
+		}
 	}
 	if v, ok := lookup(EnvSocketIf); ok {
 		c.SocketIfname = v
@@ -637,6 +654,8 @@ func (c Config) validate() error {
 		return bad("negative InitTimeout %v", c.InitTimeout)
 	case c.NSocks < 0 || c.NSocks > 64:
 		return bad("NSocks %d out of range 0..64", c.NSocks)
+	case c.TCPWindow > 4096:
+		return bad("TCPWindow %d out of range (at most 4096; negative turns credits off)", c.TCPWindow)
 	case c.Transport != "" && !knownTransport(c.Transport):
 		return bad("Transport %q (want auto, tcp, shm or verbs)", c.Transport)
 	case c.IB.TC < 0 || c.IB.TC > 255 || c.IB.SL < 0 || c.IB.SL > 15:

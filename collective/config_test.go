@@ -42,6 +42,15 @@ func TestConfigFromEnvironment(t *testing.T) {
 	require.Equal(t, 90*time.Second, cfg.Timeout)
 }
 
+func TestTCPWindowFromEnvironment(t *testing.T) {
+	for v, want := range map[string]int{"off": -1, "12": 12, "0": 0} {
+		comms, err := collective.NewLocalGroup(1, env(map[string]string{"GOCCL_TCP_WINDOW": v}))
+		require.NoError(t, err, v)
+		require.Equal(t, want, comms[0].Config().TCPWindow, v)
+		comms[0].Close()
+	}
+}
+
 func TestOptionsOverrideEnvironment(t *testing.T) {
 	comms, err := collective.NewLocalGroup(1, env(map[string]string{"GOCCL_ALGO": "tree", "GOCCL_TIMEOUT": "5m"}),
 		collective.WithAlgorithm(algorithms.Ring))
@@ -65,6 +74,7 @@ func TestInvalidEnvironmentIsAnError(t *testing.T) {
 		"GOCCL_INSECURE":          "sure",
 		"GOCCL_P2P_DISABLE":       "please",
 		"GOCCL_HEARTBEAT_TIMEOUT": "-5s",
+		"GOCCL_TCP_WINDOW":        "lots",
 	} {
 		_, err := collective.NewLocalGroup(2, env(map[string]string{k: v}))
 		require.ErrorIs(t, err, collective.ErrInvalidArgument, "%s=%s", k, v)

@@ -491,7 +491,7 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		tcpPeers[rank] = ln.Addr().String()
 		to := tcp.Options{Rank: rank, ListenersUp: true, NRanks: nranks, Peers: tcpPeers, Secret: id.secret[:], Listener: ln,
 			Listeners: nicLns, PeerNICs: tcpNICs,
-			NSocks: cfg.NSocks, Slots: slots, SlotSize: slotSize, SpinFor: cfg.Spin, TLS: cfg.tls,
+			NSocks: cfg.NSocks, Window: cfg.TCPWindow, Slots: slots, SlotSize: slotSize, SpinFor: cfg.Spin, TLS: cfg.tls,
 			YieldWhenIdle: busy}
 		if reg, ok := dev.(device.Registrar); ok {
 			// Device operations stage their slices in registered memory.

@@ -687,6 +687,12 @@ const ConnTLS uint16 = 1
 // segment.
 const ConnBoard uint16 = 2
 
+// ConnCredits in ConnSetup.Flags says the dialer paces its TCP
+// connection's large slices by its receiver's credits: the connection has
+// one more socket than NSocks, number NSocks, its control socket, which
+// carries credit frames (CreditHeader) and nothing else.
+const ConnCredits uint16 = 4
+
 const connSetupLen = 18
 
 func (c *ConnSetup) Len() int { return connSetupLen }
@@ -737,6 +743,20 @@ const AbortOp = ^uint64(0)
 // sender closed its endpoint gracefully after every slice before the
 // notice, and sends nothing more. It has no payload (Size 0).
 const CloseOp = ^uint64(0) - 1
+
+// CreditOp marks a SliceHeader on a TCP connection's control socket: the
+// receiver has read Credit() of the sender's counted slices so far (a
+// cumulative count, so a later frame supersedes an earlier one). It has no
+// payload (Size 0).
+const CreditOp = ^uint64(0) - 2
+
+// CreditHeader is the credit frame for n counted slices read.
+func CreditHeader(n uint64) SliceHeader {
+	return SliceHeader{Op: CreditOp, Sig: uint32(n >> 32), Msg: uint32(n)}
+}
+
+// Credit is the count a credit frame carries.
+func (h *SliceHeader) Credit() uint64 { return uint64(h.Sig)<<32 | uint64(h.Msg) }
 
 func (h *SliceHeader) Len() int { return SliceHeaderLen }
 

@@ -54,6 +54,13 @@ type Options struct {
 	Slots    int           // staging slots per connection; 0 means DefaultSlots
 	SlotSize int           // bytes per slot; 0 means DefaultSlotSize
 	SpinFor  time.Duration // polling before parking; 0 means DefaultSpinFor, <0 never polls
+	// Window is how many large slices (over creditMin bytes) a connection
+	// sends ahead of what its receiver has read, counted by the credits
+	// the receiver sends back on a control socket of the connection: 0
+	// means Slots, below 0 no credits (TCP's own flow control alone).
+	// It is at least Slots/2 + 1, the capacity the engine's schedules
+	// need of a link. Every rank must agree on whether credits are used.
+	Window int
 	// YieldWhenIdle gives the CPU away after every failed poll (else
 	// after every 16th), for hosts with more ranks than cores (Open MPI's
 	// mpi_yield_when_idle): the rank being waited for may need this very

@@ -58,8 +58,14 @@ type sock struct {
 	// write an abort notice between slices.
 	wmu    sync.Mutex // guards queue, err and writes to fd
 	queue  []job
-	err    error  // sticky write error
-	listed bool   // in the outbox's pending list (channel goroutine only)
+	err    error // sticky write error
+	listed bool  // in the outbox's pending list (channel goroutine only)
+	// creditWait: the slice at the head of the queue waits for the
+	// peer's credit (channel goroutine only).
+	creditWait bool
+	// quiet marks the control socket: its failures are not the
+	// connection's (credit.go).
+	quiet  bool
 	sealed []byte // TLS: the records of the slice at the head of the queue, kept for reuse
 }
 
@@ -69,8 +75,9 @@ type job struct {
 	hdr        [wire.SliceHeaderLen]byte
 	data       []byte
 	hoff, doff int
-	slot       int  // staging slot to free when written, -1 for caller memory
-	sealed     bool // TLS: data holds the slice's records, hdr is in them
+	slot       int    // staging slot to free when written, -1 for caller memory
+	credit     uint64 // its number among the connection's counted slices (credit.go), 0 if not counted
+	sealed     bool   // TLS: data holds the slice's records, hdr is in them
 }
 
 // pollSlice bounds one parked poll(2), so that a parked call notices its
@@ -283,9 +290,22 @@ func (s *sock) pumpLocked() {
 		return
 	}
 	defer s.exit()
+	s.creditWait = false
 	var iov [2][]byte
 	for len(s.queue) > 0 {
 		j := &s.queue[0]
+		if j.credit > 0 && j.hoff == 0 && j.doff == 0 {
+			ok, err := s.c.room(j.credit)
+			if err != nil {
+				s.err = err
+				return
+			}
+			if !ok {
+				s.creditWait = true
+				return
+			}
+			j.credit = 0
+		}
 		if s.tls != nil && !j.sealed {
 			s.seal(j)
 		}
@@ -528,7 +548,7 @@ func (ob *outbox) progress() {
 	for _, s := range ob.pending {
 		s.pump()
 		n, err := s.pending()
-		if err != nil && ob.err == nil {
+		if err != nil && ob.err == nil && !s.quiet {
 			ob.err = s.c.peerErr("send", err)
 		}
 		if n > 0 && err == nil {
@@ -609,6 +629,11 @@ func (ob *outbox) wait(ctx context.Context, fd int, events int16, o Options, try
 		}
 		fds = fds[:primary]
 		for _, s := range ob.pending {
+			if s.creditWait {
+				// Waiting for the peer's credit, not for the kernel.
+				fds = append(fds, unix.PollFd{Fd: int32(s.c.cr.ctl.fd), Events: unix.POLLIN})
+				continue
+			}
 			fds = append(fds, unix.PollFd{Fd: int32(s.fd), Events: unix.POLLOUT})
 		}
 		if _, err := unix.Poll(fds, int(pollSlice/time.Millisecond)); err != nil && err != unix.EINTR {

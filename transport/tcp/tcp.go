@@ -28,9 +28,13 @@
 // end's first record confirms the socket, so a dialer whose certificate
 // was refused learns it while connecting.
 //
-// Flow control is TCP's: a sender is at most Slots staged slices plus the
-// kernel's socket buffers ahead of its receiver. That is at least the
-// capacity the engine's schedules need (algorithms.MinPieces).
+// Flow control: a sender is at most Slots staged slices plus the kernel's
+// socket buffers ahead of its receiver, and, for slices over 64 KiB, at
+// most Options.Window slices ahead of what the receiver has read, by
+// credits the receiver sends back on a control socket of the connection
+// (credit.go: a sender far ahead makes the receiver, the slower side of a
+// one-way stream, do the kernel's work for both). Either way that is at
+// least the capacity the engine's schedules need (algorithms.MinPieces).
 //
 // Goroutines: one accept loop per endpoint and one short-lived goroutine
 // per incoming socket while it authenticates. Close stops and waits for
@@ -60,6 +64,9 @@ import (
 type Endpoint struct {
 	o   Options
 	log *slog.Logger
+	// window and every pace large slices (credit.go); window 0: no
+	// credits, and no control sockets.
+	window, every int
 
 	acc     connsetup.Acceptor
 	dialer  connsetup.Dialer
@@ -129,7 +136,11 @@ func New(o Options) (*Endpoint, error) {
 	if o.NSocks < 1 || o.NSocks > 64 || o.Slots < 2 || o.SlotSize < 64 {
 		return nil, fmt.Errorf("tcp: need 1..64 sockets, ≥ 2 slots of ≥ 64 bytes: %d sockets, %d slots of %d", o.NSocks, o.Slots, o.SlotSize)
 	}
-	e := &Endpoint{o: o, log: o.Logger, conns: map[connKey]*conn{}, arriving: map[connKey]*arrivingConn{},
+	window, every, err := windowFor(o)
+	if err != nil {
+		return nil, err
+	}
+	e := &Endpoint{o: o, log: o.Logger, window: window, every: every, conns: map[connKey]*conn{}, arriving: map[connKey]*arrivingConn{},
 		outboxes: map[connKey]*outbox{}, done: make(chan struct{}), closing: make(chan struct{})}
 	if e.log == nil {
 		e.log = slog.Default()
@@ -170,7 +181,7 @@ func (e *Endpoint) serveIncoming(c net.Conn, s wire.ConnSetup) bool {
 	}
 	a := e.arriving[k]
 	if a == nil {
-		a = &arrivingConn{socks: make([]link, e.o.NSocks)}
+		a = &arrivingConn{socks: make([]link, e.nsocks())}
 		e.arriving[k] = a
 	}
 	if old := a.socks[s.Socket].c; old != nil {
@@ -273,8 +284,14 @@ func (e *Endpoint) checkSetup(s wire.ConnSetup) error {
 		return fmt.Errorf("socket meant for rank %d reached rank %d", s.To, e.o.Rank)
 	case int(s.From) >= e.o.NRanks || int(s.From) >= e.o.Rank:
 		return fmt.Errorf("rank %d may not dial rank %d (the lower rank of a pair dials)", s.From, e.o.Rank)
-	case int(s.NSocks) != e.o.NSocks || s.Socket >= s.NSocks:
+	case int(s.NSocks) != e.o.NSocks || int(s.Socket) >= e.nsocks():
 		return fmt.Errorf("socket %d of %d from rank %d, this rank uses %d sockets per connection (set GOCCL_NSOCKS alike on every rank)", s.Socket, s.NSocks, s.From, e.o.NSocks)
+	case (s.Flags&wire.ConnCredits != 0) != (e.window > 0):
+		with, without := int(s.From), e.o.Rank
+		if e.window > 0 {
+			with, without = without, with
+		}
+		return fmt.Errorf("rank %d paces its TCP sends by the receiver's credits and rank %d does not (set GOCCL_TCP_WINDOW alike on every rank)", with, without)
 	case (s.Flags&wire.ConnTLS != 0) != (e.o.TLS != nil):
 		with, without := int(s.From), e.o.Rank
 		if e.o.TLS != nil {
@@ -348,20 +365,29 @@ func (e *Endpoint) Connect(ctx context.Context, peer, ch int) (transport.Conn, e
 	return c, nil
 }
 
+// nsocks is the number of sockets of a connection: NSocks data sockets
+// and, with credits, the control socket.
+func (e *Endpoint) nsocks() int {
+	if e.window > 0 {
+		return e.o.NSocks + 1
+	}
+	return e.o.NSocks
+}
+
 func (e *Endpoint) awaitIncoming(ctx context.Context, k connKey) ([]link, error) {
 	return e.pending.Await(ctx, key(k), e.done)
 }
 
 // dial opens, authenticates and identifies the connection's sockets.
 func (e *Endpoint) dial(ctx context.Context, peer, ch int) ([]link, error) {
-	socks := make([]link, 0, e.o.NSocks)
+	socks := make([]link, 0, e.nsocks())
 	fail := func(err error) ([]link, error) {
 		for _, s := range socks {
 			s.c.Close()
 		}
 		return nil, err
 	}
-	for i := 0; i < e.o.NSocks; i++ {
+	for i := 0; i < e.nsocks(); i++ {
 		c, err := e.dialOne(ctx, peer, ch, i)
 		if err != nil {
 			return fail(err)
@@ -379,7 +405,8 @@ var nicDialTimeout = 3 * time.Second
 
 func (e *Endpoint) dialOne(ctx context.Context, peer, ch, i int) (link, error) {
 	addr := e.o.Peers[peer]
-	if e.o.PeerNICs != nil {
+	if e.o.PeerNICs != nil && i < e.o.NSocks { // the control socket goes to the first address
+
 		if nics := e.o.PeerNICs[peer]; i%(1+len(nics)) > 0 {
 			alt := nics[i%(1+len(nics))-1]
 			actx, cancel := context.WithTimeout(ctx, nicDialTimeout)
@@ -400,6 +427,9 @@ func (e *Endpoint) dialAddr(ctx context.Context, addr string, peer, ch, i int) (
 	s := wire.ConnSetup{From: uint32(e.o.Rank), To: uint32(peer), Channel: uint32(ch), Socket: uint16(i), NSocks: uint16(e.o.NSocks)}
 	if e.o.TLS != nil {
 		s.Flags |= wire.ConnTLS
+	}
+	if e.window > 0 {
+		s.Flags |= wire.ConnCredits
 	}
 	var ts *tlsrec.Session
 	c, err := e.dialer.Dial(ctx, addr, s, func(c net.Conn) error {
@@ -505,7 +535,8 @@ func (e *Endpoint) Progress(ch int) (pending bool, err error) {
 type conn struct {
 	e     *Endpoint
 	peer  int
-	socks []*sock
+	socks []*sock // the data sockets
+	cr    credits // pacing, with the control socket
 	ob    *outbox // the channel's sockets with slices to write
 
 	// Send side.
@@ -540,6 +571,7 @@ var (
 
 func newConn(e *Endpoint, peer int, ob *outbox, raw []link) (*conn, error) {
 	c := &conn{e: e, peer: peer, ob: ob, cur: -1, bufs: make([][]byte, e.o.Slots)}
+	c.cr.window, c.cr.every = uint64(e.window), uint64(e.every)
 	for i := e.o.Slots - 1; i >= 0; i-- {
 		c.free = append(c.free, i)
 	}
@@ -552,6 +584,11 @@ func newConn(e *Endpoint, peer int, ob *outbox, raw []link) (*conn, error) {
 			c.release()
 			return nil, err
 		}
+		if i == e.o.NSocks {
+			s.quiet = true
+			c.cr.ctl = s
+			continue
+		}
 		c.socks = append(c.socks, s)
 	}
 	return c, nil
@@ -562,6 +599,9 @@ func newConn(e *Endpoint, peer int, ob *outbox, raw []link) (*conn, error) {
 func (c *conn) shutdown() {
 	for _, s := range c.socks {
 		s.shutdown()
+	}
+	if c.cr.ctl != nil {
+		c.cr.ctl.shutdown()
 	}
 }
 
@@ -590,6 +630,9 @@ func (c *conn) notifyClose() {
 func (c *conn) release() {
 	for _, s := range c.socks {
 		s.release()
+	}
+	if c.cr.ctl != nil {
+		c.cr.ctl.release()
 	}
 }
 
@@ -727,7 +770,7 @@ func (c *conn) sendFail(ctx context.Context, err error) error {
 
 // push queues a slice on the next socket in turn.
 func (c *conn) push(tag transport.Tag, data []byte, slot int) error {
-	j := job{data: data, slot: slot}
+	j := job{data: data, slot: slot, credit: c.counted(len(data))}
 	h := wire.SliceHeader{Op: tag.Op, Sig: tag.Sig, Msg: tag.Msg, Slice: tag.Slice, Size: uint32(len(data))}
 	h.Put(j.hdr[:])
 	s := c.socks[c.sendSeq%uint64(len(c.socks))]
@@ -828,6 +871,7 @@ func (c *conn) Wait(ctx context.Context) (memory.Buffer, transport.Tag, error) {
 		return memory.Buffer{}, transport.Tag{}, c.recvErr(ctx, err)
 	}
 	c.recvSeq++
+	c.read(int(h.Size))
 	c.holding = true
 	return c.buf(b), tagOf(h), nil
 }
@@ -853,6 +897,7 @@ func (c *conn) WaitInto(ctx context.Context, dst memory.Buffer) (transport.Tag, 
 		}
 	}
 	c.recvSeq++
+	c.read(int(h.Size))
 	return tagOf(h), int(h.Size), nil
 }
 

@@ -176,6 +176,8 @@ func TestContract(t *testing.T) {
 		// Slots larger than a socket's read buffer: payloads land in the
 		// landing buffer, or straight in the caller's memory.
 		{"onesocket", 1, func(_ int, o *Options) { o.NSocks = 1; o.SlotSize = 200_003 }},
+		// Without credits: TCP's own flow control alone.
+		{"nocredits", 1, func(_ int, o *Options) { o.NSocks = 1; o.SlotSize = 200_003; o.Window = -1 }},
 		{"tls", 2, func(r int, o *Options) { withTLS(t, ca)(r, o); o.NSocks = 2 }},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -354,8 +356,8 @@ func TestSocketsSpreadOverNICs(t *testing.T) {
 	})
 	a, b := connectPair(t, eps[0], eps[1], 0)
 	// Rank 0 dials rank 1: sockets 0 and 2 to its first address, 1 and 3
-	// to its second.
-	require.Equal(t, int32(2), first[1].n.Load())
+	// to its second, the control socket to its first.
+	require.Equal(t, int32(3), first[1].n.Load())
 	require.Equal(t, int32(2), second[1].n.Load())
 	require.Zero(t, first[0].n.Load()+second[0].n.Load())
 	ctx := context.Background()
@@ -401,7 +403,7 @@ func TestUnreachableNICFallsBack(t *testing.T) {
 	start := time.Now()
 	a, b := connectPair(t, eps[0], eps[1], 0)
 	require.Less(t, time.Since(start), 5*time.Second)
-	require.Equal(t, int32(2), first[1].n.Load(), "both sockets on the first address")
+	require.Equal(t, int32(3), first[1].n.Load(), "both data sockets and the control socket on the first address")
 	ctx := context.Background()
 	go func() {
 		if buf, err := a.Reserve(ctx, 10); err == nil {

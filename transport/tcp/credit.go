@@ -1,0 +1,171 @@
+//go:build unix
+
+package tcp
+
+import (
+	"errors"
+	"fmt"
+	"io"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/goccl/goccl/internal/wire"
+)
+
+// Credits: the receiver's pace, sent back to the sender.
+//
+// A sender that writes whatever the kernel takes runs megabytes ahead of
+// its receiver (loopback's socket buffers grow to 4 MiB and more), and
+// the receiver then reads each socket while the sender is still
+// appending to it: the kernel queues the arriving segments on the
+// receiver's backlog, and the receiver, the slower side of a one-way
+// stream, processes them itself. A 1 MiB stream over 4 loopback sockets
+// moved 285-400 µs a message so; acknowledged every 256 KiB slice with
+// at most 8 slices unread, 166-205 (docs/performance.md, "TCP: a window
+// of credits"). NCCL's network transports are paced the same way: a
+// sender writes into a receiver's buffer only once the receiver has
+// posted it (the CTS FIFO of net_ib; the verbs transport here clears
+// messages likewise).
+//
+// Only large slices (over creditMin bytes) are counted: small ones cost
+// the kernel little however far ahead they are, and a credit for them
+// would add a system call to the latency of small operations. Both ends
+// tell a counted slice by the size in its header. The k-th counted slice
+// (from 1) goes out once k ≤ got + window, got being the peer's latest
+// credit; the receiver sends a credit once it has read every more
+// counted slices since its last one. A credit lags what was read by at
+// most every-1 slices, so a link holds at least window-every+1 =
+// Slots/2 + 1 counted slices its receiver has not read: what the engine's
+// schedules need (algorithms.MinPieces), so credits cannot deadlock a
+// schedule that TCP's own buffering carries.
+//
+// Credits travel on a control socket of their own, never behind data: a
+// sender waiting for credit might otherwise have to read past slices its
+// schedule does not want yet. The control socket carries credit frames
+// (wire.CreditHeader) and nothing else, in TLS records where the
+// connection uses TLS. Its failures are not the connection's: a peer
+// that closed gracefully needs no more credit, and one that failed says
+// so on the data sockets. A sender waiting for credit on a closed
+// control socket fails as a send to a lost peer.
+
+// creditMin is the size above which a slice counts against the window.
+const creditMin = readBufSize
+
+// credits is a connection's pacing state; only the channel's goroutine
+// touches it.
+type credits struct {
+	ctl    *sock  // the control socket; nil without credits
+	window uint64 // counted slices the sender may have unread
+	every  uint64 // counted slices read between credits
+
+	sent  uint64 // counted slices queued to send (the k of the last)
+	got   uint64 // the peer's latest credit
+	err   error  // the control socket failed (sticky)
+	recvd uint64 // counted slices read from the peer
+	told  uint64 // the credit last queued for the peer
+}
+
+// windowFor returns the window and the credit interval for o, or 0, 0
+// without credits.
+func windowFor(o Options) (window, every int, err error) {
+	if o.Window < 0 {
+		return 0, 0, nil
+	}
+	w := o.Window
+	if w == 0 {
+		w = o.Slots
+	}
+	need := o.Slots/2 + 1
+	if w < need {
+		return 0, 0, fmt.Errorf("tcp: a window of %d slices is less than the %d a link of %d slots must hold", w, need, o.Slots)
+	}
+	return w, w - o.Slots/2, nil
+}
+
+// counted numbers a slice of n bytes to send: its k, or 0 if it is not
+// counted.
+func (c *conn) counted(n int) uint64 {
+	if c.cr.ctl == nil || n <= creditMin {
+		return 0
+	}
+	c.cr.sent++
+	return c.cr.sent
+}
+
+// room reports whether counted slice k may be written now. It reads the
+// peer's credits once half the window is used beyond the last credit
+// known, so that they do not pile up unread on the control socket; a
+// control socket that failed is an error only for a slice that waits on
+// it.
+func (c *conn) room(k uint64) (bool, error) {
+	if k > c.cr.got+c.cr.window/2 && c.cr.err == nil {
+		c.cr.err = c.readCredits()
+	}
+	if k <= c.cr.got+c.cr.window {
+		return true, nil
+	}
+	return false, c.cr.err
+}
+
+// readCredits reads every credit frame the control socket holds, without
+// blocking.
+func (c *conn) readCredits() error {
+	s := c.cr.ctl
+	if err := s.enter(); err != nil {
+		return err
+	}
+	defer s.exit()
+	if s.rbuf == nil {
+		s.rbuf = make([]byte, 4096)
+	}
+	const hl = wire.SliceHeaderLen
+	for {
+		n, err := s.readNB(s.rbuf[s.w:])
+		switch {
+		case n > 0:
+			s.w += n
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			return nil
+		case err != nil:
+			return err
+		default:
+			return io.EOF
+		}
+		for s.w-s.r >= hl {
+			h, _, _ := wire.ParseSliceHeader(s.rbuf[s.r:])
+			switch {
+			case h.Op != wire.CreditOp || h.Size != 0:
+				return fmt.Errorf("%w: rank %d sent a frame that is not a credit (op %#x, %d bytes)", errBadCredit, c.peer, h.Op, h.Size)
+			case h.Credit() < c.cr.got || h.Credit() > c.cr.sent:
+				return fmt.Errorf("%w: rank %d credited %d slices, after %d, of %d sent", errBadCredit, c.peer, h.Credit(), c.cr.got, c.cr.sent)
+			}
+			c.cr.got = h.Credit()
+			s.r += hl
+		}
+		s.w = copy(s.rbuf, s.rbuf[s.r:s.w])
+		s.r = 0
+	}
+}
+
+// errBadCredit is a control socket that carried something other than
+// credits the peer could give.
+var errBadCredit = errors.New("protocol error on the control socket")
+
+// read notes that a slice of n bytes was read from the peer and queues a
+// credit when every counted slices were read since the last.
+func (c *conn) read(n int) {
+	if c.cr.ctl == nil || n <= creditMin {
+		return
+	}
+	c.cr.recvd++
+	if c.cr.recvd-c.cr.told < c.cr.every {
+		return
+	}
+	c.cr.told = c.cr.recvd
+	j := job{slot: -1}
+	h := wire.CreditHeader(c.cr.told)
+	h.Put(j.hdr[:])
+	c.cr.ctl.push(j) // its failures are not the connection's (see above)
+}
