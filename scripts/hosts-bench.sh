@@ -18,7 +18,9 @@
 # MODE=iperf: one veth pair, one rank per host, against iperf3 -t 3 over
 # the same link (GB/s, from its receiver's bits per second); prints
 # goccl/iperf3 (target >= 0.95). For 2 ranks busbw = algbw = the bytes
-# each direction moves per second.
+# each direction moves per second. iperf3 moves one direction:
+# COLL=broadcast is the like-for-like stream (out of place, so the root
+# also copies its buffer), the all-reduce moves both at once.
 # Needs root. BIN may name several goccl-perf binaries (A/B of two builds).
 # COLL names goccl-perf's collective (default all_reduce).
 #
