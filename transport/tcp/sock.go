@@ -291,7 +291,6 @@ func (s *sock) pumpLocked() {
 	}
 	defer s.exit()
 	s.creditWait = false
-	var iov [2][]byte
 	for len(s.queue) > 0 {
 		j := &s.queue[0]
 		if j.credit > 0 && j.hoff == 0 && j.doff == 0 {
@@ -309,14 +308,7 @@ func (s *sock) pumpLocked() {
 		if s.tls != nil && !j.sealed {
 			s.seal(j)
 		}
-		bufs := iov[:0]
-		if j.hoff < len(j.hdr) {
-			bufs = append(bufs, j.hdr[j.hoff:])
-		}
-		if j.doff < len(j.data) {
-			bufs = append(bufs, j.data[j.doff:])
-		}
-		n, err := unix.Writev(s.fd, bufs)
+		n, err := sysWritev(s.fd, j.hdr[j.hoff:], j.data[j.doff:])
 		if n > 0 {
 			h := min(n, len(j.hdr)-j.hoff)
 			j.hoff += h
@@ -364,11 +356,11 @@ func (s *sock) seal(j *job) {
 // one fails with tlsrec.ErrTruncated.
 func (s *sock) readNB(b []byte) (int, error) {
 	if s.tls == nil {
-		return unix.Read(s.fd, b)
+		return sysRead(s.fd, b)
 	}
 	n, err := s.tls.Read(b, func(p []byte) (int, error) {
 		for {
-			m, err := unix.Read(s.fd, p)
+			m, err := sysRead(s.fd, p)
 			switch {
 			case m > 0:
 				return m, nil
@@ -495,8 +487,7 @@ func (s *sock) headerSpill(ctx context.Context, dst []byte) (int, error) {
 
 // readvSome is readSome into a then b, with readv(2) (no TLS).
 func (s *sock) readvSome(ctx context.Context, a, b []byte) (int, error) {
-	iov := [][]byte{a, b}
-	return s.readWith(ctx, func() (int, error) { return unix.Readv(s.fd, iov) })
+	return s.readWith(ctx, func() (int, error) { return sysReadv(s.fd, a, b) })
 }
 
 // readSome reads at least one byte into b. While it waits it keeps the

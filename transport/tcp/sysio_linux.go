@@ -1,0 +1,77 @@
+package tcp
+
+import (
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// The sockets are non-blocking, so their reads and writes return at
+// once. Up to rawMax bytes they go through raw system calls, which skip
+// the runtime's bookkeeping for calls that may block (entersyscall and
+// exitsyscall, 2-4% of a small operation's CPU in `perf`); larger ones
+// keep it, so that a long copy in the kernel does not hold up the
+// garbage collector's stops.
+const rawMax = 64 << 10
+
+// sysRead is read(2) on a non-blocking descriptor.
+func sysRead(fd int, b []byte) (int, error) {
+	if len(b) > rawMax || len(b) == 0 {
+		return unix.Read(fd, b)
+	}
+	n, _, e := unix.RawSyscall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
+	if e != 0 {
+		return -1, e
+	}
+	return int(n), nil
+}
+
+// iovecs fills v with a and b, the non-empty ones, and returns how many
+// it used and their total length.
+func iovecs(v *[2]unix.Iovec, a, b []byte) (int, int) {
+	k := 0
+	for _, p := range [2][]byte{a, b} {
+		if len(p) > 0 {
+			v[k].Base = &p[0]
+			v[k].SetLen(len(p))
+			k++
+		}
+	}
+	return k, len(a) + len(b)
+}
+
+// sysReadv is readv(2) into a then b on a non-blocking descriptor.
+func sysReadv(fd int, a, b []byte) (int, error) {
+	var v [2]unix.Iovec
+	k, total := iovecs(&v, a, b)
+	if k == 0 {
+		return 0, nil
+	}
+	call := unix.Syscall
+	if total <= rawMax {
+		call = unix.RawSyscall
+	}
+	n, _, e := call(unix.SYS_READV, uintptr(fd), uintptr(unsafe.Pointer(&v[0])), uintptr(k))
+	if e != 0 {
+		return -1, e
+	}
+	return int(n), nil
+}
+
+// sysWritev is writev(2) of a then b on a non-blocking descriptor.
+func sysWritev(fd int, a, b []byte) (int, error) {
+	var v [2]unix.Iovec
+	k, total := iovecs(&v, a, b)
+	if k == 0 {
+		return 0, nil
+	}
+	call := unix.Syscall
+	if total <= rawMax {
+		call = unix.RawSyscall
+	}
+	n, _, e := call(unix.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&v[0])), uintptr(k))
+	if e != 0 {
+		return -1, e
+	}
+	return int(n), nil
+}
