@@ -583,7 +583,7 @@ func (ob *outbox) wait(ctx context.Context, fd int, events int16, o Options, try
 		var deadline time.Time
 		for i := 0; ; i++ {
 			ob.progress()
-			if n, _ := unix.Poll(fds[:primary], 0); n > 0 || primary == 0 {
+			if n, _ := sysPoll0(fds[:primary]); n > 0 || primary == 0 {
 				if m, done, err := try(); done {
 					return m, err
 				}

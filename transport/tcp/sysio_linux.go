@@ -75,3 +75,16 @@ func sysWritev(fd int, a, b []byte) (int, error) {
 	}
 	return int(n), nil
 }
+
+// sysPoll0 is poll(2) with a zero timeout: it never blocks.
+func sysPoll0(fds []unix.PollFd) (int, error) {
+	if len(fds) == 0 {
+		return 0, nil
+	}
+	var zero unix.Timespec
+	n, _, e := unix.RawSyscall6(unix.SYS_PPOLL, uintptr(unsafe.Pointer(&fds[0])), uintptr(len(fds)), uintptr(unsafe.Pointer(&zero)), 0, 0, 0)
+	if e != 0 {
+		return -1, e
+	}
+	return int(n), nil
+}

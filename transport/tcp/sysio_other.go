@@ -12,3 +12,6 @@ func sysReadv(fd int, a, b []byte) (int, error) { return unix.Readv(fd, [][]byte
 
 // sysWritev is writev(2) of a then b on a non-blocking descriptor.
 func sysWritev(fd int, a, b []byte) (int, error) { return unix.Writev(fd, [][]byte{a, b}) }
+
+// sysPoll0 is poll(2) with a zero timeout: it never blocks.
+func sysPoll0(fds []unix.PollFd) (int, error) { return unix.Poll(fds, 0) }
