@@ -750,6 +750,12 @@ const CloseOp = ^uint64(0) - 1
 // payload (Size 0).
 const CreditOp = ^uint64(0) - 2
 
+// WindowOp marks the first SliceHeader on each direction of a TCP
+// connection's control socket: the sender's window (Msg) and slot count
+// (Slice), from which its receiver works out how often to credit. It has
+// no payload (Size 0).
+const WindowOp = ^uint64(0) - 3
+
 // CreditHeader is the credit frame for n counted slices read.
 func CreditHeader(n uint64) SliceHeader {
 	return SliceHeader{Op: CreditOp, Sig: uint32(n >> 32), Msg: uint32(n)}

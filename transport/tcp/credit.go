@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -32,8 +33,10 @@ import (
 // would add a system call to the latency of small operations. Both ends
 // tell a counted slice by the size in its header. The k-th counted slice
 // (from 1) goes out once k ≤ got + window, got being the peer's latest
-// credit; the receiver sends a credit once it has read every more
-// counted slices since its last one. A credit lags what was read by at
+// credit; the receiver sends a credit once it has read every = window -
+// Slots/2 more counted slices since its last one, by the sender's window
+// and slots, which each end tells the other when the connection is made
+// (ranks may differ in both). A credit lags what was read by at
 // most every-1 slices, so a link holds at least window-every+1 =
 // Slots/2 + 1 counted slices its receiver has not read: what the engine's
 // schedules need (algorithms.MinPieces), so credits cannot deadlock a
@@ -56,7 +59,7 @@ const creditMin = readBufSize
 type credits struct {
 	ctl    *sock  // the control socket; nil without credits
 	window uint64 // counted slices the sender may have unread
-	every  uint64 // counted slices read between credits
+	every  uint64 // counted slices read between credits, by the peer's window (0: not known yet, every slice)
 
 	sent  uint64 // counted slices queued to send (the k of the last)
 	got   uint64 // the peer's latest credit
@@ -65,11 +68,35 @@ type credits struct {
 	told  uint64 // the credit last queued for the peer
 }
 
-// windowFor returns the window and the credit interval for o, or 0, 0
-// without credits.
-func windowFor(o Options) (window, every int, err error) {
+// hello tells the peer this end's window and slots, on the control
+// socket l before it leaves blocking mode: the peer credits every
+// window - Slots/2 counted slices it reads from this end, so that this
+// end keeps the room its schedules need whatever the peer's own settings.
+// The peer reads it with its first credits (readCredits); until then it
+// credits every slice, which is always safe. Reading it here would make
+// Connect wait for the peer's own Connect, and a ring of ranks each
+// connecting to the next would wait in a circle.
+func (e *Endpoint) hello(peer int, l link) error {
+	l.c.SetWriteDeadline(time.Now().Add(setupTimeout))
+	defer l.c.SetWriteDeadline(time.Time{})
+	h := wire.SliceHeader{Op: wire.WindowOp, Msg: uint32(e.window), Slice: uint32(e.o.Slots)}
+	b := h.Append(nil)
+	var err error
+	if l.tls != nil {
+		_, err = sessionRW{l.c, l.tls}.Write(b)
+	} else {
+		_, err = l.c.Write(b)
+	}
+	if err != nil {
+		return fmt.Errorf("telling rank %d this rank's credit window: %w", peer, err)
+	}
+	return nil
+}
+
+// windowFor returns the window for o, 0 without credits.
+func windowFor(o Options) (int, error) {
 	if o.Window < 0 {
-		return 0, 0, nil
+		return 0, nil
 	}
 	w := o.Window
 	if w == 0 {
@@ -77,9 +104,9 @@ func windowFor(o Options) (window, every int, err error) {
 	}
 	need := o.Slots/2 + 1
 	if w < need {
-		return 0, 0, fmt.Errorf("tcp: a window of %d slices is less than the %d a link of %d slots must hold", w, need, o.Slots)
+		return 0, fmt.Errorf("tcp: a window of %d slices is less than the %d a link of %d slots must hold", w, need, o.Slots)
 	}
-	return w, w - o.Slots/2, nil
+	return w, nil
 }
 
 // counted numbers a slice of n bytes to send: its k, or 0 if it is not
@@ -135,6 +162,15 @@ func (c *conn) readCredits() error {
 		}
 		for s.w-s.r >= hl {
 			h, _, _ := wire.ParseSliceHeader(s.rbuf[s.r:])
+			if h.Op == wire.WindowOp && c.cr.every == 0 {
+				w, slots := int(h.Msg), int(h.Slice)
+				if h.Size != 0 || slots < 2 || w < slots/2+1 {
+					return fmt.Errorf("%w: rank %d announced a window of %d slices for %d slots", errBadCredit, c.peer, w, slots)
+				}
+				c.cr.every = uint64(w - slots/2)
+				s.r += hl
+				continue
+			}
 			switch {
 			case h.Op != wire.CreditOp || h.Size != 0:
 				return fmt.Errorf("%w: rank %d sent a frame that is not a credit (op %#x, %d bytes)", errBadCredit, c.peer, h.Op, h.Size)
@@ -160,12 +196,22 @@ func (c *conn) read(n int) {
 		return
 	}
 	c.cr.recvd++
-	if c.cr.recvd-c.cr.told < c.cr.every {
+	if c.cr.every == 0 && c.cr.err == nil {
+		// The peer's window comes first on the control socket, written
+		// before any of its data: it is there by now.
+		c.cr.err = c.readCredits()
+	}
+	if c.cr.recvd-c.cr.told < max(c.cr.every, 1) {
 		return
 	}
 	c.cr.told = c.cr.recvd
 	j := job{slot: -1}
 	h := wire.CreditHeader(c.cr.told)
 	h.Put(j.hdr[:])
-	c.cr.ctl.push(j) // its failures are not the connection's (see above)
+	if c.cr.ctl.push(j) != nil {
+		// Not the connection's failure (see above), but no credit goes
+		// out any more: the peer, should it wait for one, reads the end
+		// of the socket and fails rather than waiting.
+		c.cr.ctl.shutdown()
+	}
 }

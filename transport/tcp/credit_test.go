@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"testing"
 	"time"
@@ -140,7 +141,6 @@ func TestCreditsComeEveryFewSlices(t *testing.T) {
 	eps := endpoints(t, 2, func(_ int, o *Options) { largeSlices(1, 0)(0, o); o.Slots = 6 })
 	a, b := connectPair(t, eps[0], eps[1], 0)
 	require.Equal(t, 6, eps[0].window)
-	require.Equal(t, 3, eps[0].every)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	send := func(size int) {
@@ -161,6 +161,68 @@ func TestCreditsComeEveryFewSlices(t *testing.T) {
 		require.Equal(t, uint64(i), a.(*conn).cr.sent)
 		require.Equal(t, uint64(i/3*3), b.(*conn).cr.told, "after %d counted slices", i)
 	}
+	require.Equal(t, uint64(3), b.(*conn).cr.every, "learnt from the peer's window, 6 - 6/2")
+}
+
+// TestRanksMayDifferInWindowAndSlots: each end credits by its peer's
+// window and slots, learnt when the connection is made, so two ranks with
+// different settings still keep each other's room: streams both ways go
+// through, where crediting by one's own settings stalled one direction.
+func TestRanksMayDifferInWindowAndSlots(t *testing.T) {
+	eps := endpoints(t, 2, func(r int, o *Options) {
+		o.NSocks, o.SlotSize = 1, creditSlice
+		if r == 0 {
+			o.Slots, o.Window = 4, 3
+		} else {
+			o.Slots, o.Window = 8, 64
+		}
+	})
+	a, b := connectPair(t, eps[0], eps[1], 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const n = 40
+	stream := func(from, to transport.Conn, errc chan<- error) {
+		go func() {
+			src := make([]byte, creditSlice)
+			for i := range n {
+				src[0] = byte(i)
+				if err := from.(transport.DirectSender).PostFrom(ctx, memory.HostBuffer(src), transport.Tag{Op: 1, Msg: uint32(i)}); err != nil {
+					errc <- err
+					return
+				}
+				// PostFrom sends from src until it is written: wait.
+				if err := from.(transport.Flusher).Flush(ctx); err != nil {
+					errc <- err
+					return
+				}
+			}
+			errc <- nil
+		}()
+		go func() {
+			dst := make([]byte, creditSlice)
+			for i := range n {
+				tag, _, err := to.(transport.DirectReceiver).WaitInto(ctx, memory.HostBuffer(dst))
+				if err == nil && (tag.Msg != uint32(i) || dst[0] != byte(i)) {
+					err = fmt.Errorf("slice %d arrived as %d (%d)", i, tag.Msg, dst[0])
+				}
+				if err != nil {
+					errc <- err
+					return
+				}
+			}
+			errc <- nil
+		}()
+	}
+	// One direction at a time: a connection's sides are driven by one
+	// goroutine each.
+	for _, pair := range [][2]transport.Conn{{a, b}, {b, a}} {
+		errc := make(chan error, 2)
+		stream(pair[0], pair[1], errc)
+		require.NoError(t, <-errc)
+		require.NoError(t, <-errc)
+	}
+	require.Equal(t, uint64(64-4), a.(*conn).cr.every, "rank 0 credits by rank 1's window and slots")
+	require.Equal(t, uint64(3-2), b.(*conn).cr.every, "rank 1 credits by rank 0's")
 }
 
 // TestWindowBelowWhatSchedulesNeedIsRefused: a window smaller than half

@@ -539,7 +539,9 @@ func (ob *outbox) progress() {
 	for _, s := range ob.pending {
 		s.pump()
 		n, err := s.pending()
-		if err != nil && ob.err == nil && !s.quiet {
+		if err != nil && s.quiet {
+			s.shutdown() // no more credits: see conn.read
+		} else if err != nil && ob.err == nil {
 			ob.err = s.c.peerErr("send", err)
 		}
 		if n > 0 && err == nil {

@@ -64,9 +64,9 @@ import (
 type Endpoint struct {
 	o   Options
 	log *slog.Logger
-	// window and every pace large slices (credit.go); window 0: no
-	// credits, and no control sockets.
-	window, every int
+	// window paces large slices (credit.go); 0: no credits, and no
+	// control sockets.
+	window int
 
 	acc     connsetup.Acceptor
 	dialer  connsetup.Dialer
@@ -136,11 +136,11 @@ func New(o Options) (*Endpoint, error) {
 	if o.NSocks < 1 || o.NSocks > 64 || o.Slots < 2 || o.SlotSize < 64 {
 		return nil, fmt.Errorf("tcp: need 1..64 sockets, ≥ 2 slots of ≥ 64 bytes: %d sockets, %d slots of %d", o.NSocks, o.Slots, o.SlotSize)
 	}
-	window, every, err := windowFor(o)
+	window, err := windowFor(o)
 	if err != nil {
 		return nil, err
 	}
-	e := &Endpoint{o: o, log: o.Logger, window: window, every: every, conns: map[connKey]*conn{}, arriving: map[connKey]*arrivingConn{},
+	e := &Endpoint{o: o, log: o.Logger, window: window, conns: map[connKey]*conn{}, arriving: map[connKey]*arrivingConn{},
 		outboxes: map[connKey]*outbox{}, done: make(chan struct{}), closing: make(chan struct{})}
 	if e.log == nil {
 		e.log = slog.Default()
@@ -339,6 +339,14 @@ func (e *Endpoint) Connect(ctx context.Context, peer, ch int) (transport.Conn, e
 		e.outboxes[ok] = ob
 	}
 	e.mu.Unlock()
+	if e.window > 0 {
+		if err := e.hello(peer, socks[e.o.NSocks]); err != nil {
+			for _, l := range socks {
+				l.c.Close()
+			}
+			return nil, &transport.PeerError{Peer: peer, Op: "connect", Err: err}
+		}
+	}
 	c, err := newConn(e, peer, ob, socks)
 	if err != nil {
 		return nil, &transport.PeerError{Peer: peer, Op: "connect", Err: err}
@@ -571,7 +579,7 @@ var (
 
 func newConn(e *Endpoint, peer int, ob *outbox, raw []link) (*conn, error) {
 	c := &conn{e: e, peer: peer, ob: ob, cur: -1, bufs: make([][]byte, e.o.Slots)}
-	c.cr.window, c.cr.every = uint64(e.window), uint64(e.every)
+	c.cr.window = uint64(e.window)
 	for i := e.o.Slots - 1; i >= 0; i-- {
 		c.free = append(c.free, i)
 	}
@@ -800,6 +808,9 @@ func (c *conn) PostFrom(_ context.Context, src memory.Buffer, tag transport.Tag)
 
 // Flush implements transport.Flusher.
 func (c *conn) Flush(ctx context.Context) error {
+	if c.cr.ctl != nil {
+		c.cr.ctl.pump() // a credit the kernel did not take at once
+	}
 	done := func() (int, bool, error) {
 		for _, s := range c.socks {
 			n, err := s.pending()
