@@ -44,9 +44,10 @@ import (
 //
 // Credits travel on a control socket of their own, never behind data: a
 // sender waiting for credit might otherwise have to read past slices its
-// schedule does not want yet. The control socket carries credit frames
-// (wire.CreditHeader) and nothing else, in TLS records where the
-// connection uses TLS. Its failures are not the connection's: a peer
+// schedule does not want yet. Each direction of the control socket
+// carries its writer's window first (a wire.WindowOp frame, see hello),
+// then credit frames (wire.CreditHeader) and nothing else, in TLS
+// records where the connection uses TLS. Its failures are not the connection's: a peer
 // that closed gracefully needs no more credit, and one that failed says
 // so on the data sockets. A sender waiting for credit on a closed
 // control socket fails as a send to a lost peer.
