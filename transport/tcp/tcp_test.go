@@ -110,13 +110,27 @@ func TestSlicesArriveInOrderAcrossSockets(t *testing.T) {
 
 func TestAllReduceOverTCP(t *testing.T) {
 	link := algorithms.LinkModel{Latency: 10e-6, Bandwidth: 2e9, ReduceRate: 6e9, MaxChannels: 2, ChannelBytes: 1 << 20, ChunkBytes: 256 << 10}
-	transporttest.AllReduceEveryAlgorithm(t, link, func(t *testing.T, n int) []transport.Endpoint {
-		var out []transport.Endpoint
-		for _, e := range endpoints(t, n, nil) {
-			out = append(out, e)
-		}
-		return out
-	})
+	for _, c := range []struct {
+		name string
+		mod  func(int, *Options)
+	}{
+		{"smallslices", nil},
+		// Slices over creditMin, paced by credits: the default window,
+		// and the least one (Slots/2 + 1, a credit per slice), where a
+		// schedule needing more room than credits leave would hang.
+		{"credits", func(_ int, o *Options) { o.SlotSize = 200_003 }},
+		{"leastwindow", func(_ int, o *Options) { o.SlotSize, o.Window = 200_003, 3 }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			transporttest.AllReduceEveryAlgorithm(t, link, func(t *testing.T, n int) []transport.Endpoint {
+				var out []transport.Endpoint
+				for _, e := range endpoints(t, n, c.mod) {
+					out = append(out, e)
+				}
+				return out
+			})
+		})
+	}
 }
 
 func TestPeerDeathIsNamed(t *testing.T) {
