@@ -1,7 +1,8 @@
 // flightjob is a goccl job that goes wrong on purpose, for goccl-run's
 // flight recorder test: every rank runs one all-reduce, then rank 1
-// stops taking part (hang), calls a broadcast instead (mismatch) or stops
-// its own process (stop).
+// stops taking part (hang), calls a broadcast instead (mismatch), stops
+// its own process (stop) or exits, leaving the others to shrink the
+// communicator and go on (shrink).
 package main
 
 import (
@@ -40,6 +41,10 @@ func main() {
 		time.Sleep(time.Hour)
 	case os.Args[1] == "shrink": // rank 1 dies; the others go on without it
 		if c.Rank() == 1 {
+			// Let the others finish the first all-reduce, as in
+			// "mismatch": a rank still draining it when this one's
+			// death is seen fails it and exits before it can shrink.
+			time.Sleep(300 * time.Millisecond)
 			os.Exit(7)
 		}
 		err = collective.AllReduce(ctx, c, buf, buf, collective.Sum)
