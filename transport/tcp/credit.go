@@ -103,17 +103,26 @@ func windowFor(o Options) (int, error) {
 	if w == 0 {
 		w = o.Slots
 	}
-	need := o.Slots/2 + 1
-	if w < need {
+	if need := minWindow(o.Slots); w < need {
 		return 0, fmt.Errorf("tcp: a window of %d slices is less than the %d a link of %d slots must hold", w, need, o.Slots)
 	}
 	return w, nil
 }
 
+// minWindow is the least window for a sender with the given slots: the
+// Slots/2 + 1 counted slices of room its schedules need of a link. Its
+// receiver credits every window - minWindow + 1 slices, so that a credit's
+// lag never leaves less.
+func minWindow(slots int) int { return slots/2 + 1 }
+
+// countable reports whether a slice of n bytes counts against the window;
+// both ends tell by the size in its header.
+func (c *conn) countable(n int) bool { return c.cr.ctl != nil && n > creditMin }
+
 // counted numbers a slice of n bytes to send: its k, or 0 if it is not
 // counted.
 func (c *conn) counted(n int) uint64 {
-	if c.cr.ctl == nil || n <= creditMin {
+	if !c.countable(n) {
 		return 0
 	}
 	c.cr.sent++
@@ -165,10 +174,10 @@ func (c *conn) readCredits() error {
 			h, _, _ := wire.ParseSliceHeader(s.rbuf[s.r:])
 			if h.Op == wire.WindowOp && c.cr.every == 0 {
 				w, slots := int(h.Msg), int(h.Slice)
-				if h.Size != 0 || slots < 2 || w < slots/2+1 {
+				if h.Size != 0 || slots < 2 || w < minWindow(slots) {
 					return fmt.Errorf("%w: rank %d announced a window of %d slices for %d slots", errBadCredit, c.peer, w, slots)
 				}
-				c.cr.every = uint64(w - slots/2)
+				c.cr.every = uint64(w - minWindow(slots) + 1)
 				s.r += hl
 				continue
 			}
@@ -193,7 +202,7 @@ var errBadCredit = errors.New("protocol error on the control socket")
 // read notes that a slice of n bytes was read from the peer and queues a
 // credit when every counted slices were read since the last.
 func (c *conn) read(n int) {
-	if c.cr.ctl == nil || n <= creditMin {
+	if !c.countable(n) {
 		return
 	}
 	c.cr.recvd++

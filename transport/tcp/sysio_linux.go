@@ -41,35 +41,27 @@ func iovecs(v *[2]unix.Iovec, a, b []byte) (int, int) {
 }
 
 // sysReadv is readv(2) into a then b on a non-blocking descriptor.
-func sysReadv(fd int, a, b []byte) (int, error) {
-	var v [2]unix.Iovec
-	k, total := iovecs(&v, a, b)
-	if k == 0 {
-		return 0, nil
-	}
-	call := unix.Syscall
-	if total <= rawMax {
-		call = unix.RawSyscall
-	}
-	n, _, e := call(unix.SYS_READV, uintptr(fd), uintptr(unsafe.Pointer(&v[0])), uintptr(k))
-	if e != 0 {
-		return -1, e
-	}
-	return int(n), nil
-}
+func sysReadv(fd int, a, b []byte) (int, error) { return sysIov(unix.SYS_READV, fd, a, b) }
 
 // sysWritev is writev(2) of a then b on a non-blocking descriptor.
-func sysWritev(fd int, a, b []byte) (int, error) {
+func sysWritev(fd int, a, b []byte) (int, error) { return sysIov(unix.SYS_WRITEV, fd, a, b) }
+
+// sysIov is readv(2) or writev(2) (trap) of a then b. The calls are
+// direct, so that the compiler keeps the iovecs where the converted
+// pointer says while the kernel uses them.
+func sysIov(trap uintptr, fd int, a, b []byte) (int, error) {
 	var v [2]unix.Iovec
 	k, total := iovecs(&v, a, b)
 	if k == 0 {
 		return 0, nil
 	}
-	call := unix.Syscall
+	var n uintptr
+	var e unix.Errno
 	if total <= rawMax {
-		call = unix.RawSyscall
+		n, _, e = unix.RawSyscall(trap, uintptr(fd), uintptr(unsafe.Pointer(&v[0])), uintptr(k))
+	} else {
+		n, _, e = unix.Syscall(trap, uintptr(fd), uintptr(unsafe.Pointer(&v[0])), uintptr(k))
 	}
-	n, _, e := call(unix.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&v[0])), uintptr(k))
 	if e != 0 {
 		return -1, e
 	}
