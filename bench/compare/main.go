@@ -87,7 +87,7 @@ func run() error {
 	var (
 		peersF = flag.String("peers", "ompi", "peers to compare with: ompi, mpich, gloo (comma-separated)")
 		npF    = flag.String("np", "2", "rank counts (comma-separated)")
-		trF    = flag.String("transports", "shm,tcp", "transports: shm, tcp, hosts (two network namespaces as hosts, half of the ranks in each; root; MPICH only) (comma-separated)")
+		trF    = flag.String("transports", "shm,tcp", "transports: shm, tcp, hosts (two network namespaces as hosts, half of the ranks in each; root; Open MPI and MPICH) (comma-separated)")
 		rateF  = flag.String("rate", "10gbit", "with -transports hosts: the veth's tc tbf rate between the hosts (none: no limit)")
 		collsF = flag.String("colls", "all_reduce", "collectives: all_reduce, reduce_scatter, all_gather, broadcast, reduce (comma-separated)")
 		minB   = flag.String("b", "8", "smallest size")
@@ -204,8 +204,8 @@ func run() error {
 		}
 		defer hn.down()
 		for _, p := range avail {
-			if p.name != "mpich" {
-				fmt.Fprintf(os.Stderr, "compare: %s left out of the hosts transport (only MPICH's launcher reaches into other namespaces; see bench/compare/hosts.go)\n", p.label)
+			if p.name == "gloo" {
+				fmt.Fprintf(os.Stderr, "compare: %s left out of the hosts transport (it has no launcher that reaches into other namespaces; see bench/compare/hosts.go)\n", p.label)
 			}
 		}
 	}
@@ -254,6 +254,11 @@ func run() error {
 						case "mpich":
 							p := avail[slices.IndexFunc(avail, func(p peer) bool { return p.name == tool })]
 							argv = hn.argv(s.np, append([]string{filepath.Join(*binDir, p.binary), "-o", p.ops[s.coll], "-T", fmt.Sprint(*target)}, sweep...), hn.mpich())
+						case "ompi":
+							p := avail[slices.IndexFunc(avail, func(p peer) bool { return p.name == tool })]
+							if argv, err = hn.ompiArgv(s.np, append([]string{filepath.Join(*binDir, p.binary), "-o", p.ops[s.coll], "-T", fmt.Sprint(*target)}, sweep...)); err != nil {
+								return err
+							}
 						default:
 							continue
 						}
