@@ -163,7 +163,7 @@ type Config struct {
 	// other over shared memory (a split of a parent that does): no TCP
 	// data listener, and each rank is known by its shared-memory one.
 	localOnly bool
-	// oversubscribed: some host of the job runs more ranks than it has
+	// oversubscribed: some machine of the job runs more ranks than it has
 	// CPUs (anyOversubscribed, from the table, so alike on every rank);
 	// the engine then slices some collectives by the slot
 	// (engine.Config.Oversubscribed).

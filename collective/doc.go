@@ -122,6 +122,9 @@
 // recursive doubling and Rabenseifner pair neighbours in the host ring
 // first (ranks of one host, where hosts have an even number of ranks).
 // The INFO summary prints the ring order, hosts separated by "|".
+// Hosts that are namespaces or containers of one machine (one kernel boot
+// id) are still counted together for its CPUs: where their ranks
+// outnumber its cores, waiting ranks give their core away at every poll.
 //
 // When every host has the same number of ranks, the all-reduce may be
 // hierarchical (GOCCL_ALGO=hier, or the tuner's pick for large sizes): a

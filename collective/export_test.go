@@ -126,11 +126,24 @@ func OversubscribedSets(hosts []string, sets []uint64, host string) bool {
 	return summarize(peers)[host].oversubscribed()
 }
 
+// OversubscribedOn is oversubscribed for ranks on the given hosts, rank r
+// on machine machines[r] ("": unknown) allowed the CPUs of bit mask
+// sets[r]; ChannelsPerRank is channelsPerRank for the same ranks.
+func OversubscribedOn(hosts, machines []string, sets []uint64, host string) (bool, int) {
+	var peers []wire.PeerInfo
+	for r, h := range hosts {
+		s := hostSummary{CPUs: bits.OnesCount64(sets[r]), CPUMask: binary.LittleEndian.AppendUint64(nil, sets[r]), Machine: machines[r]}
+		peers = append(peers, wire.PeerInfo{Rank: uint32(r), HostID: h, Topology: s.encode()})
+	}
+	l := summarize(peers)
+	return l[host].oversubscribed(), channelsPerRank(l)
+}
+
 // CPUMaskRoundTrip encodes a host summary with CPU set m and decodes it
 // back.
 func CPUMaskRoundTrip(m []byte) ([]byte, uint32, bool) {
-	h, ok := decodeHostSummary(hostSummary{CPUs: 3, NetMbps: 7, CPUMask: m}.encode())
-	return h.CPUMask, h.NetMbps, ok
+	h, ok := decodeHostSummary(hostSummary{CPUs: 3, NetMbps: 7, CPUMask: m, Machine: "boot-id"}.encode())
+	return h.CPUMask, h.NetMbps, ok && h.Machine == "boot-id"
 }
 
 // CPUMask is this process's CPU set as a host summary carries it.

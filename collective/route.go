@@ -48,9 +48,13 @@ type hostSummary struct {
 	// unknown), so that ranks bound to cores of their own (as launchers
 	// bind them) do not count as sharing them (summarize).
 	CPUMask []byte
+	// Machine is the kernel the rank runs under (netif.MachineID; "":
+	// unknown): ranks of several hosts on one machine share its CPUs
+	// (summarize).
+	Machine string
 }
 
-const summaryVersion = 4
+const summaryVersion = 5
 
 func (h hostSummary) encode() []byte {
 	f := byte(0)
@@ -70,6 +74,7 @@ func (h hostSummary) encode() []byte {
 		b = appendShort(appendShort(b, h.NICs[i]), h.NICNames[i])
 	}
 	b = binary.BigEndian.AppendUint32(b, h.NetMbps)
+	b = appendShort(b, h.Machine)
 	if len(h.CPUMask) > 0 && len(h.CPUMask) <= 255 {
 		b = appendShort(b, string(h.CPUMask))
 	}
@@ -126,7 +131,10 @@ func decodeHostSummary(b []byte) (hostSummary, bool) {
 		return hostSummary{}, false
 	}
 	h.NetMbps = binary.BigEndian.Uint32(b)
-	if b = b[4:]; len(b) > 0 {
+	if h.Machine, b, ok = readShort(b[4:]); !ok {
+		return hostSummary{}, false
+	}
+	if len(b) > 0 {
 		// The CPU set, where the rank could read it.
 		m, rest, ok := readShort(b)
 		if !ok || len(rest) > 0 {

@@ -53,7 +53,7 @@ func TestIntraLinkFromTheTable(t *testing.T) {
 }
 
 // TestOversubscribed: a host's waiting ranks yield at every poll when it
-// runs more ranks than it has CPUs, counted per host.
+// runs more ranks than it has CPUs, counted per machine.
 func TestOversubscribed(t *testing.T) {
 	four := []string{"a", "a", "a", "a"}
 	require.True(t, collective.Oversubscribed(four, 2, "a"), "4 ranks on 2 CPUs")
@@ -75,6 +75,25 @@ func TestOversubscribed(t *testing.T) {
 	require.True(t, collective.AnyOversubscribed([]string{"a", "a", "a", "b"}, 2), "3 ranks on host a")
 	require.False(t, collective.AnyOversubscribed(split, 2), "2 ranks a host on 2 CPUs each")
 	require.False(t, collective.AnyOversubscribed(four, 4), "4 ranks on 4 CPUs")
+	// Hosts of one machine (namespaces, containers) share its CPUs.
+	all := []uint64{0b11, 0b11, 0b11, 0b11}
+	busy, ch := collective.OversubscribedOn(split, []string{"m", "m", "m", "m"}, all, "b")
+	require.True(t, busy, "2 hosts x 2 ranks on one machine of 2 CPUs")
+	require.Equal(t, 1, ch, "channels per rank on a shared machine")
+	busy, ch = collective.OversubscribedOn(split, []string{"m", "m", "n", "n"}, all, "b")
+	require.False(t, busy, "2 hosts x 2 ranks on two machines of 2 CPUs")
+	require.Equal(t, 1, ch)
+	busy, ch = collective.OversubscribedOn(split, []string{"m", "m", "m", "m"}, []uint64{0b1, 0b10, 0b100, 0b1000}, "a")
+	require.False(t, busy, "4 ranks on cores of their own of one machine")
+	require.Equal(t, 1, ch)
+	busy, _ = collective.OversubscribedOn(split, []string{"", "", "", ""}, all, "a")
+	require.False(t, busy, "no machine known: counted by host")
+	busy, _ = collective.OversubscribedOn([]string{"a", "b"}, []string{"m", "m"}, []uint64{0b1111, 0b1111}, "a")
+	require.False(t, busy, "2 hosts of one machine with 4 CPUs")
+	busy, _ = collective.OversubscribedOn([]string{"a", "a", "a"}, []string{"m", "n", "n"}, []uint64{0b11, 0b11, 0b11}, "a")
+	require.False(t, busy, "one host id on two machines, 2 ranks on the busier")
+	busy, _ = collective.OversubscribedOn([]string{"a", "a", "b", "b", "c"}, []string{"m", "n", "n", "n", "o"}, []uint64{1, 0b11, 0b11, 0b11, 1}, "a")
+	require.True(t, busy, "host a's second rank shares machine n with host b's ranks: 3 ranks on 2 CPUs")
 }
 
 // TestCPUMask: the CPU set survives the host summary, and on Linux this

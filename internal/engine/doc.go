@@ -17,7 +17,7 @@
 // and a connection's Slots bound how far a sender runs ahead. Blocks are
 // cut into at least four slices so that the chain's hops overlap, except
 // where overlap buys nothing (slotSlices): exchanges that go in lockstep,
-// one-hop schedules that forward nothing, and, when some host runs more
+// one-hop schedules that forward nothing, and, when some machine runs more
 // ranks than it has cores (Config.Oversubscribed), broadcast, reduce and
 // all-reduce, whose hops have no idle core to overlap on.
 //

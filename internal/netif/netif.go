@@ -221,12 +221,24 @@ func HostID(lookup func(string) (string, bool)) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("host identity: %w", err)
 	}
-	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
+	id, err := MachineID()
+	if err != nil {
 		return "", fmt.Errorf("host identity: %w", err)
 	}
-	if id := strings.TrimSpace(string(b)); id != "" {
+	if id != "" {
 		return h + "/" + id, nil
 	}
 	return h, nil
+}
+
+// MachineID names the kernel this process runs under, its boot id, or ""
+// where the system has none. Processes with one machine id share its CPUs
+// whatever host ids they were given: network namespaces or containers of
+// one machine counted as hosts (GOCCL_HOSTID) still compete for its cores.
+func MachineID() (string, error) {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return "", err
+	}
+	return strings.TrimSpace(string(b)), nil
 }

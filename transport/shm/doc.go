@@ -67,8 +67,9 @@
 // few milliseconds at a time so that contexts, aborts and dead peers are
 // noticed. A rank that sleeps sets a flag; the other side wakes it only
 // when the flag is set, so the common path makes no system call at all.
-// With Options.YieldWhenIdle (the collective layer sets it when a host has
-// more ranks than cores, as 4 ranks on 2 here) every failed poll yields:
+// With Options.YieldWhenIdle (the collective layer sets it when a machine
+// runs more ranks than it has cores, as 4 ranks on 2 here, whatever hosts
+// they count as) every failed poll yields:
 // the rank being waited for may need this very core. MPICH's pure
 // busy-waiting turns an 8-byte all-reduce into 4 ms in that case
 // (../shared/baselines/RESULTS.md). While waiting, Options.Progress lets a
