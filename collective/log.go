@@ -103,8 +103,9 @@ func (d discardHandler) WithAttrs([]slog.Attr) slog.Handler      { return d }
 func (d discardHandler) WithGroup(string) slog.Handler           { return d }
 
 // logReady writes the INFO summary of a new communicator: ranks, hosts,
-// transports to the peers, and the algorithms the tuner picks for a small
-// and a large all-reduce.
+// transports to the peers, the algorithms the tuner picks for a small
+// and a large all-reduce, and whether some machine runs more ranks than
+// it has CPUs.
 func (c *Comm) logReady() {
 	log := c.logger(SubsysInit)
 	if !log.Enabled(context.Background(), slog.LevelInfo) {
@@ -152,6 +153,12 @@ func (c *Comm) logReady() {
 	}
 	if c.ibPort != "" {
 		attrs = append(attrs, "ib_port", c.ibPort)
+	}
+	if c.cfg.oversubscribed {
+		// Some machine runs more ranks than it has CPUs (whatever hosts
+		// they count as): its waiting ranks yield at every poll, and the
+		// engine cuts some collectives' slices by the slot.
+		attrs = append(attrs, "oversubscribed", true)
 	}
 	if c.dev != nil {
 		// Device operations between ranks of this process move device to

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -222,6 +223,13 @@ func TestMultiHostNamespaces(t *testing.T) {
 				}
 				if slices.Max(place) > 1 {
 					require.Contains(t, res[0].output, "reducescatter_64MiB=ring/")
+				}
+				// The namespaces share this machine's CPUs: its ranks are
+				// counted together, whatever hosts they are.
+				if n > runtime.NumCPU() {
+					require.Contains(t, res[0].output, "oversubscribed=true", "%d ranks on %d CPUs", n, runtime.NumCPU())
+				} else {
+					require.NotContains(t, res[0].output, "oversubscribed=")
 				}
 			}
 			require.Contains(t, res[0].output, "10.77.0.", "the ranks talk over the veths")
