@@ -27,8 +27,9 @@ func TestHostSummaryCarriesNICs(t *testing.T) {
 // FuzzHostSummary: a peer's summary comes off the network (through the
 // authenticated bootstrap, but still): decoding never panics.
 func FuzzHostSummary(f *testing.F) {
-	f.Add([]byte{4, 0, 2, 0, 0, 0, 0, 1, 1, 'a', 1, 'b', 0, 0, 39, 16})
-	f.Add([]byte{4, 0, 2, 0, 0, 0, 0, 17})
+	f.Add([]byte{5, 0, 2, 0, 0, 0, 0, 1, 1, 'a', 1, 'b', 0, 0, 39, 16, 1, 'm'})
+	f.Add([]byte{5, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 17, 0, 1, 3})
+	f.Add([]byte{5, 0, 2, 0, 0, 0, 0, 17})
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) { collective.DecodeHostSummary(b) })
 }
