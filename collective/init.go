@@ -722,13 +722,13 @@ func localFacts(id UniqueID, rank int, cfg Config, lookup func(string) (string, 
 		// TCP connection's sockets over them (a listener on each).
 		f.nics = netif.PerInterface(addrs)
 	}
-	if f.hostID == "" {
-		if f.hostID, err = netif.HostID(lookup); err != nil {
-			return nil, err
-		}
-	}
 	if f.machine, err = netif.MachineID(); err != nil {
 		return nil, fmt.Errorf("machine identity: %w", err)
+	}
+	if f.hostID == "" {
+		if f.hostID, err = netif.HostID(lookup, f.machine); err != nil {
+			return nil, err
+		}
 	}
 	// Each interface's speed (sysfs), for the tuner and the INFO summary.
 	f.nicSpeeds = make([]float64, len(f.nics))

@@ -211,9 +211,9 @@ func speedIn(root, name string) (float64, bool) {
 
 // HostID names the host this process runs on: GOCCL_HOSTID when set (so
 // that network namespaces on one machine can count as hosts), else the
-// hostname and the kernel's boot id, so that two machines cloned from one
-// image with the same hostname still differ.
-func HostID(lookup func(string) (string, bool)) (string, error) {
+// hostname and machine, the kernel's boot id (MachineID), so that two
+// machines cloned from one image with the same hostname still differ.
+func HostID(lookup func(string) (string, bool), machine string) (string, error) {
 	if v, ok := lookup("GOCCL_HOSTID"); ok && v != "" {
 		return v, nil
 	}
@@ -221,12 +221,8 @@ func HostID(lookup func(string) (string, bool)) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("host identity: %w", err)
 	}
-	id, err := MachineID()
-	if err != nil {
-		return "", fmt.Errorf("host identity: %w", err)
-	}
-	if id != "" {
-		return h + "/" + id, nil
+	if machine != "" {
+		return h + "/" + machine, nil
 	}
 	return h, nil
 }

@@ -208,7 +208,8 @@ func (c *conn) read(n int) {
 	c.cr.recvd++
 	if c.cr.every == 0 && c.cr.err == nil {
 		// The peer's window comes first on the control socket, written
-		// before any of its data: it is there by now.
+		// before any of its data, so it is almost always there by now;
+		// until it has been read, every counted slice is credited.
 		c.cr.err = c.readCredits()
 	}
 	if c.cr.recvd-c.cr.told < max(c.cr.every, 1) {
