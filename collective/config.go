@@ -144,6 +144,14 @@ type Config struct {
 	// kernel refuses it between processes that may not ptrace each other;
 	// then slots carry everything, as with "off".
 	ShmCMA string
+	// ShmBlock is the size, in bytes, of the blocks a 2-rank broadcast or
+	// all-gather over shared memory sends by the receiver's single copy
+	// (one process_vm_readv per block instead of one per slot;
+	// GOCCL_SHM_BLOCK): 0 means shm.DefaultBlockSize (1 MiB); a size no
+	// larger than a slot keeps slot-sized slices. Whether blocks or slots
+	// carry a size is measured as the operations run, unless ShmCMA says
+	// "on" (blocks) or "off" (slots).
+	ShmBlock int
 	// P2PDisable keeps device operations between processes of one host
 	// in registered host memory (GOCCL_P2P_DISABLE=1, as NCCL_P2P_DISABLE):
 	// by default their slots are in the receiver's device memory, which
@@ -366,6 +374,7 @@ const (
 	EnvInsecure     = "GOCCL_INSECURE"       // 1: InitFromEnv runs without GOCCL_SECRET, unauthenticated
 	EnvShmAllowUIDs = "GOCCL_SHM_ALLOW_UIDS" // uids, comma-separated, whose processes may join this rank's shared memory
 	EnvShmCMA       = "GOCCL_SHM_CMA"        // auto, on or off: the receiver's single copy (process_vm_readv)
+	EnvShmBlock     = "GOCCL_SHM_BLOCK"      // bytes per block of the receiver's single copy on 2 ranks (default 1 MiB)
 	EnvP2PDisable   = "GOCCL_P2P_DISABLE"    // 1: device slots between processes in host memory, not CUDA IPC
 
 	EnvIBHCA      = "GOCCL_IB_HCA"                // NCCL_IB_HCA's syntax: mlx5_0:1,mlx5_1 / ^mlx5_1 / =mlx5_0
@@ -544,6 +553,13 @@ func fromEnv(lookup func(string) (string, bool)) (Config, error) {
 			return c, bad(EnvShmCMA, v, "auto, on or off")
 		}
 	}
+	if v, ok := lookup(EnvShmBlock); ok && v != "" {
+		n, err := ParseSize(strings.TrimSpace(v))
+		if err != nil || n < 0 || n > 256<<20 {
+			return c, bad(EnvShmBlock, v, "a size in 0..256M (such as 256K or 1M)")
+		}
+		c.ShmBlock = int(n)
+	}
 	// On/off switches: 1, true or yes sets them; 0, false or no leaves
 	// them off.
 	for _, f := range []struct {
@@ -654,6 +670,8 @@ func (c Config) validate() error {
 		return bad("negative InitTimeout %v", c.InitTimeout)
 	case c.NSocks < 0 || c.NSocks > 64:
 		return bad("NSocks %d out of range 0..64", c.NSocks)
+	case c.ShmBlock < 0 || c.ShmBlock > 256<<20:
+		return bad("ShmBlock %d out of range 0..256 MiB", c.ShmBlock)
 	case c.TCPWindow > 4096:
 		return bad("TCPWindow %d out of range (at most 4096; negative turns credits off)", c.TCPWindow)
 	case c.Transport != "" && !knownTransport(c.Transport):

@@ -71,6 +71,7 @@ func TestInvalidEnvironmentIsAnError(t *testing.T) {
 		"GOCCL_GDR_FLUSH_DISABLE": "maybe",
 		"GOCCL_SHM_ALLOW_UIDS":    "1000,root",
 		"GOCCL_SHM_CMA":           "sometimes",
+		"GOCCL_SHM_BLOCK":         "512M",
 		"GOCCL_INSECURE":          "sure",
 		"GOCCL_P2P_DISABLE":       "please",
 		"GOCCL_HEARTBEAT_TIMEOUT": "-5s",

@@ -148,6 +148,14 @@ func TestMultiProcessEveryCollective(t *testing.T) {
 		// out of the sender's memory, whatever this host's kernel copy
 		// costs (auto leaves it off where it does not pay).
 		trs = append(trs, "shm+cma")
+		// Ranks whose settings differ: rank 0 asks for blocks by
+		// reference at every size and cuts its own into 256 KiB ones, the
+		// others measure which way pays (auto) and start on the slots. On
+		// 2 ranks the sender cuts a broadcast's or all-gather's step and
+		// the receiver follows what arrives, so an all-gather goes one way
+		// in blocks and the other through slots, and every result must
+		// still be right.
+		trs = append(trs, "shm+mixed")
 	}
 	// Recursive doubling forced: the all-reduce's and the all-gather's
 	// (with the fold on 3 ranks), whatever the tuner would pick.
@@ -160,11 +168,27 @@ func TestMultiProcessEveryCollective(t *testing.T) {
 				switch tr {
 				case "shm+cma":
 					tr, env = "shm", append(transportEnv(t, "shm"), "GOCCL_SHM_CMA=on")
+				case "shm+mixed":
+					tr, env = "shm", transportEnv(t, "shm")
 				case "tcp+recdoubling":
 					tr, env = "tcp", append(transportEnv(t, "tcp"), "GOCCL_ALGO=recdoubling")
 				}
-				res := spawn(t, "collectives", gocclEnvs(t, n, env...), nil)
+				envs := gocclEnvs(t, n, env...)
+				if tt := strings.Split(t.Name(), "/"); strings.HasSuffix(tt[1], "shm+mixed") {
+					envs[0] = append(envs[0], "GOCCL_SHM_CMA=on", "GOCCL_SHM_BLOCK=256K")
+				}
+				res := spawn(t, "collectives", envs, nil)
 				requireAllOK(t, res)
+				if n == 2 && strings.HasPrefix(tr, "shm") && strings.Contains(t.Name(), "+") {
+					// Forced on, both ranks landed blocks; mixed, rank 0
+					// (rank 1 measures, and these few operations of each
+					// size end before its first comparison asks for them).
+					for _, r := range res {
+						if r.rank == 0 || strings.Contains(t.Name(), "shm+cma") {
+							require.Regexp(t, fmt.Sprintf(`rank %d blocks [1-9]`, r.rank), r.output)
+						}
+					}
+				}
 				for q := 1; q < n; q++ {
 					require.Contains(t, res[0].output, fmt.Sprintf("rank %d transport %s ", q, tr))
 				}
@@ -647,6 +671,7 @@ func childMain(scenario string) int {
 		if err := childCollectives(ctx, c); err != nil {
 			return fail("%v", err)
 		}
+		fmt.Printf("rank %d blocks %d\n", c.Rank(), shm.BlocksReceived())
 	case "shared":
 		if err := childShared(ctx, c); err != nil {
 			return fail("%v", err)

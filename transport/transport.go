@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/goccl/goccl/memory"
 )
@@ -216,6 +217,46 @@ type PeerCopier interface {
 	// memory (as the receiver found it: send says which end asks). Both
 	// Wait and WaitInto take slices sent either way.
 	PeerCopies(opBytes int64, send bool) bool
+}
+
+// BlockCopier is implemented by PeerCopier connections whose sender can
+// post, by reference, a slice larger than a slot: a block, which the
+// receiver copies out of the sender's memory in one call into the kernel
+// instead of one per slot-sized slice (process_vm_readv costs about 1.6 µs
+// a call on these VMs: a MiB moves in 44 µs in one call and in 165 µs in
+// 16 KiB ones; docs/performance.md, "Blocks by reference").
+//
+// The sender decides alone, step by step; the receiver follows what
+// arrives. A sender whose step sends by reference asks BlockSlice, cuts
+// the step into slices of that size and posts each with PostBlock; a
+// receiver whose step only lands what it receives asks PeekBlock before
+// the step's first slice and, when it returns a block size, cuts its side
+// of the step the same way and takes each slice with WaitInto. The two
+// sides' cuts then match without a word between them, whichever way
+// either side's settings lean. Only steps that neither reduce nor forward
+// what they receive may be cut into blocks (a 2-rank broadcast or
+// all-gather), since a forwarding rank could not pass a block on to a
+// peer that cannot read it.
+type BlockCopier interface {
+	// BlockSlice returns the size, in bytes, to cut a step of an
+	// operation of opBytes into when its slices go by reference, or 0
+	// to keep slot-sized slices (the peer cannot read this rank's memory,
+	// or the size is not one where the single copy pays).
+	BlockSlice(opBytes int64) int
+	// PostBlock is PostFrom for a slice of a step cut into slices of
+	// block bytes (BlockSlice's answer): src, at most block bytes, goes
+	// by reference, and the receiver learns block from it.
+	PostBlock(ctx context.Context, src memory.Buffer, tag Tag, block int) error
+	// PeekBlock waits for the next incoming slice without taking it and
+	// returns the block size its sender cut the step into, or 0 when the
+	// step was cut into slot-sized slices.
+	PeekBlock(ctx context.Context) (int, error)
+	// Received tells the receiving side how long this rank's share of an
+	// operation of opBytes took (its channel, from start to flush) and how
+	// many of the steps it received in came in blocks, so that it can
+	// choose which way to ask for the next ones of that size. The engine
+	// calls it after every such operation.
+	Received(opBytes int64, blocks, steps int, took time.Duration)
 }
 
 // PeerMapper is implemented by connections whose receiver can map the

@@ -3,12 +3,14 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"sync/atomic"
 	"time"
 	_ "unsafe" // for go:linkname
 
 	"github.com/goccl/goccl/algorithms"
+	"github.com/goccl/goccl/internal/clock"
 	"github.com/goccl/goccl/memory"
 	"github.com/goccl/goccl/transport"
 )
@@ -38,6 +40,14 @@ type chanRun struct {
 	// receiver copies straight from the sender; opBytes is its size.
 	landsOnly bool
 	opBytes   int64
+	// recvBlocks: the connection this run's receive steps peeked at
+	// (blocks), told how the run went when it ends; blockSteps and
+	// slotSteps count the steps that came in blocks and the others; start
+	// is when the run began (clock.Now), read only where recvBlocks is
+	// set.
+	recvBlocks            transport.BlockCopier
+	blockSteps, slotSteps int
+	start                 int64
 	// sharedIn, sharedOut: the operation's buffers are shared allocations
 	// (memory.AllocShared), which a transport.PeerMapper's receiver maps;
 	// landsShared: every receive lands in the output (all-gather,
@@ -145,11 +155,15 @@ func (x *chanRun) setup(e *Engine, op *Op, pl *Plan, c int, dev bool) {
 		x.sharedOut = memory.IsShared(op.Out)
 	}
 	x.opBytes = op.Bytes(e.nranks)
+	x.recvBlocks, x.blockSteps, x.slotSteps = nil, 0, 0
 	clear(x.sent)
 	clear(x.recvd)
 }
 
 func (x *chanRun) run(ctx context.Context) error {
+	if x.landsOnly && len(x.conns) == 2 {
+		x.start = clock.Now()
+	}
 	for p := x.lo; p < x.hi; p++ {
 		x.piece = p
 		for i := range x.sched.Steps {
@@ -178,6 +192,9 @@ func (x *chanRun) run(ctx context.Context) error {
 	}
 	if peer, err := x.flush(ctx); err != nil {
 		return &StepError{Channel: x.ch, Piece: x.hi - 1, Step: len(x.sched.Steps), Kind: algorithms.Send, Peer: peer, Err: err}
+	}
+	if x.recvBlocks != nil {
+		x.recvBlocks.Received(x.opBytes, x.blockSteps, x.blockSteps+x.slotSteps, time.Duration(clock.Now()-x.start))
 	}
 	x.prog.Store(progDone)
 	return nil
@@ -278,6 +295,10 @@ type lockIO struct {
 	// over them.
 	dr transport.DirectReceiver
 	ds transport.DirectSender
+	// bc, block: the step is cut into blocks of block bytes that ds posts
+	// by reference (transport.BlockCopier; blocks); block 0 otherwise.
+	bc    transport.BlockCopier
+	block int
 	// lent: rc may hand out the peer's own memory (transport.Lender),
 	// checked before anything computed from it goes on.
 	lent transport.Lender
@@ -295,6 +316,7 @@ func (x *chanRun) setLockIO(st *algorithms.Step) *lockIO {
 	io.scaled = x.premul && st.Src.Buf == algorithms.Input
 	io.rpeer, io.speer = int(st.RecvPeer), int(st.SendPeer)
 	io.rc, io.sc, io.dr, io.ds = nil, nil, nil, nil
+	io.bc, io.block = nil, 0
 	io.lent = nil
 	if st.Kind.Receives() {
 		io.rc = x.conns[io.rpeer]
@@ -316,11 +338,69 @@ func (x *chanRun) setLockIO(st *algorithms.Step) *lockIO {
 		io.ds, _ = io.sc.(transport.DirectSender)
 		byMap := (x.landsShared && (x.sharedIn || x.sharedOut) || x.sharedIn && sendsInput || x.sharedOut && !x.aliased && x.unwritten[x.stepI]) &&
 			peerMaps(io.sc, x.opBytes, true)
+		cand := io.ds
 		if pc, ok := io.sc.(transport.PeerCopier); ok && !(x.landsOnly && pc.PeerCopies(x.opBytes, true) || byMap) {
 			io.ds = nil
 		}
+		if x.landsOnly && len(x.conns) == 2 && sendsSrc && !byMap && !x.sharedIn && !x.sharedOut {
+			x.sendBlocks(st, io, cand)
+		}
 	}
 	return io
+}
+
+// sendBlocks cuts a send step of a 2-rank broadcast or all-gather into
+// blocks where the connection says so (blocks); cand is the step's
+// direct sender.
+func (x *chanRun) sendBlocks(st *algorithms.Step, io *lockIO, cand transport.DirectSender) {
+	bc, ok := io.sc.(transport.BlockCopier)
+	if !ok || cand == nil {
+		return
+	}
+	b := bc.BlockSlice(x.opBytes) / x.esize
+	if b <= x.slice {
+		return
+	}
+	io.ds, io.bc, io.block = cand, bc, b*x.esize
+	io.srcS = algorithms.NewSlicer(x.spansOf(0, st.Src), b)
+	io.dstS = algorithms.NewSlicer(x.spansOf(1, st.Dst), b)
+}
+
+// recvBlocksOf cuts the receive step of a 2-rank broadcast or all-gather
+// into blocks where the sender did (sendBlocks): it peeks at the step's
+// first slice and, when the sender cut the step into blocks, cuts this
+// side the same way and lands each block with WaitInto. The sender
+// decides alone and the receiver follows, so the two cuts match whatever
+// either side's settings (transport.BlockCopier). On two ranks the steps
+// of these collectives only send (send, copySend) or only receive (recv);
+// a forwarding step could not pass a block on to a peer that cannot read
+// it, and is never cut.
+func (x *chanRun) recvBlocksOf(ctx context.Context, st *algorithms.Step, io *lockIO) error {
+	if io.rc == nil || io.sc != nil || st.Kind != algorithms.Recv {
+		return nil
+	}
+	bc, ok := io.rc.(transport.BlockCopier)
+	if !ok {
+		return nil
+	}
+	b, err := bc.PeekBlock(ctx)
+	if err != nil {
+		return x.fail(st, io.rpeer, err)
+	}
+	x.recvBlocks = bc
+	if b == 0 {
+		x.slotSteps++
+		return nil
+	}
+	x.blockSteps++
+	es := x.esize
+	dr, ok := io.rc.(transport.DirectReceiver)
+	if !ok || b%es != 0 || !x.out.HostVisible() {
+		return x.fail(st, io.rpeer, fmt.Errorf("rank %d cut the step into blocks of %d bytes, which this rank cannot take into its output (%d-byte elements)", io.rpeer, b, es))
+	}
+	io.dr = dr
+	io.dstS = algorithms.NewSlicer(x.spansOf(1, st.Dst), b/es)
+	return nil
 }
 
 // peerMaps reports whether c is a transport.PeerMapper that says so.
@@ -333,6 +413,11 @@ func peerMaps(c transport.Conn, opBytes int64, send bool) bool {
 // outgoing slot, compute the value into its sinks, fence, post, release.
 func (x *chanRun) lockstep(ctx context.Context, st *algorithms.Step) error {
 	io := x.setLockIO(st)
+	if x.landsOnly && len(x.conns) == 2 {
+		if err := x.recvBlocksOf(ctx, st, io); err != nil {
+			return err
+		}
+	}
 	es := x.esize
 	for sl := uint32(0); ; sl++ {
 		var srcOff, dstOff, n int
@@ -405,6 +490,19 @@ func (x *chanRun) lockSlice(ctx context.Context, io *lockIO, sl uint32, nb int, 
 			release()
 			return x.fail(st, io.speer, err)
 		}
+	}
+	if io.block > 0 {
+		// A block of the input (send, copySend: blocks) goes out before
+		// this rank's own copy of it into the output, so that the peer's
+		// copy runs beside that one instead of after it.
+		tag := transport.Tag{Op: x.seq, Sig: x.sig, Msg: x.sent[io.speer], Slice: sl}
+		if err := io.bc.PostBlock(ctx, *src, tag, io.block); err != nil {
+			return x.fail(st, io.speer, err)
+		}
+		if err := x.compute(st, dst, &out, &in, src, true, false); err != nil {
+			return x.fail(st, -1, err)
+		}
+		return nil
 	}
 	direct := io.ds != nil
 	var err error

@@ -46,6 +46,9 @@ type conn struct {
 	// slice this side posted by reference (for Flush).
 	pid    int
 	probed bool
+	// choices: this side's way (blocks or slots) per size class, as it
+	// receives (blocks_linux.go).
+	choices [64]blockChoice
 	// mapsProbed: whether this side can map the peer's shared
 	// allocations has been probed (shared_linux.go); byMap counts the
 	// slices posted by reference into them (tests look).
@@ -200,6 +203,10 @@ func (c *conn) Wait(ctx context.Context) (memory.Buffer, transport.Tag, error) {
 		off := c.rx.slotOff(c.head)
 		return c.devRx.Slice(off, off+n), tag, nil
 	}
+	if n > c.rx.slotSize {
+		c.seg.release()
+		return memory.Buffer{}, transport.Tag{}, &transport.PeerError{Peer: c.peer, Op: "recv", Err: fmt.Errorf("protocol error: rank %d posted a %d-byte block where this rank takes slices of at most %d (the two ranks disagree about the step)", c.peer, n, c.rx.slotSize)}
+	}
 	b := c.rx.payload(c.head, n)
 	c.lent = false
 	if byRef && c.rx.refKind(c.head) == refShared {
@@ -243,7 +250,9 @@ func (c *conn) next(ctx context.Context) (transport.Tag, int, bool, bool, error)
 	dev := size&devFlag != 0
 	var err error
 	switch {
-	case n > c.rx.slotSize:
+	case n > c.rx.slotSize && !(size&refFlag != 0 && c.rx.refKind(c.head) == refCMA && n <= blockMax):
+		// Only a block by reference may be larger than a slot
+		// (transport.BlockCopier).
 		err = fmt.Errorf("protocol error: rank %d posted a %d-byte slice, slots hold %d", c.peer, n, c.rx.slotSize)
 	case dev && (c.devRx.Len() == 0 || size&refFlag != 0):
 		err = fmt.Errorf("protocol error: rank %d posted a slice into device memory this rank did not offer", c.peer)

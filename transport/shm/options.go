@@ -89,6 +89,12 @@ type Options struct {
 	// Where the kernel refuses it (another user, ptrace_scope, seccomp),
 	// slices go through slots as ever.
 	CMAMin, CMAMax int64
+	// BlockSize is the slice size of a 2-rank broadcast's or all-gather's
+	// step whose slices go by the receiver's copy
+	// (transport.BlockCopier): one process_vm_readv per block instead of
+	// one per slot. 0 means DefaultBlockSize; a size no larger than a
+	// slot keeps slot-sized slices.
+	BlockSize int
 	// CMA says whether receivers offer the single copy at all: CMAAuto
 	// (the default) where this host's kernel copies fast enough for it to
 	// pay (measured once per process), CMAOn or CMAOff regardless.

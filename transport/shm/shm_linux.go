@@ -108,6 +108,9 @@ func New(o Options) (*Endpoint, error) {
 	if o.CMAMax == 0 {
 		o.CMAMax = DefaultCMAMax
 	}
+	if o.BlockSize == 0 {
+		o.BlockSize = DefaultBlockSize
+	}
 	if o.SharedMax == 0 {
 		o.SharedMax = DefaultSharedMax
 	}
@@ -118,6 +121,9 @@ func New(o Options) (*Endpoint, error) {
 		// (A slice's size and its flags share a descriptor word: sizes
 		// stay below the lowest flag, devFlag.)
 		return nil, fmt.Errorf("shm: need 2..1024 slots of 64 bytes to under 1 GiB: %d slots of %d", o.Slots, o.SlotSize)
+	}
+	if o.BlockSize < 0 || o.BlockSize > blockMax {
+		return nil, fmt.Errorf("shm: blocks of %d bytes: need 0 to %d", o.BlockSize, blockMax)
 	}
 	for _, uid := range o.AllowUIDs {
 		if uid < 0 || uid >= math.MaxUint32 {

@@ -58,5 +58,8 @@ func (e *Endpoint) Board() transport.Board { return nil }
 // BoardMax is the largest contribution the board carries (none here).
 const BoardMax = 0
 
+// BlocksReceived is 0: there is no shared memory transport here.
+func BlocksReceived() int64 { return 0 }
+
 // SharedSlicesReceived is 0: there is no shared memory transport here.
 func SharedSlicesReceived() int64 { return 0 }

@@ -1,0 +1,183 @@
+//go:build linux
+
+package shm
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goccl/goccl/memory"
+	"github.com/goccl/goccl/transport"
+)
+
+// A block larger than a slot goes by reference in one piece: the
+// receiver peeks at the block size, lands it with WaitInto, and the
+// sender's Flush returns only after that.
+func TestBlocksLargerThanASlot(t *testing.T) {
+	a, b := cmaPair(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	sendRefs(t, a, b, 1, 1000) // the receiver probes on its first wait
+	require.True(t, a.wantsBlocks(1-a.seg.side, 1<<20), "CMAOn asks for blocks at every size")
+	block := a.BlockSlice(1 << 20)
+	require.Equal(t, DefaultBlockSize, block)
+	require.Greater(t, block, a.tx.slotSize)
+
+	src := pattern(9, 3*a.tx.slotSize+100)
+	done := make(chan error, 1)
+	dst := make([]byte, len(src))
+	go func() {
+		n, err := b.PeekBlock(ctx)
+		if err == nil && n != block {
+			err = transport.ErrSizeMismatch
+		}
+		if err == nil {
+			var tag transport.Tag
+			tag, _, err = b.WaitInto(ctx, memory.HostBuffer(dst))
+			if err == nil && tag != (transport.Tag{Op: 8}) {
+				err = transport.ErrSizeMismatch
+			}
+		}
+		done <- err
+	}()
+	require.NoError(t, a.PostBlock(ctx, memory.HostBuffer(src), transport.Tag{Op: 8}, block))
+	require.NoError(t, a.Flush(ctx))
+	for i := range src {
+		src[i] = ^src[i]
+	}
+	require.NoError(t, <-done)
+	require.True(t, bytes.Equal(pattern(9, len(dst)), dst), "the block came whole, read before Flush returned")
+
+	// A slot-sized slice by reference says so to a peek, which leaves it
+	// for the wait.
+	small := pattern(4, 40<<10)
+	require.NoError(t, a.PostFrom(ctx, memory.HostBuffer(small), transport.Tag{Op: 10}))
+	n, err := b.PeekBlock(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	got := make([]byte, len(small))
+	tag, _, err := b.WaitInto(ctx, memory.HostBuffer(got))
+	require.NoError(t, err)
+	require.Equal(t, transport.Tag{Op: 10}, tag)
+	require.Equal(t, small, got)
+	require.NoError(t, a.Flush(ctx))
+}
+
+// A block that arrives where the receiver takes slot-sized slices (the
+// two ranks disagree about the step) fails with an error that says so,
+// instead of overrunning the slot.
+func TestBlockIntoAPlainWaitFails(t *testing.T) {
+	a, b := cmaPair(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	sendRefs(t, a, b, 1, 1000)
+	src := pattern(2, 2*a.tx.slotSize)
+	require.NoError(t, a.PostBlock(ctx, memory.HostBuffer(src), transport.Tag{Op: 9}, DefaultBlockSize))
+	_, _, err := b.Wait(ctx)
+	require.ErrorContains(t, err, "block")
+	require.ErrorContains(t, err, "disagree")
+}
+
+// A sender refuses to post a block to a peer that cannot read its
+// memory, and one larger than the block it names.
+func TestPostBlockRefused(t *testing.T) {
+	a, b := cmaPair(t, nil)
+	b.pid = 1 << 30 // as in another pid namespace: the probe fails
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	sendRefs(t, a, b, 2, 40<<10)
+	require.Zero(t, a.BlockSlice(1<<20), "no blocks where the peer cannot read")
+	err := a.PostBlock(ctx, memory.HostBuffer(make([]byte, 300<<10)), transport.Tag{}, DefaultBlockSize)
+	require.ErrorContains(t, err, "does not read this rank's memory")
+	err = a.PostBlock(ctx, memory.HostBuffer(make([]byte, 300<<10)), transport.Tag{}, 100<<10)
+	require.ErrorContains(t, err, "in blocks of")
+}
+
+// With CMAAuto a receiver starts on the slots and asks for blocks only
+// where it measured them faster; with CMAOff it never reads at all.
+func TestBlocksAutoStartsOnTheSlots(t *testing.T) {
+	a, b := cmaPair(t, func(_ int, o *Options) { o.CMA = CMAAuto })
+	sendRefs(t, a, b, 1, 1000)
+	require.True(t, b.reads(b.seg.side), "the probe found it can read this process")
+	require.Zero(t, a.BlockSlice(1<<20), "nothing measured yet: slots")
+	// The receiver measures: the slots take 100 µs, blocks 40.
+	for range exploreRuns {
+		b.Received(1<<20, 0, 1, 100*time.Microsecond)
+	}
+	require.NotZero(t, a.BlockSlice(1<<20), "the comparison's second run asks for blocks")
+	for range exploreRuns {
+		b.Received(1<<20, 1, 1, 40*time.Microsecond)
+	}
+	require.NotZero(t, a.BlockSlice(1<<20), "blocks were faster: kept")
+	require.Zero(t, a.BlockSlice(64<<10), "another size class has its own choice")
+
+	a, b = cmaPair(t, func(_ int, o *Options) { o.CMA = CMAOff })
+	sendRefs(t, a, b, 1, 1000)
+	require.False(t, b.reads(b.seg.side))
+	require.Zero(t, a.BlockSlice(1<<20))
+}
+
+// The choice per size class: a comparison at the first operation and
+// then every every operations, its runs' first operations and samples
+// that came the other way left out, the lower median kept, the interval
+// doubling while the choice holds.
+func TestBlockChoiceSchedule(t *testing.T) {
+	type op struct {
+		valid bool
+		took  int64
+	}
+	// drive feeds ops one by one, each asking what the last answer said.
+	drive := func(ch *blockChoice, asked bool, ops []op) bool {
+		for _, o := range ops {
+			asked = ch.observe(asked, o.valid, o.took)
+		}
+		return asked
+	}
+	run := func(took int64) []op {
+		ops := make([]op, exploreRuns)
+		for i := range ops {
+			ops[i] = op{true, took}
+		}
+		ops[0].took = 1e9 // the warm-up: never counted
+		return ops
+	}
+
+	var ch blockChoice
+	asked := drive(&ch, false, run(100)[:exploreRuns-1])
+	require.False(t, asked, "still timing the first way")
+	asked = drive(&ch, asked, run(100)[exploreRuns-1:])
+	require.True(t, asked, "then the other")
+	asked = drive(&ch, asked, run(40))
+	require.True(t, asked, "blocks at 40 beat slots at 100")
+	require.EqualValues(t, ch.ops+exploreMin, ch.at, "the next comparison")
+	require.EqualValues(t, 2*exploreMin, ch.every, "and the one after comes twice as far on")
+
+	// Until the next comparison nothing changes, whatever the times.
+	for ch.ops < ch.at {
+		require.True(t, ch.observe(true, true, 1e9))
+	}
+	// The next: blocks (asked first) at 50, then slots at 30, with a
+	// sample that came the other way (a sender that started before the
+	// switch) that would have tipped it back.
+	asked = drive(&ch, true, run(50))
+	require.False(t, asked)
+	asked = drive(&ch, asked, []op{{true, 1e9}, {false, 1}, {true, 30}, {true, 30}})
+	require.False(t, asked, "slots at 30 beat blocks at 50")
+	require.EqualValues(t, 4*exploreMin, ch.every)
+
+	// Two sides fed the same operations compare at the same ones, even
+	// when their times and choices differ; the interval stops growing at
+	// exploreMax.
+	var x, y blockChoice
+	ax, ay := false, true
+	for i := range 40000 {
+		ax = x.observe(ax, true, int64(100+i%7))
+		ay = y.observe(ay, i%3 != 0, int64(90+i%5))
+		require.Equal(t, x.at, y.at, "operation %d", i)
+	}
+	require.EqualValues(t, exploreMax, x.every)
+}
