@@ -227,22 +227,23 @@ type PeerCopier interface {
 // 16 KiB ones; docs/performance.md, "Blocks by reference").
 //
 // The sender decides alone, step by step; the receiver follows what
-// arrives. A sender whose step sends by reference asks BlockSlice, cuts
-// the step into slices of that size and posts each with PostBlock; a
-// receiver whose step only lands what it receives asks PeekBlock before
-// the step's first slice and, when it returns a block size, cuts its side
-// of the step the same way and takes each slice with WaitInto. The two
-// sides' cuts then match without a word between them, whichever way
-// either side's settings lean. Only steps that neither reduce nor forward
-// what they receive may be cut into blocks (a 2-rank broadcast or
-// all-gather), since a forwarding rank could not pass a block on to a
-// peer that cannot read it.
+// arrives. A sender whose step sends its input asks BlockSlice, cuts the
+// step into slices of that size and posts each with PostBlock; a receiver
+// asks PeekBlock before the step's first slice and, when it returns a
+// block size, cuts its side of the step the same way and takes each slice
+// with WaitInto. The two sides' cuts then match without a word between
+// them, whichever way either side's settings lean. Only steps that land
+// what they receive (recv: broadcast, all-gather) or reduce it into the
+// output (recvReduceCopy: reduce, reduce-scatter) on two ranks are cut
+// into blocks: a forwarding rank could not pass a block on to a peer that
+// cannot read it. reduces says which of the two an operation is; each
+// has its own choice, since the slots' cost differs between them.
 type BlockCopier interface {
 	// BlockSlice returns the size, in bytes, to cut a step of an
 	// operation of opBytes into when its slices go by reference, or 0
 	// to keep slot-sized slices (the peer cannot read this rank's memory,
-	// or the size is not one where the single copy pays).
-	BlockSlice(opBytes int64) int
+	// or has not found that blocks pay at this size).
+	BlockSlice(opBytes int64, reduces bool) int
 	// PostBlock is PostFrom for a slice of a step cut into slices of
 	// block bytes (BlockSlice's answer): src, at most block bytes, goes
 	// by reference, and the receiver learns block from it.
@@ -256,7 +257,7 @@ type BlockCopier interface {
 	// many of the steps it received in came in blocks, so that it can
 	// choose which way to ask for the next ones of that size. The engine
 	// calls it after every such operation.
-	Received(opBytes int64, blocks, steps int, took time.Duration)
+	Received(opBytes int64, reduces bool, blocks, steps int, took time.Duration)
 }
 
 // PeerMapper is implemented by connections whose receiver can map the

@@ -48,6 +48,12 @@ type chanRun struct {
 	recvBlocks            transport.BlockCopier
 	blockSteps, slotSteps int
 	start                 int64
+	// blockOp: whether the operation's steps may be cut into blocks
+	// (blocksLand: a 2-rank host broadcast or all-gather; blocksReduce: a
+	// 2-rank host reduce or reduce-scatter); scratch lands the blocks a
+	// reduction reads.
+	blockOp blockOp
+	scratch []byte
 	// sharedIn, sharedOut: the operation's buffers are shared allocations
 	// (memory.AllocShared), which a transport.PeerMapper's receiver maps;
 	// landsShared: every receive lands in the output (all-gather,
@@ -96,6 +102,16 @@ func (x *chanRun) yield() {
 		runtime.Gosched()
 	}
 }
+
+// blockOp says whether, and how, an operation's steps may be cut into
+// blocks (transport.BlockCopier).
+type blockOp uint8
+
+const (
+	noBlocks     blockOp = iota
+	blocksLand           // 2-rank host broadcast, all-gather: recv lands each block
+	blocksReduce         // 2-rank host reduce, reduce-scatter: recvReduceCopy reduces each from the scratch
+)
 
 // nanotime is the runtime's monotonic clock: time.Now also reads the wall
 // clock, which costs as much again, once per step.
@@ -156,12 +172,21 @@ func (x *chanRun) setup(e *Engine, op *Op, pl *Plan, c int, dev bool) {
 	}
 	x.opBytes = op.Bytes(e.nranks)
 	x.recvBlocks, x.blockSteps, x.slotSteps = nil, 0, 0
+	x.blockOp = noBlocks
+	if !dev && e.nranks == 2 && !x.premul {
+		switch op.Coll {
+		case algorithms.CollBroadcast, algorithms.CollAllGather:
+			x.blockOp = blocksLand
+		case algorithms.CollReduce, algorithms.CollReduceScatter:
+			x.blockOp = blocksReduce
+		}
+	}
 	clear(x.sent)
 	clear(x.recvd)
 }
 
 func (x *chanRun) run(ctx context.Context) error {
-	if x.landsOnly && len(x.conns) == 2 {
+	if x.blockOp != noBlocks {
 		x.start = clock.Now()
 	}
 	for p := x.lo; p < x.hi; p++ {
@@ -194,7 +219,7 @@ func (x *chanRun) run(ctx context.Context) error {
 		return &StepError{Channel: x.ch, Piece: x.hi - 1, Step: len(x.sched.Steps), Kind: algorithms.Send, Peer: peer, Err: err}
 	}
 	if x.recvBlocks != nil {
-		x.recvBlocks.Received(x.opBytes, x.blockSteps, x.blockSteps+x.slotSteps, time.Duration(clock.Now()-x.start))
+		x.recvBlocks.Received(x.opBytes, x.blockOp == blocksReduce, x.blockSteps, x.blockSteps+x.slotSteps, time.Duration(clock.Now()-x.start))
 	}
 	x.prog.Store(progDone)
 	return nil
@@ -299,6 +324,9 @@ type lockIO struct {
 	// by reference (transport.BlockCopier; blocks); block 0 otherwise.
 	bc    transport.BlockCopier
 	block int
+	// toScratch: dr lands each block in the run's scratch, which the
+	// step's reduction reads (recvReduceCopy; recvBlocksOf).
+	toScratch bool
 	// lent: rc may hand out the peer's own memory (transport.Lender),
 	// checked before anything computed from it goes on.
 	lent transport.Lender
@@ -316,7 +344,7 @@ func (x *chanRun) setLockIO(st *algorithms.Step) *lockIO {
 	io.scaled = x.premul && st.Src.Buf == algorithms.Input
 	io.rpeer, io.speer = int(st.RecvPeer), int(st.SendPeer)
 	io.rc, io.sc, io.dr, io.ds = nil, nil, nil, nil
-	io.bc, io.block = nil, 0
+	io.bc, io.block, io.toScratch = nil, 0, false
 	io.lent = nil
 	if st.Kind.Receives() {
 		io.rc = x.conns[io.rpeer]
@@ -342,7 +370,7 @@ func (x *chanRun) setLockIO(st *algorithms.Step) *lockIO {
 		if pc, ok := io.sc.(transport.PeerCopier); ok && !(x.landsOnly && pc.PeerCopies(x.opBytes, true) || byMap) {
 			io.ds = nil
 		}
-		if x.landsOnly && len(x.conns) == 2 && sendsSrc && !byMap && !x.sharedIn && !x.sharedOut {
+		if x.blockOp != noBlocks && sendsSrc && !byMap && !x.sharedIn && !x.sharedOut {
 			x.sendBlocks(st, io, cand)
 		}
 	}
@@ -357,7 +385,7 @@ func (x *chanRun) sendBlocks(st *algorithms.Step, io *lockIO, cand transport.Dir
 	if !ok || cand == nil {
 		return
 	}
-	b := bc.BlockSlice(x.opBytes) / x.esize
+	b := bc.BlockSlice(x.opBytes, x.blockOp == blocksReduce) / x.esize
 	if b <= x.slice {
 		return
 	}
@@ -376,7 +404,7 @@ func (x *chanRun) sendBlocks(st *algorithms.Step, io *lockIO, cand transport.Dir
 // a forwarding step could not pass a block on to a peer that cannot read
 // it, and is never cut.
 func (x *chanRun) recvBlocksOf(ctx context.Context, st *algorithms.Step, io *lockIO) error {
-	if io.rc == nil || io.sc != nil || st.Kind != algorithms.Recv {
+	if io.rc == nil || io.sc != nil || st.Kind != algorithms.Recv && st.Kind != algorithms.RecvReduceCopy {
 		return nil
 	}
 	bc, ok := io.rc.(transport.BlockCopier)
@@ -398,8 +426,11 @@ func (x *chanRun) recvBlocksOf(ctx context.Context, st *algorithms.Step, io *loc
 	if !ok || b%es != 0 || !x.out.HostVisible() {
 		return x.fail(st, io.rpeer, fmt.Errorf("rank %d cut the step into blocks of %d bytes, which this rank cannot take into its output (%d-byte elements)", io.rpeer, b, es))
 	}
-	io.dr = dr
+	io.dr, io.toScratch = dr, st.Kind == algorithms.RecvReduceCopy
 	io.dstS = algorithms.NewSlicer(x.spansOf(1, st.Dst), b/es)
+	if io.hasSrc {
+		io.srcS = algorithms.NewSlicer(x.spansOf(0, st.Src), b/es)
+	}
 	return nil
 }
 
@@ -413,7 +444,7 @@ func peerMaps(c transport.Conn, opBytes int64, send bool) bool {
 // outgoing slot, compute the value into its sinks, fence, post, release.
 func (x *chanRun) lockstep(ctx context.Context, st *algorithms.Step) error {
 	io := x.setLockIO(st)
-	if x.landsOnly && len(x.conns) == 2 {
+	if x.blockOp != noBlocks {
 		if err := x.recvBlocksOf(ctx, st, io); err != nil {
 			return err
 		}
@@ -459,6 +490,14 @@ func (x *chanRun) lockSlice(ctx context.Context, io *lockIO, sl uint32, nb int, 
 	var in memory.Buffer
 	held := false
 	switch {
+	case io.toScratch:
+		if len(x.scratch) < nb {
+			x.scratch = make([]byte, nb)
+		}
+		in = memory.HostBuffer(x.scratch[:nb])
+		if err := x.recvInto(ctx, st, io.dr, io.rpeer, sl, in); err != nil {
+			return err
+		}
 	case io.dr != nil:
 		if err := x.recvInto(ctx, st, io.dr, io.rpeer, sl, *dst); err != nil {
 			return err

@@ -13,10 +13,13 @@ import (
 // The receiver's single copy (cma_linux.go) costs a system call per
 // slice, about 1.6 µs on these VMs, so cut into slots it moves a MiB in
 // 165 µs where one call moves it in 44 (docs/performance.md, "Blocks by
-// reference"). So in a 2-rank broadcast or all-gather, whose steps only
-// send or only receive, the sender cuts a step it sends by reference into
-// blocks of Options.BlockSize and the receiver, which peeks at the first
-// slice, cuts its side the same way.
+// reference"). So on two ranks, where a broadcast's, all-gather's,
+// reduce's and reduce-scatter's steps only send or only receive, the
+// sender cuts a step that sends its input into blocks of
+// Options.BlockSize, posted by reference, and the receiver, which peeks
+// at the first slice, cuts its side the same way: it lands each block in
+// its output (broadcast, all-gather) or in a scratch buffer its
+// reduction reads (reduce, reduce-scatter).
 //
 // Whether blocks beat the slots is not a property of the host that a
 // probe at start-up could find. It flips with where the hypervisor puts
@@ -26,21 +29,25 @@ import (
 // 12, and the kernel's copy, which reads the sender's memory once instead
 // of handing every line over twice, wins by 2-3 times
 // (docs/performance.md, "Why this machine's small and mid-size figures
-// are bimodal"). So, unless Options.CMA says on, each receiving side
-// measures both ways, end to end, on the operations it runs:
+// are bimodal"). It differs by collective and size too: a 16 MiB reduce
+// ran twice as long in blocks. So, unless Options.CMA says on, each
+// receiving side measures both ways, end to end, on the operations it
+// runs:
 //
 //   - per size class (the operation's size rounded down to a power of
-//     two), it asks for slots or blocks in a bit of a mask in its half of
-//     the segment's header (sideBlocks), which the sender reads when it
-//     starts a step (BlockSlice) and nobody else writes;
-//   - the engine tells it, after each operation, how long its channel took
-//     and which way the slices came (Received);
-//   - from the first operation of a class on, and again every
-//     exploreEvery (or exploreOps operations' time, if longer), it takes
-//     exploreRuns operations one way, then exploreRuns the other, drops
-//     the first of each run (the switch) and any that came the other way
-//     (a sender that had already started), and keeps the way with the
-//     lower median.
+//     two), for operations that land and for those that reduce, it asks
+//     for slots or blocks in a bit of a mask in its half of the segment's
+//     header (sideBlocks), which the sender reads when it starts a step
+//     (BlockSlice) and nobody else writes;
+//   - the engine tells it, after each such operation, how long its
+//     channel took and which way the slices came (Received);
+//   - from the class's operation exploreFirst on, it takes exploreRuns
+//     operations the way it asks, then exploreRuns the other, drops the
+//     first of each run (the switch) and any that came the other way (a
+//     sender that had already started), and keeps the way whose fastest
+//     operation was faster (the noise here is all delays: preemption,
+//     first touches); it compares again exploreMin operations later, then
+//     twice as far on each time, up to every exploreMax.
 //
 // The sender decides alone from the mask and the receiver follows what
 // arrives, so a mask that changes while a step is under way costs a
@@ -48,11 +55,15 @@ import (
 // slower way per period: at most a few per cent where one way is twice
 // as slow, nothing where the two are level.
 const (
-	sideBlocks = 32 // uint64: bit k asks for blocks in operations of [2^k, 2^(k+1)) bytes
+	// sideBlocks: two uint64 masks, for operations that land what they
+	// receive and for those that reduce it; bit k asks for blocks in
+	// operations of [2^k, 2^(k+1)) bytes.
+	sideBlocks = 32
 
-	exploreRuns = 4
-	exploreMin  = 256
-	exploreMax  = 4096
+	exploreRuns  = 4
+	exploreFirst = 16
+	exploreMin   = 256
+	exploreMax   = 4096
 )
 
 // blocksReceived counts the blocks this process has landed.
@@ -82,6 +93,16 @@ func (c *conn) initBlocks() {
 		m = ^uint64(0)
 	}
 	c.seg.u64(sideOff(c.seg.side) + sideBlocks).Store(m)
+	c.seg.u64(sideOff(c.seg.side) + sideBlocks + 8).Store(m)
+}
+
+// blockMask is the offset of side's mask for operations that reduce or
+// land what they receive.
+func blockMask(side int, reduces bool) int {
+	if reduces {
+		return sideOff(side) + sideBlocks + 8
+	}
+	return sideOff(side) + sideBlocks
 }
 
 // sizeClass is the class of an operation of opBytes.
@@ -89,21 +110,21 @@ func sizeClass(opBytes int64) int { return max(bits.Len64(uint64(opBytes))-1, 0)
 
 // wantsBlocks reports whether side reads the other's memory and asks for
 // blocks in operations of opBytes.
-func (c *conn) wantsBlocks(side int, opBytes int64) bool {
+func (c *conn) wantsBlocks(side int, opBytes int64, reduces bool) bool {
 	if !c.reads(side) || !c.seg.acquire() {
 		return false
 	}
 	defer c.seg.release()
-	return c.seg.u64(sideOff(side)+sideBlocks).Load()&(1<<sizeClass(opBytes)) != 0
+	return c.seg.u64(blockMask(side, reduces)).Load()&(1<<sizeClass(opBytes)) != 0
 }
 
 // askBlocks sets or clears this side's bit for class k.
-func (c *conn) askBlocks(k int, on bool) {
+func (c *conn) askBlocks(k int, reduces, on bool) {
 	if !c.seg.acquire() {
 		return
 	}
 	defer c.seg.release()
-	w := c.seg.u64(sideOff(c.seg.side) + sideBlocks)
+	w := c.seg.u64(blockMask(c.seg.side, reduces))
 	m := w.Load()
 	if on {
 		m |= 1 << k
@@ -114,17 +135,21 @@ func (c *conn) askBlocks(k int, on bool) {
 }
 
 // Received implements transport.BlockCopier.
-func (c *conn) Received(opBytes int64, blocks, steps int, took time.Duration) {
+func (c *conn) Received(opBytes int64, reduces bool, blocks, steps int, took time.Duration) {
 	if c.e.o.CMA == CMAOn || opBytes <= 0 || steps <= 0 || !c.reads(c.seg.side) {
 		return
 	}
 	k := sizeClass(opBytes)
-	asked := c.wantsBlocks(c.seg.side, opBytes)
+	asked := c.wantsBlocks(c.seg.side, opBytes, reduces)
 	// A sample counts only if every step came the way this side asked.
 	came := blocks == steps
 	valid := came == asked && (blocks == 0 || blocks == steps)
-	if want := c.choices[k].observe(asked, valid, int64(took)); want != asked {
-		c.askBlocks(k, want)
+	ch := &c.choices[0][k]
+	if reduces {
+		ch = &c.choices[1][k]
+	}
+	if want := ch.observe(asked, valid, int64(took)); want != asked {
+		c.askBlocks(k, reduces, want)
 	}
 }
 
@@ -132,7 +157,8 @@ func (c *conn) Received(opBytes int64, blocks, steps int, took time.Duration) {
 // the way this side asked (asked: in blocks) if valid, and returns which
 // way to ask from now on.
 //
-// Comparisons start at the first operation and then after exploreMin,
+// Comparisons start at operation exploreFirst (the first few run while
+// the buffers are first touched and the threads start) and then after exploreMin,
 // 2*exploreMin, ... operations, up to every exploreMax. The schedule is a
 // function of the count alone, so that the two ranks
 // of an all-gather, each the receiver of the other's slices and each
@@ -142,7 +168,7 @@ func (c *conn) Received(opBytes int64, blocks, steps int, took time.Duration) {
 // could stay on the slots where blocks would be faster for both.
 func (ch *blockChoice) observe(asked, valid bool, took int64) bool {
 	if ch.every == 0 {
-		ch.every = exploreMin
+		ch.every, ch.at = exploreMin, exploreFirst
 	}
 	i := ch.ops - ch.at
 	ch.ops++
@@ -166,16 +192,10 @@ func (ch *blockChoice) observe(asked, valid bool, took int64) bool {
 		return !ch.first
 	}
 	choice := ch.first
-	if ch.got[0] > 0 && ch.got[1] > 0 && median(ch.t[1][:ch.got[1]]) < median(ch.t[0][:ch.got[0]]) {
+	if ch.got[0] > 0 && ch.got[1] > 0 && slices.Min(ch.t[1][:ch.got[1]]) < slices.Min(ch.t[0][:ch.got[0]]) {
 		choice = !ch.first
 	}
 	ch.at = ch.ops + ch.every
 	ch.every = min(2*ch.every, exploreMax)
 	return choice
-}
-
-func median(t []int64) int64 {
-	s := slices.Clone(t)
-	slices.Sort(s)
-	return s[len(s)/2]
 }

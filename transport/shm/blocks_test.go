@@ -22,8 +22,9 @@ func TestBlocksLargerThanASlot(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	sendRefs(t, a, b, 1, 1000) // the receiver probes on its first wait
-	require.True(t, a.wantsBlocks(1-a.seg.side, 1<<20), "CMAOn asks for blocks at every size")
-	block := a.BlockSlice(1 << 20)
+	require.True(t, a.wantsBlocks(1-a.seg.side, 1<<20, false), "CMAOn asks for blocks at every size")
+	require.True(t, a.wantsBlocks(1-a.seg.side, 1<<20, true), "in reductions too")
+	block := a.BlockSlice(1<<20, false)
 	require.Equal(t, DefaultBlockSize, block)
 	require.Greater(t, block, a.tx.slotSize)
 
@@ -90,7 +91,7 @@ func TestPostBlockRefused(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	sendRefs(t, a, b, 2, 40<<10)
-	require.Zero(t, a.BlockSlice(1<<20), "no blocks where the peer cannot read")
+	require.Zero(t, a.BlockSlice(1<<20, false), "no blocks where the peer cannot read")
 	err := a.PostBlock(ctx, memory.HostBuffer(make([]byte, 300<<10)), transport.Tag{}, DefaultBlockSize)
 	require.ErrorContains(t, err, "does not read this rank's memory")
 	err = a.PostBlock(ctx, memory.HostBuffer(make([]byte, 300<<10)), transport.Tag{}, 100<<10)
@@ -103,28 +104,29 @@ func TestBlocksAutoStartsOnTheSlots(t *testing.T) {
 	a, b := cmaPair(t, func(_ int, o *Options) { o.CMA = CMAAuto })
 	sendRefs(t, a, b, 1, 1000)
 	require.True(t, b.reads(b.seg.side), "the probe found it can read this process")
-	require.Zero(t, a.BlockSlice(1<<20), "nothing measured yet: slots")
+	require.Zero(t, a.BlockSlice(1<<20, false), "nothing measured yet: slots")
 	// The receiver measures: the slots take 100 µs, blocks 40.
-	for range exploreRuns {
-		b.Received(1<<20, 0, 1, 100*time.Microsecond)
+	for range exploreFirst + exploreRuns {
+		b.Received(1<<20, false, 0, 1, 100*time.Microsecond)
 	}
-	require.NotZero(t, a.BlockSlice(1<<20), "the comparison's second run asks for blocks")
+	require.NotZero(t, a.BlockSlice(1<<20, false), "the comparison's second run asks for blocks")
 	for range exploreRuns {
-		b.Received(1<<20, 1, 1, 40*time.Microsecond)
+		b.Received(1<<20, false, 1, 1, 40*time.Microsecond)
 	}
-	require.NotZero(t, a.BlockSlice(1<<20), "blocks were faster: kept")
-	require.Zero(t, a.BlockSlice(64<<10), "another size class has its own choice")
+	require.NotZero(t, a.BlockSlice(1<<20, false), "blocks were faster: kept")
+	require.Zero(t, a.BlockSlice(64<<10, false), "another size class has its own choice")
+	require.Zero(t, a.BlockSlice(1<<20, true), "and so do reductions")
 
 	a, b = cmaPair(t, func(_ int, o *Options) { o.CMA = CMAOff })
 	sendRefs(t, a, b, 1, 1000)
 	require.False(t, b.reads(b.seg.side))
-	require.Zero(t, a.BlockSlice(1<<20))
+	require.Zero(t, a.BlockSlice(1<<20, false))
 }
 
-// The choice per size class: a comparison at the first operation and
-// then every every operations, its runs' first operations and samples
-// that came the other way left out, the lower median kept, the interval
-// doubling while the choice holds.
+// The choice per size class: a comparison at operation exploreFirst and
+// then after exploreMin, 2*exploreMin, ... operations, its runs' first
+// operations and samples that came the other way left out, the way with
+// the fastest operation kept.
 func TestBlockChoiceSchedule(t *testing.T) {
 	type op struct {
 		valid bool
@@ -147,6 +149,9 @@ func TestBlockChoiceSchedule(t *testing.T) {
 	}
 
 	var ch blockChoice
+	for range exploreFirst {
+		require.False(t, ch.observe(false, true, 1))
+	}
 	asked := drive(&ch, false, run(100)[:exploreRuns-1])
 	require.False(t, asked, "still timing the first way")
 	asked = drive(&ch, asked, run(100)[exploreRuns-1:])
@@ -160,14 +165,21 @@ func TestBlockChoiceSchedule(t *testing.T) {
 	for ch.ops < ch.at {
 		require.True(t, ch.observe(true, true, 1e9))
 	}
-	// The next: blocks (asked first) at 50, then slots at 30, with a
-	// sample that came the other way (a sender that started before the
-	// switch) that would have tipped it back.
+	// The next: blocks (asked first) at 50 and once 20, then slots at
+	// 30, with a sample that came the other way (a sender that started
+	// before the switch) that would have tipped it back.
+	asked = drive(&ch, true, []op{{true, 1e9}, {true, 50}, {true, 20}, {true, 50}})
+	require.False(t, asked)
+	asked = drive(&ch, asked, []op{{true, 1e9}, {false, 1}, {true, 30}, {true, 35}})
+	require.True(t, asked, "blocks' fastest, 20, beat the slots' 30")
+	for ch.ops < ch.at {
+		ch.observe(true, true, 1e9)
+	}
 	asked = drive(&ch, true, run(50))
 	require.False(t, asked)
-	asked = drive(&ch, asked, []op{{true, 1e9}, {false, 1}, {true, 30}, {true, 30}})
+	asked = drive(&ch, asked, run(30))
 	require.False(t, asked, "slots at 30 beat blocks at 50")
-	require.EqualValues(t, 4*exploreMin, ch.every)
+	require.EqualValues(t, 8*exploreMin, ch.every, "three comparisons on")
 
 	// Two sides fed the same operations compare at the same ones, even
 	// when their times and choices differ; the interval stops growing at

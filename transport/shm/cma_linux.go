@@ -266,8 +266,8 @@ func (c *conn) PostFrom(ctx context.Context, src memory.Buffer, tag transport.Ta
 
 // BlockSlice implements transport.BlockCopier: blocks of BlockSize bytes
 // wherever the peer reads this rank's slices by reference.
-func (c *conn) BlockSlice(opBytes int64) int {
-	if c.e.o.BlockSize <= c.tx.slotSize || !c.byRefFits(opBytes, c.e.o.CMAMax) || !c.wantsBlocks(1-c.seg.side, opBytes) {
+func (c *conn) BlockSlice(opBytes int64, reduces bool) int {
+	if c.e.o.BlockSize <= c.tx.slotSize || !c.byRefFits(opBytes, c.e.o.CMAMax) || !c.wantsBlocks(1-c.seg.side, opBytes, reduces) {
 		return 0
 	}
 	return c.e.o.BlockSize

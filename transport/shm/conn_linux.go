@@ -48,7 +48,7 @@ type conn struct {
 	probed bool
 	// choices: this side's way (blocks or slots) per size class, as it
 	// receives (blocks_linux.go).
-	choices [64]blockChoice
+	choices [2][64]blockChoice // [0] operations that land, [1] those that reduce
 	// mapsProbed: whether this side can map the peer's shared
 	// allocations has been probed (shared_linux.go); byMap counts the
 	// slices posted by reference into them (tests look).
