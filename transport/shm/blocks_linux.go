@@ -44,10 +44,11 @@ import (
 //   - from the class's operation exploreFirst on, it takes exploreRuns
 //     operations the way it asks, then exploreRuns the other, drops the
 //     first of each run (the switch) and any that came the other way (a
-//     sender that had already started), and keeps the way whose fastest
-//     operation was faster (the noise here is all delays: preemption,
-//     first touches); it compares again exploreMin operations later, then
-//     twice as far on each time, up to every exploreMax.
+//     sender that had already started), and takes the other way only
+//     where its median is below switchBelow of the first's; it compares
+//     again exploreMin operations later, then twice as far on each time,
+//     up to every exploreMax (at most a few milliseconds of small
+//     operations on a way the machine's state has turned against).
 //
 // The sender decides alone from the mask and the receiver follows what
 // arrives, so a mask that changes while a step is under way costs a
@@ -63,7 +64,12 @@ const (
 	exploreRuns  = 4
 	exploreFirst = 16
 	exploreMin   = 256
-	exploreMax   = 4096
+	exploreMax   = 512
+
+	// switchBelow: the other way is taken only where its median is below
+	// this fraction of the way asked for, so that noise does not flip a
+	// choice back and forth.
+	switchBelow = 0.9
 )
 
 // blocksReceived counts the blocks this process has landed.
@@ -192,10 +198,17 @@ func (ch *blockChoice) observe(asked, valid bool, took int64) bool {
 		return !ch.first
 	}
 	choice := ch.first
-	if ch.got[0] > 0 && ch.got[1] > 0 && slices.Min(ch.t[1][:ch.got[1]]) < slices.Min(ch.t[0][:ch.got[0]]) {
+	if ch.got[0] > 0 && ch.got[1] > 0 && float64(median(ch.t[1][:ch.got[1]])) < switchBelow*float64(median(ch.t[0][:ch.got[0]])) {
 		choice = !ch.first
 	}
 	ch.at = ch.ops + ch.every
 	ch.every = min(2*ch.every, exploreMax)
 	return choice
+}
+
+// median is the middle of t (the upper one of an even count).
+func median(t []int64) int64 {
+	s := slices.Clone(t)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
