@@ -136,13 +136,17 @@ type Config struct {
 	// may, so that ranks of one job on one host running as different
 	// users need it on every rank.
 	ShmAllowUIDs []int
-	// ShmCMA says whether a shared-memory receiver of a broadcast or an
-	// all-gather copies slices straight out of the sender's memory
-	// (process_vm_readv, one copy where slots take two; GOCCL_SHM_CMA):
-	// "auto" (or "") where this host's kernel copies fast enough for it
-	// to pay, measured once per process; "on" or "off" regardless. The
-	// kernel refuses it between processes that may not ptrace each other;
-	// then slots carry everything, as with "off".
+	// ShmCMA says whether a shared-memory receiver copies slices straight
+	// out of the sender's memory (process_vm_readv, one copy where slots
+	// take two; GOCCL_SHM_CMA): "auto" (or "") where it pays, "on" or
+	// "off" regardless. Under "auto", 2-rank broadcasts, all-gathers,
+	// reduces and reduce-scatters take blocks (ShmBlock) or slots by what
+	// the receiving side measures as they run, per size and kind of
+	// operation; slot-sized slices (all-gathers and broadcasts of 3 ranks
+	// or more) go by reference where this host's kernel copies at least
+	// half as fast as user space, measured once per process. The kernel
+	// refuses it between processes that may not ptrace each other; then
+	// slots carry everything, as with "off".
 	ShmCMA string
 	// ShmBlock is the size, in bytes, of the blocks a 2-rank broadcast or
 	// all-gather over shared memory sends by the receiver's single copy

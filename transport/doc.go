@@ -73,7 +73,10 @@
 // sender already writes into the receiver's slot; its direct paths are
 // the receiver's single copy out of the sender's memory (PeerCopier),
 // which the engine uses only where the receiver lands the slice, and
-// which is on only where this host's kernel copies fast enough.
+// which is on only where this host's kernel copies fast enough, and, on
+// two ranks, blocks larger than a slot sent that way (BlockCopier), which
+// the receiver lands or reduces from a scratch buffer, where it measured
+// them to pay.
 //
 // # Boards
 //

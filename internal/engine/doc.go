@@ -49,6 +49,22 @@
 // Point-to-point operations use a separate channel id (MaxChannels), so
 // that they never interleave with collective traffic on one connection.
 //
+// # Blocks
+//
+// On two ranks a host broadcast's, all-gather's, reduce's and
+// reduce-scatter's steps only send or only receive. Where the connection
+// is a transport.BlockCopier, the sending step may cut its input into
+// blocks larger than a slot that the receiver copies straight out of the
+// sender's memory (exec.go's sendBlocks: shared memory's
+// process_vm_readv, one system call per block instead of one per slot).
+// The sender decides alone; the receiving step peeks at its first slice
+// and cuts its side the same way (recvBlocksOf), landing each block in
+// the output or, where it reduces, in a scratch buffer the reduction
+// reads; after the operation it tells the connection how long it took,
+// which is how the transport chooses between blocks and slots. No
+// forwarding step is ever cut: a middle rank could not pass a block on to
+// a peer that cannot read it.
+//
 // # Tags
 //
 // Every slice carries a tag (operation sequence number, message number on

@@ -27,6 +27,7 @@ func TestBlocksLargerThanASlot(t *testing.T) {
 	block := a.BlockSlice(1<<20, false)
 	require.Equal(t, DefaultBlockSize, block)
 	require.Greater(t, block, a.tx.slotSize)
+	require.Zero(t, a.BlockSlice(DefaultBlockMax+1, false), "above BlockMax the slots carry it")
 
 	src := pattern(9, 3*a.tx.slotSize+100)
 	done := make(chan error, 1)

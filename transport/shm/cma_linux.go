@@ -37,7 +37,9 @@ import (
 // raise its "can read" flag, and only then does the sender post
 // descriptors; otherwise both go on with slots.
 //
-// Whether it pays is measured, not assumed either. The slot path's two
+// Whether it pays is measured, not assumed either. (Blocks, larger than
+// a slot, on two ranks, have a choice of their own, measured end to end
+// as the operations run: blocks_linux.go.) The slot path's two
 // copies are user-space copies that run on two cores at once; the single
 // copy is the kernel's, which pins the sender's pages first. On these
 // KVM guests process_vm_readv moves 6-7 GB/s where copy moves 20-30
@@ -81,6 +83,13 @@ const (
 	// ones, 80 in 64 KiB ones and 165 in 16 KiB ones; larger blocks gain
 	// little more and keep the receiver waiting longer for the first.
 	DefaultBlockSize = 1 << 20
+
+	// DefaultBlockMax is Options.BlockMax's default. Measured
+	// (docs/performance.md, "Blocks by reference"): at 16 MiB the blocks
+	// took 0.82-0.98 of the slots' time, at 64 MiB 1.11-1.40 (the
+	// kernel's copy out of memory no cache holds is slow here), and
+	// there a choice by measurement has too few operations to settle.
+	DefaultBlockMax = 16 << 20
 
 	// cmaWorthIt is the least ratio of the kernel's copy speed to a
 	// user-space copy's at which the single copy pays (see above).
@@ -267,7 +276,8 @@ func (c *conn) PostFrom(ctx context.Context, src memory.Buffer, tag transport.Ta
 // BlockSlice implements transport.BlockCopier: blocks of BlockSize bytes
 // wherever the peer reads this rank's slices by reference.
 func (c *conn) BlockSlice(opBytes int64, reduces bool) int {
-	if c.e.o.BlockSize <= c.tx.slotSize || !c.byRefFits(opBytes, c.e.o.CMAMax) || !c.wantsBlocks(1-c.seg.side, opBytes, reduces) {
+	if c.e.o.BlockSize <= c.tx.slotSize || !c.byRefFits(opBytes, c.e.o.CMAMax) || c.e.o.BlockMax > 0 && opBytes > c.e.o.BlockMax ||
+		!c.wantsBlocks(1-c.seg.side, opBytes, reduces) {
 		return 0
 	}
 	return c.e.o.BlockSize

@@ -104,9 +104,20 @@
 // broadcasts of three ranks or more), the sender may post where the slice
 // is instead of copying it, and the receiver has the kernel copy it
 // straight out of the sender's memory (process_vm_readv). It is probed
-// per connection and, by default, used only where this host's kernel
-// copies at least half as fast as user space; cma_linux.go has the
-// details.
+// per connection and, by default, used in slot-sized slices only where
+// this host's kernel copies at least half as fast as user space;
+// cma_linux.go has the details.
+//
+// On two ranks, where a broadcast's, all-gather's, reduce's and
+// reduce-scatter's steps only send or only receive, the sender may cut a
+// step into blocks (1 MiB, Options.BlockSize) that go by reference, one
+// system call each instead of one per slot, and the receiver cuts its
+// side of the step by what the first slice says (transport.BlockCopier).
+// Whether blocks or slots carry a size is measured as the operations run,
+// per size class and per kind of operation, by the receiving side, which
+// asks the sender for one or the other in the segment's header
+// (blocks_linux.go): on these VMs the answer flips with the machine's
+// cross-core state.
 //
 // Where the sender's slice lies in a shared allocation
 // (memory.AllocShared, which collective.MemAlloc returns), the reference

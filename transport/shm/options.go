@@ -95,9 +95,15 @@ type Options struct {
 	// one per slot. 0 means DefaultBlockSize; a size no larger than a
 	// slot keeps slot-sized slices.
 	BlockSize int
+	// BlockMax bounds the operations, in bytes, whose steps go in blocks:
+	// 0 means DefaultBlockMax, < 0 no bound. Above it the slots carry
+	// them, as the receiver's choice would only explore.
+	BlockMax int64
 	// CMA says whether receivers offer the single copy at all: CMAAuto
-	// (the default) where this host's kernel copies fast enough for it to
-	// pay (measured once per process), CMAOn or CMAOff regardless.
+	// (the default) where it pays (slot-sized slices where this host's
+	// kernel copies fast enough, measured once per process; blocks where
+	// the receiving side measured them faster than the slots, as the
+	// operations run: blocks_linux.go), CMAOn or CMAOff regardless.
 	CMA CMAMode
 	// SharedMax bounds the operations, in bytes, whose slices go by
 	// reference where the sender's buffers are shared allocations

@@ -111,6 +111,9 @@ func New(o Options) (*Endpoint, error) {
 	if o.BlockSize == 0 {
 		o.BlockSize = DefaultBlockSize
 	}
+	if o.BlockMax == 0 {
+		o.BlockMax = DefaultBlockMax
+	}
 	if o.SharedMax == 0 {
 		o.SharedMax = DefaultSharedMax
 	}
