@@ -43,8 +43,9 @@ import (
 //     channel took and which way the slices came (Received);
 //   - from the class's operation exploreFirst on, it takes exploreRuns
 //     operations the way it asks, then exploreRuns the other, drops the
-//     first of each run (the switch) and any that came the other way (a
-//     sender that had already started), and takes the other way only
+//     first exploreWarm of each run (the switch: a sender switched to
+//     the slots fills them ahead of the receiver at first) and any that
+//     came the other way (a sender that had already started), and takes the other way only
 //     where its median is below switchBelow of the first's; it compares
 //     again exploreMin operations later, then twice as far on each time,
 //     up to every exploreMax (at most a few milliseconds of small
@@ -61,7 +62,8 @@ const (
 	// operations of [2^k, 2^(k+1)) bytes.
 	sideBlocks = 32
 
-	exploreRuns  = 4
+	exploreRuns  = 8
+	exploreWarm  = 3
 	exploreFirst = 16
 	exploreMin   = 256
 	exploreMax   = 512
@@ -87,7 +89,7 @@ type blockChoice struct {
 	every int64 // operations from one comparison to the next
 	first bool  // the way the comparison's first run asked for
 	got   [2]int
-	t     [2][exploreRuns - 1]int64
+	t     [2][exploreRuns - exploreWarm]int64
 }
 
 // initBlocks sets this side's mask once its probe found that it can read
@@ -185,9 +187,11 @@ func (ch *blockChoice) observe(asked, valid bool, took int64) bool {
 	if i == 0 {
 		ch.first, ch.got = asked, [2]int{}
 	}
-	if pos > 0 && valid {
-		// (The first operation of each run warms the way up, and may have
-		// started before the switch.)
+	if pos >= exploreWarm && valid {
+		// (The first operations of each run warm the way up: one may have
+		// started before the switch, and a sender switched to the slots
+		// runs ahead into them, empty, for an operation or two, which
+		// makes the slots look faster to the receiver than they will be.)
 		ch.t[run][ch.got[run]] = took
 		ch.got[run]++
 	}

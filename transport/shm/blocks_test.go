@@ -145,7 +145,9 @@ func TestBlockChoiceSchedule(t *testing.T) {
 		for i := range ops {
 			ops[i] = op{true, took}
 		}
-		ops[0].took = 1e9 // the warm-up: never counted
+		for i := range exploreWarm {
+			ops[i].took = 1e9 // the warm-up: never counted
+		}
 		return ops
 	}
 
@@ -170,9 +172,12 @@ func TestBlockChoiceSchedule(t *testing.T) {
 	// 47, with a sample that came the other way (a sender that started
 	// before the switch) that would have tipped it back: within a tenth
 	// of the median, the choice stays.
-	asked = drive(&ch, true, []op{{true, 1e9}, {true, 50}, {true, 20}, {true, 50}})
+	blocks, slots := run(50), run(47)
+	blocks[exploreWarm].took = 20
+	slots[exploreWarm] = op{false, 1}
+	asked = drive(&ch, true, blocks)
 	require.False(t, asked)
-	asked = drive(&ch, asked, []op{{true, 1e9}, {false, 1}, {true, 47}, {true, 46}})
+	asked = drive(&ch, asked, slots)
 	require.True(t, asked, "slots at 47 are not a tenth below blocks at 50")
 	for ch.ops < ch.at {
 		ch.observe(true, true, 1e9)
