@@ -377,9 +377,10 @@ func (x *chanRun) setLockIO(st *algorithms.Step) *lockIO {
 	return io
 }
 
-// sendBlocks cuts a send step of a 2-rank broadcast or all-gather into
-// blocks where the connection says so (blocks); cand is the step's
-// direct sender.
+// sendBlocks cuts a send step of a 2-rank broadcast, all-gather, reduce
+// or reduce-scatter into blocks where the connection says so (its
+// receiver asked for them at this size: transport.BlockCopier); cand is
+// the step's direct sender.
 func (x *chanRun) sendBlocks(st *algorithms.Step, io *lockIO, cand transport.DirectSender) {
 	bc, ok := io.sc.(transport.BlockCopier)
 	if !ok || cand == nil {
@@ -394,15 +395,17 @@ func (x *chanRun) sendBlocks(st *algorithms.Step, io *lockIO, cand transport.Dir
 	io.dstS = algorithms.NewSlicer(x.spansOf(1, st.Dst), b)
 }
 
-// recvBlocksOf cuts the receive step of a 2-rank broadcast or all-gather
-// into blocks where the sender did (sendBlocks): it peeks at the step's
-// first slice and, when the sender cut the step into blocks, cuts this
-// side the same way and lands each block with WaitInto. The sender
+// recvBlocksOf cuts the receive step of a 2-rank broadcast, all-gather,
+// reduce or reduce-scatter into blocks where the sender did (sendBlocks):
+// it peeks at the step's first slice and, when the sender cut the step
+// into blocks, cuts this side the same way and lands each block with
+// WaitInto, in the output (recv) or in the run's scratch, which the
+// reduction reads (recvReduceCopy). The sender
 // decides alone and the receiver follows, so the two cuts match whatever
 // either side's settings (transport.BlockCopier). On two ranks the steps
-// of these collectives only send (send, copySend) or only receive (recv);
-// a forwarding step could not pass a block on to a peer that cannot read
-// it, and is never cut.
+// of these collectives only send (send, copySend) or only receive (recv,
+// recvReduceCopy); a forwarding step could not pass a block on to a peer
+// that cannot read it, and is never cut.
 func (x *chanRun) recvBlocksOf(ctx context.Context, st *algorithms.Step, io *lockIO) error {
 	if io.rc == nil || io.sc != nil || st.Kind != algorithms.Recv && st.Kind != algorithms.RecvReduceCopy {
 		return nil

@@ -144,14 +144,14 @@ func (c *conn) askBlocks(k int, reduces, on bool) {
 
 // Received implements transport.BlockCopier.
 func (c *conn) Received(opBytes int64, reduces bool, blocks, steps int, took time.Duration) {
-	if c.e.o.CMA == CMAOn || opBytes <= 0 || steps <= 0 || !c.reads(c.seg.side) {
+	if c.e.o.CMA == CMAOn || steps <= 0 || !c.blocksFit(opBytes) || !c.reads(c.seg.side) {
 		return
 	}
 	k := sizeClass(opBytes)
 	asked := c.wantsBlocks(c.seg.side, opBytes, reduces)
-	// A sample counts only if every step came the way this side asked.
-	came := blocks == steps
-	valid := came == asked && (blocks == 0 || blocks == steps)
+	// A sample counts only if every step came the way this side asked
+	// (none in blocks, or all).
+	valid := asked && blocks == steps || !asked && blocks == 0
 	ch := &c.choices[0][k]
 	if reduces {
 		ch = &c.choices[1][k]
@@ -166,14 +166,14 @@ func (c *conn) Received(opBytes int64, reduces bool, blocks, steps int, took tim
 // way to ask from now on.
 //
 // Comparisons start at operation exploreFirst (the first few run while
-// the buffers are first touched and the threads start) and then after exploreMin,
-// 2*exploreMin, ... operations, up to every exploreMax. The schedule is a
-// function of the count alone, so that the two ranks
-// of an all-gather, each the receiver of the other's slices and each
-// seeing every operation, compare at the same operations: where one
-// compared while the other kept the slow way, each operation would wait
-// for that slow direction whichever way the first asked, and the pair
-// could stay on the slots where blocks would be faster for both.
+// the buffers are first touched and the threads start) and then after
+// exploreMin, 2*exploreMin, ... operations, up to every exploreMax. The
+// schedule is a function of the count alone, so that the two ranks of an
+// all-gather, each the receiver of the other's slices and each seeing
+// every operation, compare at the same operations: where one compared
+// while the other kept the slow way, each operation would wait for that
+// slow direction whichever way the first asked, and the pair could stay
+// on the slots where blocks would be faster for both.
 func (ch *blockChoice) observe(asked, valid bool, took int64) bool {
 	if ch.every == 0 {
 		ch.every, ch.at = exploreMin, exploreFirst

@@ -276,11 +276,17 @@ func (c *conn) PostFrom(ctx context.Context, src memory.Buffer, tag transport.Ta
 // BlockSlice implements transport.BlockCopier: blocks of BlockSize bytes
 // wherever the peer reads this rank's slices by reference.
 func (c *conn) BlockSlice(opBytes int64, reduces bool) int {
-	if c.e.o.BlockSize <= c.tx.slotSize || !c.byRefFits(opBytes, c.e.o.CMAMax) || c.e.o.BlockMax > 0 && opBytes > c.e.o.BlockMax ||
-		!c.wantsBlocks(1-c.seg.side, opBytes, reduces) {
+	if !c.blocksFit(opBytes) || !c.wantsBlocks(1-c.seg.side, opBytes, reduces) {
 		return 0
 	}
 	return c.e.o.BlockSize
+}
+
+// blocksFit reports whether an operation of opBytes may go in blocks at
+// all: blocks larger than a slot, the size from CMAMin to CMAMax and
+// BlockMax.
+func (c *conn) blocksFit(opBytes int64) bool {
+	return c.e.o.BlockSize > c.tx.slotSize && c.byRefFits(opBytes, c.e.o.CMAMax) && (c.e.o.BlockMax <= 0 || opBytes <= c.e.o.BlockMax)
 }
 
 // PostBlock implements transport.BlockCopier.
@@ -399,7 +405,7 @@ func (c *conn) fetch(d []byte, dst []byte) error {
 	switch kind := binary.LittleEndian.Uint32(d[descInline+refKind:]); kind {
 	case refCMA:
 		err = readPeer(c.pid, dst, binary.LittleEndian.Uint64(d[descInline:]))
-		if binary.LittleEndian.Uint32(d[descInline+refBlock:]) != 0 {
+		if err == nil && binary.LittleEndian.Uint32(d[descInline+refBlock:]) != 0 {
 			blocksReceived.Add(1)
 		}
 	case refShared:
