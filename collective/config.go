@@ -148,8 +148,9 @@ type Config struct {
 	// refuses it between processes that may not ptrace each other; then
 	// slots carry everything, as with "off".
 	ShmCMA string
-	// ShmBlock is the size, in bytes, of the blocks a 2-rank broadcast or
-	// all-gather over shared memory sends by the receiver's single copy
+	// ShmBlock is the size, in bytes, of the blocks a 2-rank broadcast,
+	// all-gather, reduce or reduce-scatter over shared memory sends by
+	// the receiver's single copy
 	// (one process_vm_readv per block instead of one per slot;
 	// GOCCL_SHM_BLOCK): 0 means shm.DefaultBlockSize (1 MiB); a size no
 	// larger than a slot keeps slot-sized slices. Whether blocks or slots
