@@ -100,18 +100,23 @@ func (c *conn) initBlocks() {
 	if c.e.o.CMA == CMAOn {
 		m = ^uint64(0)
 	}
-	c.seg.u64(sideOff(c.seg.side) + sideBlocks).Store(m)
-	c.seg.u64(sideOff(c.seg.side) + sideBlocks + 8).Store(m)
+	for _, reduces := range []bool{false, true} {
+		c.seg.u64(blockMask(c.seg.side, reduces)).Store(m)
+	}
+}
+
+// kindOf indexes the masks and choices: 0 for operations that land what
+// they receive, 1 for those that reduce it.
+func kindOf(reduces bool) int {
+	if reduces {
+		return 1
+	}
+	return 0
 }
 
 // blockMask is the offset of side's mask for operations that reduce or
 // land what they receive.
-func blockMask(side int, reduces bool) int {
-	if reduces {
-		return sideOff(side) + sideBlocks + 8
-	}
-	return sideOff(side) + sideBlocks
-}
+func blockMask(side int, reduces bool) int { return sideOff(side) + sideBlocks + 8*kindOf(reduces) }
 
 // sizeClass is the class of an operation of opBytes.
 func sizeClass(opBytes int64) int { return max(bits.Len64(uint64(opBytes))-1, 0) }
@@ -119,7 +124,13 @@ func sizeClass(opBytes int64) int { return max(bits.Len64(uint64(opBytes))-1, 0)
 // wantsBlocks reports whether side reads the other's memory and asks for
 // blocks in operations of opBytes.
 func (c *conn) wantsBlocks(side int, opBytes int64, reduces bool) bool {
-	if !c.reads(side) || !c.seg.acquire() {
+	return c.reads(side) && c.asks(side, opBytes, reduces)
+}
+
+// asks reports whether side's mask asks for blocks in operations of
+// opBytes.
+func (c *conn) asks(side int, opBytes int64, reduces bool) bool {
+	if !c.seg.acquire() {
 		return false
 	}
 	defer c.seg.release()
@@ -148,15 +159,11 @@ func (c *conn) Received(opBytes int64, reduces bool, blocks, steps int, took tim
 		return
 	}
 	k := sizeClass(opBytes)
-	asked := c.wantsBlocks(c.seg.side, opBytes, reduces)
+	asked := c.asks(c.seg.side, opBytes, reduces) // (reads, just checked)
 	// A sample counts only if every step came the way this side asked
 	// (none in blocks, or all).
 	valid := asked && blocks == steps || !asked && blocks == 0
-	ch := &c.choices[0][k]
-	if reduces {
-		ch = &c.choices[1][k]
-	}
-	if want := ch.observe(asked, valid, int64(took)); want != asked {
+	if want := c.choices[kindOf(reduces)][k].observe(asked, valid, int64(took)); want != asked {
 		c.askBlocks(k, reduces, want)
 	}
 }
