@@ -325,7 +325,7 @@ type lockIO struct {
 	bc    transport.BlockCopier
 	block int
 	// toScratch: dr lands each block in the run's scratch, which the
-	// step's reduction reads (recvReduceCopy; recvBlocksOf).
+	// step's reduction reads (recvReduceCopy in place; recvBlocksOf).
 	toScratch bool
 	// lent: rc may hand out the peer's own memory (transport.Lender),
 	// checked before anything computed from it goes on.
@@ -429,7 +429,14 @@ func (x *chanRun) recvBlocksOf(ctx context.Context, st *algorithms.Step, io *loc
 	if !ok || b%es != 0 || !x.out.HostVisible() {
 		return x.fail(st, io.rpeer, fmt.Errorf("rank %d cut the step into blocks of %d bytes, which this rank cannot take into its output (%d-byte elements)", io.rpeer, b, es))
 	}
-	io.dr, io.toScratch = dr, st.Kind == algorithms.RecvReduceCopy
+	// A reduction lands each block in its own destination and reduces it
+	// there (dst = dst op src, which the kernels allow) where that
+	// destination is not the step's source: one buffer fewer in the cache
+	// than through the scratch (out of place, the input stays apart from
+	// the output). In place, the block would overwrite the source it is
+	// reduced with, so it goes through the scratch.
+	io.dr = dr
+	io.toScratch = st.Kind == algorithms.RecvReduceCopy && (x.aliased || st.Src.Buf != algorithms.Input)
 	io.dstS = algorithms.NewSlicer(x.spansOf(1, st.Dst), b/es)
 	if io.hasSrc {
 		io.srcS = algorithms.NewSlicer(x.spansOf(0, st.Src), b/es)
