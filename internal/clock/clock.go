@@ -4,16 +4,18 @@
 // and the watchdog's).
 //
 // The runtime's clock (what time.Now and runtime.nanotime read) goes
-// through the vDSO's clock_gettime on the system stack: 40-55 ns a read on
-// the VMs here, where an 8-byte broadcast over shared memory takes about
-// 500 ns and reads it twice (docs/performance.md). Where the kernel itself
+// through the vDSO's clock_gettime on the system stack: 25-55 ns a read on
+// the VMs here, where an 8-byte broadcast over shared memory takes 250-500
+// ns and reads it twice (docs/performance.md). Where the kernel itself
 // keeps time by the CPU's time-stamp counter (its clock source is "tsc",
 // which it chooses only where the counter runs at a constant rate and in
-// step on every CPU), Now reads the counter (RDTSC, about 20 ns here) and
-// scales it by its rate against the runtime's clock, measured over the
-// first 10 ms it is read and then again about every second, over the
-// second just gone (so that it follows the runtime's clock where NTP slews
-// it), each time taking the runtime's clock as the new anchor.
+// step on every CPU; or a KVM guest's "kvm-clock" on an invariant counter
+// that the vDSO reads, see ticks_amd64.go), Now reads the counter (RDTSC,
+// 10-20 ns here) and scales it by its rate against the runtime's clock,
+// measured over the first 10 ms it is read and then again about every
+// second, over the second just gone (so that it follows the runtime's
+// clock where NTP slews it), each time taking the runtime's clock as the
+// new anchor.
 //
 // Readings do not go back. An anchor pairs a reading of the runtime's
 // clock with a counter reading taken just before it (the closest pair of a
