@@ -59,11 +59,12 @@
 // process_vm_readv, one system call per block instead of one per slot).
 // The sender decides alone; the receiving step peeks at its first slice
 // and cuts its side the same way (recvBlocksOf), landing each block in
-// the output or, where it reduces, in a scratch buffer the reduction
-// reads; after the operation it tells the connection how long it took,
-// which is how the transport chooses between blocks and slots. No
-// forwarding step is ever cut: a middle rank could not pass a block on to
-// a peer that cannot read it.
+// the output, where a reduction then reduces it in place, or, where an
+// in-place reduction's block would overwrite its own source, in a scratch
+// buffer the reduction reads; after the operation it tells the connection
+// how long it took, which is how the transport chooses between blocks and
+// slots. No forwarding step is ever cut: a middle rank could not pass a
+// block on to a peer that cannot read it.
 //
 // # Tags
 //

@@ -49,8 +49,8 @@ type chanRun struct {
 	start                 int64
 	// blockOp: whether the operation's steps may be cut into blocks
 	// (blocksLand: a 2-rank host broadcast or all-gather; blocksReduce: a
-	// 2-rank host reduce or reduce-scatter); scratch lands the blocks a
-	// reduction reads.
+	// 2-rank host reduce or reduce-scatter); scratch lands the blocks an
+	// in-place reduction reads.
 	blockOp blockOp
 	scratch []byte
 	// sharedIn, sharedOut: the operation's buffers are shared allocations
@@ -110,7 +110,7 @@ type blockOp uint8
 const (
 	noBlocks     blockOp = iota
 	blocksLand           // 2-rank host broadcast, all-gather: recv lands each block
-	blocksReduce         // 2-rank host reduce, reduce-scatter: recvReduceCopy reduces each from the scratch
+	blocksReduce         // 2-rank host reduce, reduce-scatter: recvReduceCopy reduces each where it lands
 )
 
 func (x *chanRun) setup(e *Engine, op *Op, pl *Plan, c int, dev bool) {
