@@ -18,8 +18,9 @@ import (
 // sender cuts a step that sends its input into blocks of
 // Options.BlockSize, posted by reference, and the receiver, which peeks
 // at the first slice, cuts its side the same way: it lands each block in
-// its output (broadcast, all-gather) or in a scratch buffer its
-// reduction reads (reduce, reduce-scatter).
+// its output (broadcast, all-gather; a reduce or reduce-scatter out of
+// place, which then reduces it there) or, in place, in a scratch buffer
+// its reduction reads.
 //
 // Whether blocks beat the slots is not a property of the host that a
 // probe at start-up could find. It flips with where the hypervisor puts
