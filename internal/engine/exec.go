@@ -618,7 +618,9 @@ func (x *chanRun) compute(st *algorithms.Step, dst, out, in, src *memory.Buffer,
 			}
 		}
 		if !dst.SameStart(*src) {
-			return dp.copy(*dst, *src, !direct)
+			// Sent from src, directly or not: nothing reads dst soon, so a
+			// large output is written with streaming stores either way.
+			return dp.copy(*dst, *src, true)
 		}
 	case algorithms.RecvReduceSend:
 		return dp.reduce(*out, *in, *src, st.Final, false)
