@@ -594,10 +594,10 @@ func (x *chanRun) lockSlice(ctx context.Context, io *lockIO, sl uint32, nb int, 
 
 // compute puts a lockstep slice's value in its sinks: dst (the output)
 // and out (the outgoing slot; empty when the value is sent from dst or
-// src directly, and then dst is written through the caches, since the
-// transport reads it right away). landed: the incoming slice was received
-// straight into dst. The buffers go by pointer: they are large, and this
-// runs for every slice.
+// src directly, and then a dst the transport sends from is written
+// through the caches, since it reads it right away). landed: the incoming
+// slice was received straight into dst. The buffers go by pointer: they
+// are large, and this runs for every slice.
 func (x *chanRun) compute(st *algorithms.Step, dst, out, in, src *memory.Buffer, direct, landed bool) error {
 	dp := x.dp
 	switch st.Kind {
