@@ -3,17 +3,14 @@ package clock
 import (
 	"bytes"
 	"os"
+
+	"github.com/goccl/goccl/internal/cpuid"
 )
 
 // ticks reads the CPU's time-stamp counter (RDTSC).
 //
 //go:noescape
 func ticks() uint64
-
-// cpuid executes CPUID for leaf (subleaf 0).
-//
-//go:noescape
-func cpuid(leaf uint32) (a, b, c, d uint32)
 
 func init() { usable = counterIsClock(clockSourcePath, invariantCounter, fastRuntimeClock) }
 
@@ -53,13 +50,7 @@ func counterIsClock(src string, invariant, fast func() bool) bool {
 // invariantCounter reports whether CPUID says the counter is invariant
 // (leaf 0x80000007, EDX bit 8: what Linux shows as nonstop_tsc and, with
 // it, takes as constant_tsc).
-func invariantCounter() bool {
-	if max, _, _, _ := cpuid(0x80000000); max < 0x80000007 {
-		return false
-	}
-	_, _, _, d := cpuid(0x80000007)
-	return d&(1<<8) != 0
-}
+func invariantCounter() bool { return cpuid.Bit(0x80000007, 'd', 8) }
 
 // fastRuntimeClock reports whether the runtime's clock reads in under
 // fastRead on average, in the best of a few batches (a batch that an

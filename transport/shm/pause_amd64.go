@@ -1,6 +1,10 @@
 package shm
 
-import "unsafe"
+import (
+	"unsafe"
+
+	"github.com/goccl/goccl/internal/cpuid"
+)
 
 // pause hints the CPU that this is a spin-wait loop (x86 PAUSE): it frees
 // the core's resources for a sibling hyperthread and avoids the memory
@@ -20,13 +24,4 @@ func prefetchw(p unsafe.Pointer)
 // hasPrefetchw: the CPU has PREFETCHW (CPUID 0x80000001, ECX bit 8,
 // PRFCHW; Intel since Broadwell, AMD since K8), which older ones may
 // fault on.
-var hasPrefetchw = func() bool {
-	maxExt, _, _, _ := cpuid(0x80000000, 0)
-	if maxExt < 0x80000001 {
-		return false
-	}
-	_, _, c, _ := cpuid(0x80000001, 0)
-	return c&(1<<8) != 0
-}()
-
-func cpuid(leaf, sub uint32) (a, b, c, d uint32)
+var hasPrefetchw = cpuid.Bit(0x80000001, 'c', 8)
