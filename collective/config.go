@@ -13,6 +13,7 @@ import (
 	"github.com/goccl/goccl/internal/tlsrec"
 	"github.com/goccl/goccl/topology"
 	"github.com/goccl/goccl/transport"
+	"github.com/goccl/goccl/transport/shm"
 )
 
 // Defaults.
@@ -560,7 +561,7 @@ func fromEnv(lookup func(string) (string, bool)) (Config, error) {
 	}
 	if v, ok := lookup(EnvShmBlock); ok && v != "" {
 		n, err := ParseSize(strings.TrimSpace(v))
-		if err != nil || n < 0 || n > 256<<20 {
+		if err != nil || n < 0 || n > shm.MaxBlockSize {
 			return c, bad(EnvShmBlock, v, "a size in 0..256M (such as 256K or 1M)")
 		}
 		c.ShmBlock = int(n)
@@ -675,7 +676,7 @@ func (c Config) validate() error {
 		return bad("negative InitTimeout %v", c.InitTimeout)
 	case c.NSocks < 0 || c.NSocks > 64:
 		return bad("NSocks %d out of range 0..64", c.NSocks)
-	case c.ShmBlock < 0 || c.ShmBlock > 256<<20:
+	case c.ShmBlock < 0 || c.ShmBlock > shm.MaxBlockSize:
 		return bad("ShmBlock %d out of range 0..256 MiB", c.ShmBlock)
 	case c.TCPWindow > 4096:
 		return bad("TCPWindow %d out of range (at most 4096; negative turns credits off)", c.TCPWindow)

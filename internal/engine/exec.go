@@ -393,8 +393,9 @@ func (x *chanRun) sendBlocks(st *algorithms.Step, io *lockIO, cand transport.Dir
 // reduce or reduce-scatter into blocks where the sender did (sendBlocks):
 // it peeks at the step's first slice and, when the sender cut the step
 // into blocks, cuts this side the same way and lands each block with
-// WaitInto, in the output (recv) or in the run's scratch, which the
-// reduction reads (recvReduceCopy). The sender
+// WaitInto: in the output (recv; recvReduceCopy out of place, which then
+// reduces it there), or in the run's scratch, which an in-place
+// recvReduceCopy reads. The sender
 // decides alone and the receiver follows, so the two cuts match whatever
 // either side's settings (transport.BlockCopier). On two ranks the steps
 // of these collectives only send (send, copySend) or only receive (recv,

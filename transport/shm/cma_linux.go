@@ -73,9 +73,8 @@ const (
 
 	// refBlock, in a refCMA descriptor's inline bytes, is the block size
 	// the sender cut the step into (transport.BlockCopier; 0: slot-sized
-	// slices); blockMax bounds it, below the size field's flags.
+	// slices), at most MaxBlockSize.
 	refBlock = 20
-	blockMax = 256 << 20
 
 	// DefaultBlockSize is Options.BlockSize's default. Measured on these
 	// VMs (docs/performance.md, "Blocks by reference"): process_vm_readv
@@ -291,8 +290,8 @@ func (c *conn) blocksFit(opBytes int64) bool {
 
 // PostBlock implements transport.BlockCopier.
 func (c *conn) PostBlock(ctx context.Context, src memory.Buffer, tag transport.Tag, block int) error {
-	if block <= 0 || block > blockMax || src.Len() > block {
-		return fmt.Errorf("shm: post of %d bytes in blocks of %d (blocks hold at most %d)", src.Len(), block, blockMax)
+	if block <= 0 || block > MaxBlockSize || src.Len() > block {
+		return fmt.Errorf("shm: post of %d bytes in blocks of %d (blocks hold at most %d)", src.Len(), block, MaxBlockSize)
 	}
 	return c.postFrom(ctx, src, tag, block)
 }

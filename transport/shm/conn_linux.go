@@ -250,7 +250,7 @@ func (c *conn) next(ctx context.Context) (transport.Tag, int, bool, bool, error)
 	dev := size&devFlag != 0
 	var err error
 	switch {
-	case n > c.rx.slotSize && !(size&refFlag != 0 && c.rx.refKind(c.head) == refCMA && n <= blockMax):
+	case n > c.rx.slotSize && !(size&refFlag != 0 && c.rx.refKind(c.head) == refCMA && n <= MaxBlockSize):
 		// Only a block by reference may be larger than a slot
 		// (transport.BlockCopier).
 		err = fmt.Errorf("protocol error: rank %d posted a %d-byte slice, slots hold %d", c.peer, n, c.rx.slotSize)

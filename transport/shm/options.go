@@ -89,11 +89,11 @@ type Options struct {
 	// Where the kernel refuses it (another user, ptrace_scope, seccomp),
 	// slices go through slots as ever.
 	CMAMin, CMAMax int64
-	// BlockSize is the slice size of a 2-rank broadcast's or all-gather's
-	// step whose slices go by the receiver's copy
-	// (transport.BlockCopier): one process_vm_readv per block instead of
-	// one per slot. 0 means DefaultBlockSize; a size no larger than a
-	// slot keeps slot-sized slices.
+	// BlockSize is the slice size of a 2-rank broadcast's, all-gather's,
+	// reduce's or reduce-scatter's step whose slices go by the receiver's
+	// copy (transport.BlockCopier): one process_vm_readv per block instead
+	// of one per slot. 0 means DefaultBlockSize; a size no larger than a
+	// slot keeps slot-sized slices; at most MaxBlockSize.
 	BlockSize int
 	// BlockMax bounds the operations, in bytes, whose steps go in blocks:
 	// 0 means DefaultBlockMax, < 0 no bound. Above it the slots carry
@@ -134,3 +134,7 @@ type BoardRef struct {
 	PID, FD int
 	Nonce   [16]byte
 }
+
+// MaxBlockSize is the largest Options.BlockSize: a block travels as one
+// slice, whose length the descriptor's size field holds below its flags.
+const MaxBlockSize = 256 << 20

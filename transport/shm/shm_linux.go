@@ -125,8 +125,8 @@ func New(o Options) (*Endpoint, error) {
 		// stay below the lowest flag, devFlag.)
 		return nil, fmt.Errorf("shm: need 2..1024 slots of 64 bytes to under 1 GiB: %d slots of %d", o.Slots, o.SlotSize)
 	}
-	if o.BlockSize < 0 || o.BlockSize > blockMax {
-		return nil, fmt.Errorf("shm: blocks of %d bytes: need 0 to %d", o.BlockSize, blockMax)
+	if o.BlockSize < 0 || o.BlockSize > MaxBlockSize {
+		return nil, fmt.Errorf("shm: blocks of %d bytes: need 0 to %d", o.BlockSize, MaxBlockSize)
 	}
 	for _, uid := range o.AllowUIDs {
 		if uid < 0 || uid >= math.MaxUint32 {
