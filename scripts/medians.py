@@ -17,7 +17,7 @@ def main(path):
             cur = line.strip("= \n")
             blocks[cur] = {}
             continue
-        if cur is None or "|" not in line and not line.strip():
+        if cur is None or not line.strip():
             continue
         for part in line.split("|"):
             part = part.strip()
