@@ -683,8 +683,11 @@ func (c *Comm) issue(ctx context.Context, k *call, async bool) (r, prev *Request
 		r = &Request{c: c}
 	}
 	r.name, r.async, r.issued, r.done = name, async, issued, done
-	r.op = k.op
-	r.op.In, r.op.Out, r.op.Ready = memory.Buffer{}, memory.Buffer{}, nil
+	// The op without its buffers, field by field (a whole copy, then
+	// clearing the buffers, stalled on store forwarding).
+	r.op = engine.Op{}
+	r.op.Coll, r.op.Type, r.op.Red, r.op.Count, r.op.Root = k.op.Coll, k.op.Type, k.op.Red, k.op.Count, k.op.Root
+	r.op.PreMul, r.op.Scale, r.op.InOffs, r.op.OutOffs = k.op.PreMul, k.op.Scale, k.op.InOffs, k.op.OutOffs
 	if k.op.Ready != nil {
 		c.dev.devOps++
 		r.devV = c.dev.devOps
@@ -851,7 +854,9 @@ func (c *Comm) Barrier(ctx context.Context) error {
 	}
 	var b [1]uint8
 	var k call
-	if err := allReduceArgs(c, hostArgs(b[:], b[:]), Max, &k); err != nil {
+	var a args
+	hostArgs(&a, b[:], b[:])
+	if err := allReduceArgs(c, &a, Max, &k); err != nil {
 		return err
 	}
 	k.name = "barrier" // in errors and the flight recorder, as the caller wrote it

@@ -30,44 +30,44 @@ type Stream = device.Stream
 
 // AllReduceDevice is AllReduce on device memory, ordered on s.
 func AllReduceDevice(ctx context.Context, c *Comm, send, recv memory.Buffer, t DataType, op Op, s Stream) (*Request, error) {
-	return c.startDevice(ctx, "allreduce", send, recv, t, s, func(a args, k *call) error { return allReduceArgs(c, a, op, k) })
+	return c.startDevice(ctx, "allreduce", send, recv, t, s, func(a *args, k *call) error { return allReduceArgs(c, a, op, k) })
 }
 
 // ReduceScatterDevice is ReduceScatter on device memory, ordered on s.
 func ReduceScatterDevice(ctx context.Context, c *Comm, send, recv memory.Buffer, t DataType, op Op, s Stream) (*Request, error) {
-	return c.startDevice(ctx, "reducescatter", send, recv, t, s, func(a args, k *call) error { return reduceScatterArgs(c, a, op, k) })
+	return c.startDevice(ctx, "reducescatter", send, recv, t, s, func(a *args, k *call) error { return reduceScatterArgs(c, a, op, k) })
 }
 
 // AllGatherDevice is AllGather on device memory, ordered on s.
 func AllGatherDevice(ctx context.Context, c *Comm, send, recv memory.Buffer, t DataType, s Stream) (*Request, error) {
-	return c.startDevice(ctx, "allgather", send, recv, t, s, func(a args, k *call) error { return allGatherArgs(c, a, k) })
+	return c.startDevice(ctx, "allgather", send, recv, t, s, func(a *args, k *call) error { return allGatherArgs(c, a, k) })
 }
 
 // BroadcastDevice is Broadcast on device memory, ordered on s.
 func BroadcastDevice(ctx context.Context, c *Comm, send, recv memory.Buffer, t DataType, root int, s Stream) (*Request, error) {
-	return c.startDevice(ctx, "broadcast", send, recv, t, s, func(a args, k *call) error { return broadcastArgs(c, a, root, k) })
+	return c.startDevice(ctx, "broadcast", send, recv, t, s, func(a *args, k *call) error { return broadcastArgs(c, a, root, k) })
 }
 
 // ReduceDevice is Reduce on device memory, ordered on s.
 func ReduceDevice(ctx context.Context, c *Comm, send, recv memory.Buffer, t DataType, op Op, root int, s Stream) (*Request, error) {
-	return c.startDevice(ctx, "reduce", send, recv, t, s, func(a args, k *call) error { return reduceArgs(c, a, op, root, k) })
+	return c.startDevice(ctx, "reduce", send, recv, t, s, func(a *args, k *call) error { return reduceArgs(c, a, op, root, k) })
 }
 
 // AllToAllDevice is AllToAll on device memory, ordered on s.
 func AllToAllDevice(ctx context.Context, c *Comm, send, recv memory.Buffer, t DataType, s Stream) (*Request, error) {
-	return c.startDevice(ctx, "alltoall", send, recv, t, s, func(a args, k *call) error { return allToAllArgs(c, a, k) })
+	return c.startDevice(ctx, "alltoall", send, recv, t, s, func(a *args, k *call) error { return allToAllArgs(c, a, k) })
 }
 
 // SendDevice is Send of device memory, ordered on s.
 func SendDevice(ctx context.Context, c *Comm, buf memory.Buffer, t DataType, peer int, s Stream) (*Request, error) {
-	return c.startDevice(ctx, "send", buf, memory.Buffer{}, t, s, func(a args, k *call) error {
+	return c.startDevice(ctx, "send", buf, memory.Buffer{}, t, s, func(a *args, k *call) error {
 		return p2pArgs(c, "send", algorithms.CollSend, a, peer, k)
 	})
 }
 
 // RecvDevice is Recv into device memory, ordered on s.
 func RecvDevice(ctx context.Context, c *Comm, buf memory.Buffer, t DataType, peer int, s Stream) (*Request, error) {
-	return c.startDevice(ctx, "recv", memory.Buffer{}, buf, t, s, func(a args, k *call) error {
+	return c.startDevice(ctx, "recv", memory.Buffer{}, buf, t, s, func(a *args, k *call) error {
 		return p2pArgs(c, "recv", algorithms.CollRecv, a, peer, k)
 	})
 }
@@ -213,12 +213,13 @@ func (c *Comm) checkDeviceArgs(name string, send, recv memory.Buffer, t DataType
 
 // startDevice checks a device call, issues it and orders it on s (the
 // package documentation's obligations 1-4).
-func (c *Comm) startDevice(ctx context.Context, name string, send, recv memory.Buffer, t DataType, s Stream, mk func(args, *call) error) (*Request, error) {
+func (c *Comm) startDevice(ctx context.Context, name string, send, recv memory.Buffer, t DataType, s Stream, mk func(*args, *call) error) (*Request, error) {
 	if err := c.checkDeviceArgs(name, send, recv, t, s); err != nil {
 		return nil, err
 	}
 	var k call
-	if err := mk(bufferArgs(t, send, recv), &k); err != nil {
+	a := bufferArgs(t, send, recv)
+	if err := mk(&a, &k); err != nil {
 		return nil, err
 	}
 	if k.premul {

@@ -120,7 +120,9 @@ func AllToAllv[T Number](ctx context.Context, c *Comm, send []T, sendCounts []in
 		return nil
 	}
 	var k call
-	newCall(&k, name, algorithms.CollAllToAll, most, hostArgs(send[:sendOff[n]], recv[:recvOff[n]]))
+	var a args
+	hostArgs(&a, send[:sendOff[n]], recv[:recvOff[n]])
+	newCall(&k, name, algorithms.CollAllToAll, most, &a)
 	k.op.InOffs, k.op.OutOffs = sendOff, recvOff
 	return c.run(ctx, &k)
 }

@@ -27,7 +27,9 @@ import (
 // recv on every rank. len(send) == len(recv).
 func AllReduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op) error {
 	var k call
-	if err := allReduceArgs(c, hostArgs(send, recv), op, &k); err != nil {
+	var a args
+	hostArgs(&a, send, recv)
+	if err := allReduceArgs(c, &a, op, &k); err != nil {
 		return err
 	}
 	return c.run(ctx, &k)
@@ -36,7 +38,9 @@ func AllReduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op) er
 // StartAllReduce is the asynchronous form of AllReduce.
 func StartAllReduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op) (*Request, error) {
 	var k call
-	if err := allReduceArgs(c, hostArgs(send, recv), op, &k); err != nil {
+	var a args
+	hostArgs(&a, send, recv)
+	if err := allReduceArgs(c, &a, op, &k); err != nil {
 		return nil, err
 	}
 	return c.start(ctx, k)
@@ -47,7 +51,9 @@ func StartAllReduce[T Number](ctx context.Context, c *Comm, send, recv []T, op O
 // gets elements [r*len(recv), (r+1)*len(recv)) of the reduction.
 func ReduceScatter[T Number](ctx context.Context, c *Comm, send, recv []T, op Op) error {
 	var k call
-	if err := reduceScatterArgs(c, hostArgs(send, recv), op, &k); err != nil {
+	var a args
+	hostArgs(&a, send, recv)
+	if err := reduceScatterArgs(c, &a, op, &k); err != nil {
 		return err
 	}
 	return c.run(ctx, &k)
@@ -56,7 +62,9 @@ func ReduceScatter[T Number](ctx context.Context, c *Comm, send, recv []T, op Op
 // StartReduceScatter is the asynchronous form of ReduceScatter.
 func StartReduceScatter[T Number](ctx context.Context, c *Comm, send, recv []T, op Op) (*Request, error) {
 	var k call
-	if err := reduceScatterArgs(c, hostArgs(send, recv), op, &k); err != nil {
+	var a args
+	hostArgs(&a, send, recv)
+	if err := reduceScatterArgs(c, &a, op, &k); err != nil {
 		return nil, err
 	}
 	return c.start(ctx, k)
@@ -66,7 +74,9 @@ func StartReduceScatter[T Number](ctx context.Context, c *Comm, send, recv []T, 
 // recv[r*len(send):(r+1)*len(send)]: len(recv) == Size()*len(send).
 func AllGather[T Number](ctx context.Context, c *Comm, send, recv []T) error {
 	var k call
-	if err := allGatherArgs(c, hostArgs(send, recv), &k); err != nil {
+	var a args
+	hostArgs(&a, send, recv)
+	if err := allGatherArgs(c, &a, &k); err != nil {
 		return err
 	}
 	return c.run(ctx, &k)
@@ -75,7 +85,9 @@ func AllGather[T Number](ctx context.Context, c *Comm, send, recv []T) error {
 // StartAllGather is the asynchronous form of AllGather.
 func StartAllGather[T Number](ctx context.Context, c *Comm, send, recv []T) (*Request, error) {
 	var k call
-	if err := allGatherArgs(c, hostArgs(send, recv), &k); err != nil {
+	var a args
+	hostArgs(&a, send, recv)
+	if err := allGatherArgs(c, &a, &k); err != nil {
 		return nil, err
 	}
 	return c.start(ctx, k)
@@ -86,7 +98,9 @@ func StartAllGather[T Number](ctx context.Context, c *Comm, send, recv []T) (*Re
 // len(send) == len(recv).
 func Broadcast[T Number](ctx context.Context, c *Comm, send, recv []T, root int) error {
 	var k call
-	if err := broadcastArgs(c, hostArgs(send, recv), root, &k); err != nil {
+	var a args
+	hostArgs(&a, send, recv)
+	if err := broadcastArgs(c, &a, root, &k); err != nil {
 		return err
 	}
 	return c.run(ctx, &k)
@@ -95,7 +109,9 @@ func Broadcast[T Number](ctx context.Context, c *Comm, send, recv []T, root int)
 // StartBroadcast is the asynchronous form of Broadcast.
 func StartBroadcast[T Number](ctx context.Context, c *Comm, send, recv []T, root int) (*Request, error) {
 	var k call
-	if err := broadcastArgs(c, hostArgs(send, recv), root, &k); err != nil {
+	var a args
+	hostArgs(&a, send, recv)
+	if err := broadcastArgs(c, &a, root, &k); err != nil {
 		return nil, err
 	}
 	return c.start(ctx, k)
@@ -106,7 +122,9 @@ func StartBroadcast[T Number](ctx context.Context, c *Comm, send, recv []T, root
 // len(recv) == len(send).
 func Reduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op, root int) error {
 	var k call
-	if err := reduceArgs(c, hostArgs(send, recv), op, root, &k); err != nil {
+	var a args
+	hostArgs(&a, send, recv)
+	if err := reduceArgs(c, &a, op, root, &k); err != nil {
 		return err
 	}
 	return c.run(ctx, &k)
@@ -115,7 +133,9 @@ func Reduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op, root 
 // StartReduce is the asynchronous form of Reduce.
 func StartReduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op, root int) (*Request, error) {
 	var k call
-	if err := reduceArgs(c, hostArgs(send, recv), op, root, &k); err != nil {
+	var a args
+	hostArgs(&a, send, recv)
+	if err := reduceArgs(c, &a, op, root, &k); err != nil {
 		return nil, err
 	}
 	return c.start(ctx, k)
@@ -126,7 +146,9 @@ func StartReduce[T Number](ctx context.Context, c *Comm, send, recv []T, op Op, 
 // must not overlap.
 func AllToAll[T Number](ctx context.Context, c *Comm, send, recv []T) error {
 	var k call
-	if err := allToAllArgs(c, hostArgs(send, recv), &k); err != nil {
+	var a args
+	hostArgs(&a, send, recv)
+	if err := allToAllArgs(c, &a, &k); err != nil {
 		return err
 	}
 	return c.run(ctx, &k)
@@ -135,7 +157,9 @@ func AllToAll[T Number](ctx context.Context, c *Comm, send, recv []T) error {
 // StartAllToAll is the asynchronous form of AllToAll.
 func StartAllToAll[T Number](ctx context.Context, c *Comm, send, recv []T) (*Request, error) {
 	var k call
-	if err := allToAllArgs(c, hostArgs(send, recv), &k); err != nil {
+	var a args
+	hostArgs(&a, send, recv)
+	if err := allToAllArgs(c, &a, &k); err != nil {
 		return nil, err
 	}
 	return c.start(ctx, k)
@@ -220,9 +244,11 @@ type args struct {
 	ns, nr     int
 }
 
-// hostArgs describes host slices.
-func hostArgs[T Number](send, recv []T) args {
-	return args{t: TypeOf[T](), send: memory.HostBuffer(asBytes(send)), recv: memory.HostBuffer(asBytes(recv)), ns: len(send), nr: len(recv)}
+// hostArgs describes host slices in a (in place: returned, the args were
+// copied from a temporary, which stalls on store forwarding).
+func hostArgs[T Number](a *args, send, recv []T) {
+	a.t, a.ns, a.nr = TypeOf[T](), len(send), len(recv)
+	a.send, a.recv = memory.HostBuffer(asBytes(send)), memory.HostBuffer(asBytes(recv))
 }
 
 // bufferArgs describes buffers of elements of t (whole elements: the
@@ -232,16 +258,20 @@ func bufferArgs(t DataType, send, recv memory.Buffer) args {
 }
 
 // lens returns the buffers' lengths in elements.
-func (a args) lens() (int, int) { return a.ns, a.nr }
+func (a *args) lens() (int, int) { return a.ns, a.nr }
 
 // newCall fills k (in place: a call is large, and this runs for every
 // operation).
-func newCall(k *call, name string, coll algorithms.Collective, count int, a args) {
+func newCall(k *call, name string, coll algorithms.Collective, count int, a *args) {
+	// Field by field into the zeroed op, not a literal: the literal is
+	// built in a temporary and copied, which stalls on store forwarding.
 	k.name = name
-	k.op = engine.Op{Coll: coll, Type: a.t.kernel(), Count: count, In: a.send, Out: a.recv}
+	k.op = engine.Op{}
+	k.op.Coll, k.op.Type, k.op.Count = coll, a.t.kernel(), count
+	k.op.In, k.op.Out = a.send, a.recv
 }
 
-func allReduceArgs(c *Comm, a args, op Op, k *call) error {
+func allReduceArgs(c *Comm, a *args, op Op, k *call) error {
 	const name = "allreduce"
 	if err := checkComm(c, name); err != nil {
 		return err
@@ -257,7 +287,7 @@ func allReduceArgs(c *Comm, a args, op Op, k *call) error {
 	return c.setRed(name, op, k)
 }
 
-func reduceScatterArgs(c *Comm, a args, op Op, k *call) error {
+func reduceScatterArgs(c *Comm, a *args, op Op, k *call) error {
 	const name = "reducescatter"
 	if err := checkComm(c, name); err != nil {
 		return err
@@ -275,7 +305,7 @@ func reduceScatterArgs(c *Comm, a args, op Op, k *call) error {
 	return c.setRed(name, op, k)
 }
 
-func allGatherArgs(c *Comm, a args, k *call) error {
+func allGatherArgs(c *Comm, a *args, k *call) error {
 	const name = "allgather"
 	if err := checkComm(c, name); err != nil {
 		return err
@@ -293,7 +323,7 @@ func allGatherArgs(c *Comm, a args, k *call) error {
 	return nil
 }
 
-func broadcastArgs(c *Comm, a args, root int, k *call) error {
+func broadcastArgs(c *Comm, a *args, root int, k *call) error {
 	const name = "broadcast"
 	if err := checkComm(c, name); err != nil {
 		return err
@@ -315,7 +345,7 @@ func broadcastArgs(c *Comm, a args, root int, k *call) error {
 	return nil
 }
 
-func reduceArgs(c *Comm, a args, op Op, root int, k *call) error {
+func reduceArgs(c *Comm, a *args, op Op, root int, k *call) error {
 	const name = "reduce"
 	if err := checkComm(c, name); err != nil {
 		return err
@@ -337,7 +367,7 @@ func reduceArgs(c *Comm, a args, op Op, root int, k *call) error {
 	return c.setRed(name, op, k)
 }
 
-func allToAllArgs(c *Comm, a args, k *call) error {
+func allToAllArgs(c *Comm, a *args, k *call) error {
 	const name = "alltoall"
 	if err := checkComm(c, name); err != nil {
 		return err
@@ -354,15 +384,17 @@ func allToAllArgs(c *Comm, a args, k *call) error {
 }
 
 func p2pCall[T Number](c *Comm, name string, coll algorithms.Collective, buf []T, peer int, k *call) error {
-	a := hostArgs(buf, nil)
+	var a args
 	if coll == algorithms.CollRecv {
-		a = hostArgs(nil, buf)
+		hostArgs(&a, nil, buf)
+	} else {
+		hostArgs(&a, buf, nil)
 	}
-	return p2pArgs(c, name, coll, a, peer, k)
+	return p2pArgs(c, name, coll, &a, peer, k)
 }
 
 // p2pArgs checks a send (buffer in a.send) or a receive (in a.recv).
-func p2pArgs(c *Comm, name string, coll algorithms.Collective, a args, peer int, k *call) error {
+func p2pArgs(c *Comm, name string, coll algorithms.Collective, a *args, peer int, k *call) error {
 	if err := checkComm(c, name); err != nil {
 		return err
 	}

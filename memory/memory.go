@@ -58,16 +58,26 @@ func (k Kind) DeviceVisible() bool { return k == Device || k == Mapped }
 
 // Buffer is a run of bytes in host, device or mapped memory.
 //
-// It is 32 bytes, passed by value on every slice the engine moves: the
-// CPU's view is a pointer and the length, not a slice header (which
-// would make it 48).
+// It is 32 bytes in four fields, passed by value on every slice the
+// engine moves: the CPU's view is a pointer and the length, not a slice
+// header (which would make it 48), and the device and kind share a word.
+// Four fields of at most 32 bytes is what Go's compiler keeps in
+// registers; a fifth made every Buffer a stack temporary, written a
+// word at a time and copied 16 bytes at a time, which stalls each copy
+// on store forwarding (a sixth of an 8-byte broadcast's time went to
+// such copies, docs/performance.md).
 type Buffer struct {
 	// host is the first byte of the CPU's view (Host and Mapped), nil when
 	// the buffer is empty: an unsafe.Pointer, so that a Buffer keeps Go
 	// memory it describes alive, and never one past an object's end.
-	host  unsafe.Pointer
-	ptr   uintptr // the GPU's address (Device and Mapped)
-	n     int
+	host unsafe.Pointer
+	ptr  uintptr // the GPU's address (Device and Mapped)
+	n    int
+	at   where
+}
+
+// where is a Buffer's kind of memory and, for Device and Mapped, its GPU.
+type where struct {
 	devID int32
 	kind  Kind
 }
@@ -81,21 +91,21 @@ func hostStart(b []byte) unsafe.Pointer {
 }
 
 // HostBuffer describes host memory b.
-func HostBuffer(b []byte) Buffer { return Buffer{host: hostStart(b), n: len(b), kind: Host} }
+func HostBuffer(b []byte) Buffer { return Buffer{host: hostStart(b), n: len(b), at: where{kind: Host}} }
 
 // DeviceBuffer describes n bytes at address ptr in the memory of GPU device.
 func DeviceBuffer(device int, ptr uintptr, n int) Buffer {
-	return Buffer{ptr: ptr, n: n, devID: int32(device), kind: Device}
+	return Buffer{ptr: ptr, n: n, at: where{devID: int32(device), kind: Device}}
 }
 
 // MappedBuffer describes pinned host memory b that GPU device addresses at
 // devPtr (the two views of the same bytes).
 func MappedBuffer(b []byte, device int, devPtr uintptr) Buffer {
-	return Buffer{host: hostStart(b), ptr: devPtr, n: len(b), devID: int32(device), kind: Mapped}
+	return Buffer{host: hostStart(b), ptr: devPtr, n: len(b), at: where{devID: int32(device), kind: Mapped}}
 }
 
 // Kind reports where the buffer's memory is.
-func (b Buffer) Kind() Kind { return b.kind }
+func (b Buffer) Kind() Kind { return b.at.kind }
 
 // Len returns the buffer's length in bytes.
 func (b Buffer) Len() int { return b.n }
@@ -104,26 +114,26 @@ func (b Buffer) Len() int { return b.n }
 // device memory: reaching it from the CPU would be a bug, not an error to
 // handle.
 func (b Buffer) Bytes() []byte {
-	if b.kind == Device {
+	if b.at.kind == Device {
 		panic("memory: Bytes of a device buffer")
 	}
 	return unsafe.Slice((*byte)(b.host), b.n)
 }
 
 // HostVisible reports whether the CPU may reach b through Bytes.
-func (b Buffer) HostVisible() bool { return b.kind != Device }
+func (b Buffer) HostVisible() bool { return b.at.kind != Device }
 
 // DeviceVisible reports whether a GPU's kernels reach b (Device and
 // Mapped), at the address Device returns.
-func (b Buffer) DeviceVisible() bool { return b.kind != Host }
+func (b Buffer) DeviceVisible() bool { return b.at.kind != Host }
 
 // Device returns the GPU and its address of device or mapped memory (0, 0
 // for host memory).
 func (b Buffer) Device() (device int, ptr uintptr) {
-	if b.kind == Host {
+	if b.at.kind == Host {
 		return 0, 0
 	}
-	return int(b.devID), b.ptr
+	return int(b.at.devID), b.ptr
 }
 
 // Slice returns bytes [lo, hi) of b. It panics if they are not inside b.
@@ -134,11 +144,11 @@ func (b Buffer) Slice(lo, hi int) Buffer {
 		panic(errSlice)
 	}
 	b.n = hi - lo
-	if b.kind != Host {
+	if b.at.kind != Host {
 		b.ptr += uintptr(lo)
 	}
 	switch {
-	case b.kind == Device:
+	case b.at.kind == Device:
 	case b.n == 0:
 		b.host = nil
 	default:
@@ -153,8 +163,8 @@ var errSlice = errors.New("memory: slice bounds out of range")
 // alike: a mapped buffer is host memory, so it overlaps the Host buffer
 // over the same bytes) or a GPU's.
 func (b Buffer) space() int32 {
-	if b.kind == Device {
-		return b.devID
+	if b.at.kind == Device {
+		return b.at.devID
 	}
 	return -1
 }
@@ -162,7 +172,7 @@ func (b Buffer) space() int32 {
 // addr returns the buffer's start address in its space and whether it has
 // one (an empty buffer has none).
 func (b Buffer) addr() (uintptr, bool) {
-	if b.kind == Device {
+	if b.at.kind == Device {
 		return b.ptr, b.n > 0
 	}
 	if b.host == nil {
@@ -178,8 +188,8 @@ func (b Buffer) Overlaps(o Buffer) bool {
 	// non-empty Host or Mapped buffer has a host pointer, a GPU's buffer
 	// is in its device's space only.
 	x, y := uintptr(b.host), uintptr(o.host)
-	if b.kind == Device || o.kind == Device {
-		if b.kind != o.kind || b.devID != o.devID {
+	if b.at.kind == Device || o.at.kind == Device {
+		if b.at.kind != o.at.kind || b.at.devID != o.at.devID {
 			return false
 		}
 		x, y = b.ptr, o.ptr
@@ -224,8 +234,8 @@ func (b Buffer) Same(o Buffer) bool {
 // SameStart reports whether b and o are not empty and start at the same
 // byte of the same memory.
 func (b Buffer) SameStart(o Buffer) bool {
-	if b.kind == Device || o.kind == Device {
-		return b.kind == o.kind && b.devID == o.devID && b.ptr == o.ptr && b.n > 0 && o.n > 0
+	if b.at.kind == Device || o.at.kind == Device {
+		return b.at.kind == o.at.kind && b.at.devID == o.at.devID && b.ptr == o.ptr && b.n > 0 && o.n > 0
 	}
 	return b.host != nil && b.host == o.host
 }

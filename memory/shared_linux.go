@@ -182,7 +182,7 @@ func SharedOf(b []byte) (SharedRef, bool) {
 // IsShared reports whether buf is host memory wholly inside one shared
 // allocation.
 func IsShared(buf Buffer) bool {
-	if buf.kind != Host || buf.n == 0 || shared.count.Load() == 0 {
+	if buf.at.kind != Host || buf.n == 0 || shared.count.Load() == 0 {
 		return false
 	}
 	_, ok := lookupShared(uintptr(buf.host), uintptr(buf.n))
