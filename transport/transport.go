@@ -334,6 +334,19 @@ type Board interface {
 	Read(ctx context.Context, r int, seq uint64) (sig uint32, data []byte, posted bool, err error)
 }
 
+// BoardPinner is implemented by a Board that keeps its memory mapped
+// from a collective's Begin past its End, so that the collectives after
+// it skip holding the board each (an atomic reference count taken and
+// dropped per collective, on the board's shared line, was a seventh of
+// an 8-byte broadcast's time: docs/performance.md). The memory stays
+// mapped whatever closes the endpoint (an abort replaces it with
+// harmless private pages) until Unpin, which the board's one user calls
+// once no collective can Begin any more (its engine closing). Without
+// Unpin the mapping lives as long as the process.
+type BoardPinner interface {
+	Unpin()
+}
+
 // BoardMarkEvery is implemented by a Board whose posts need to learn of
 // the others' progress less often than every collective: MarkEvery
 // returns k, and the engine then marks a collective that it would mark

@@ -777,6 +777,9 @@ func (e *Engine) copyInput(ctx context.Context, in memory.Buffer, dev bool) (mem
 // scratch memory. No operation may run during or after it.
 func (e *Engine) Close() error {
 	var first error
+	if p, ok := e.board.(transport.BoardPinner); ok {
+		p.Unpin() // no collective runs or comes: the board may go
+	}
 	for _, x := range e.runs {
 		if x.dev.s != nil {
 			if err := x.dev.s.Close(); err != nil && first == nil {

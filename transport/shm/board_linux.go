@@ -110,9 +110,12 @@ type board struct {
 	me   int
 	n    int
 	seen []uint64 // per member: collectives known reached (seq+1), from this rank's reads
-	// held: between Begin and End, which hold the segment (one acquire
-	// for a collective's post and reads, not one each).
-	held bool
+	// held: between Begin and End. pinned: this rank holds the segment,
+	// from its first Begin until Unpin (transport.BoardPinner), so that
+	// Begin, End and Mark take no reference each; both are this rank's
+	// collectives' own (they run one at a time).
+	held   bool
+	pinned bool
 
 	sleeps atomic.Int32 // futex sleeps so far (tests look)
 	// waiting is the member a post or read waits for, plus one (0: none),
@@ -125,6 +128,7 @@ var (
 	_ transport.Board          = (*board)(nil)
 	_ transport.BoardWaiter    = (*board)(nil)
 	_ transport.BoardMarkEvery = (*board)(nil)
+	_ transport.BoardPinner    = (*board)(nil)
 )
 
 // markEvery is MarkEvery: a post waits for every member to have reached
@@ -176,17 +180,27 @@ func (b *board) Begin() error {
 	if b.held {
 		return errors.New("shm: board Begin twice without End")
 	}
-	if !b.seg.enter(&b.e.down) {
+	if !b.pinned {
+		if !b.seg.enter(&b.e.down) {
+			return b.e.closedErr()
+		}
+		b.pinned = true
+	} else if b.e.down.Load() {
+		// Pinned, the mapping stays (detach puts private pages in its
+		// place), so a Begin that races the close reads harmless zeros.
 		return b.e.closedErr()
 	}
 	b.held = true
 	return nil
 }
 
-// End implements transport.Board.
-func (b *board) End() {
-	if b.held {
-		b.held = false
+// End implements transport.Board. The segment stays pinned.
+func (b *board) End() { b.held = false }
+
+// Unpin implements transport.BoardPinner.
+func (b *board) Unpin() {
+	if b.pinned {
+		b.pinned = false
 		b.seg.release()
 	}
 }
@@ -241,6 +255,10 @@ func (b *board) Post(ctx context.Context, seq uint64, sig uint32, data []byte) e
 
 // Mark implements transport.Board.
 func (b *board) Mark(seq uint64, sig uint32) {
+	if b.pinned {
+		b.setLast(seq, sig)
+		return
+	}
 	if !b.seg.acquire() {
 		return
 	}
@@ -640,6 +658,13 @@ func (j *joiningBoard) Post(ctx context.Context, seq uint64, sig uint32, data []
 		return err
 	}
 	return b.Post(ctx, seq, sig, data)
+}
+
+// Unpin implements transport.BoardPinner.
+func (j *joiningBoard) Unpin() {
+	if b := j.b.Load(); b != nil {
+		b.Unpin()
+	}
 }
 
 func (j *joiningBoard) Mark(seq uint64, sig uint32) {

@@ -320,9 +320,10 @@ var faultSink byte
 
 // What Read returns is the board's memory: an abort from another
 // goroutine (here a Close) while the engine still copies or folds it
-// must not unmap it under the engine, only End may (Read used to let go
-// of the segment before it returned, and a Close then unmapped it).
-func TestBoardReadStaysMappedUntilEnd(t *testing.T) {
+// must not unmap it under the engine (Read used to let go of the segment
+// before it returned, and a Close then unmapped it). The board stays
+// pinned past End, until Unpin, which unmaps it.
+func TestBoardReadStaysMappedUntilUnpin(t *testing.T) {
 	eps, bs := boards(t, 2, nil)
 	ctx := context.Background()
 	require.NoError(t, bs[0].Post(ctx, 0, 5, []byte("still here")))
@@ -342,6 +343,40 @@ func TestBoardReadStaysMappedUntilEnd(t *testing.T) {
 	_, _, _, err = b.Read(ctx, 0, 1)
 	require.Error(t, err, "a read once the endpoint is down")
 	b.End()
-	require.True(t, faults(data), "End let go of the last hold: the board is unmapped")
+	require.False(t, faults(data), "End keeps the board pinned")
 	require.Error(t, b.Begin(), "Begin once the endpoint is down")
+	b.(transport.BoardPinner).Unpin()
+	require.True(t, faults(data), "Unpin let go of the last hold: the board is unmapped")
+	b.(transport.BoardPinner).Unpin() // twice: nothing more to let go
+}
+
+// A pinned board that closes with no collective running is unmapped by
+// Unpin, and Begin, End and Mark on it take no reference of their own.
+func TestBoardPinnedAcrossCollectives(t *testing.T) {
+	eps, bs := boards(t, 2, nil)
+	ctx := context.Background()
+	b := eps[1].Board()
+	var seg *segment
+	switch x := b.(type) {
+	case *board:
+		seg = x.seg
+	case *joiningBoard:
+		seg = x.b.Load().seg
+	}
+	require.NotNil(t, seg, "a %T", b)
+	for seq := range uint64(3) {
+		require.NoError(t, bs[0].Post(ctx, seq, 5, []byte("x")))
+		require.NoError(t, b.Begin())
+		_, _, posted, err := b.Read(ctx, 0, seq)
+		require.NoError(t, err)
+		require.True(t, posted)
+		b.End()
+		b.Mark(seq, 5)
+		require.EqualValues(t, 1, seg.refs.Load(), "after collective %d: the pin alone holds the board", seq)
+	}
+	mem := seg.mem
+	require.NoError(t, eps[1].Close(nil))
+	require.False(t, faults(mem), "pinned: closing the endpoint leaves private pages in place")
+	b.(transport.BoardPinner).Unpin()
+	require.True(t, faults(mem), "unpinned: the board is unmapped")
 }
