@@ -183,7 +183,7 @@ func TestMsgBlocksIsGlobal(t *testing.T) {
 		a Algorithm
 	}{{CollAllReduce, Ring}, {CollAllReduce, Tree}, {CollAllReduce, RecDoubling}, {CollAllReduce, Rabenseifner},
 		{CollReduceScatter, Ring}, {CollAllGather, Ring}, {CollBroadcast, Ring}, {CollReduce, Ring}, {CollAllToAll, Pairwise},
-		{CollReduceScatter, OneShot}, {CollAllGather, OneShot}, {CollAllGather, RecDoubling}} {
+		{CollReduceScatter, OneShot}, {CollAllGather, OneShot}, {CollAllGather, RecDoubling}, {CollReduce, OneShot}} {
 		for n := 1; n <= 64; n++ {
 			scheds, err := BuildAll(Params{Coll: ca.c, Algo: ca.a, NRanks: n, Root: n / 2})
 			require.NoError(t, err)
@@ -299,6 +299,7 @@ func TestGolden(t *testing.T) {
 		{Coll: CollAllGather, Algo: RecDoubling, NRanks: 6},
 		{Coll: CollBroadcast, Algo: Ring, NRanks: 4, Root: 1},
 		{Coll: CollReduce, Algo: Ring, NRanks: 4, Root: 2},
+		{Coll: CollReduce, Algo: OneShot, NRanks: 4, Root: 2},
 		{Coll: CollAllToAll, Algo: Pairwise, NRanks: 3},
 		{Coll: CollReduceScatter, Algo: Hier, NRanks: 4, Hosts: []int{0, 1, 0, 1}},
 		{Coll: CollAllGather, Algo: Hier, NRanks: 6, Hosts: []int{0, 0, 0, 1, 1, 1}},

@@ -122,7 +122,11 @@ func Build(p Params) (*Schedule, error) {
 	case CollBroadcast:
 		chainBroadcast(b, ring)
 	case CollReduce:
-		chainReduce(b, ring)
+		if p.Algo == OneShot {
+			oneShotReduce(b)
+		} else {
+			chainReduce(b, ring)
+		}
 	case CollAllToAll:
 		pairwiseAllToAll(b)
 	case CollSend:
@@ -497,6 +501,29 @@ func oneShotReduceScatter(b builder) {
 	for k := 1; k < n; k++ {
 		b.recvReduceCopy(mod(r-k, n), own(cur), own(Output), k == n-1)
 		cur = Output
+	}
+}
+
+// oneShotReduce: every rank but the root sends its input straight to the
+// root, which folds each into its output in turn (Open MPI's
+// basic_linear reduce, its choice for few ranks and small messages): one
+// hop where the chain pays n-1, and no rank waits for another's data
+// before it sends, where the chain's ranks wait for their predecessor.
+// The root receives all the bytes, n-1 times the chain's.
+func oneShotReduce(b builder) {
+	n, r, root := b.s.NRanks, b.s.Rank, b.s.Root
+	in, out := Blocks(Input, 0, 1), Blocks(Output, 0, 1)
+	switch {
+	case n == 1:
+		b.copy(in, out, true)
+	case r != root:
+		b.send(in, root)
+	default:
+		cur := in
+		for k := 1; k < n; k++ {
+			b.recvReduceCopy((root+k)%n, cur, out, k == n-1)
+			cur = out
+		}
 	}
 }
 

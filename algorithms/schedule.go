@@ -90,7 +90,9 @@ const (
 	// a rank should wait for its peers once per operation rather than once
 	// per round (on oversubscribed cores every wait is a context switch).
 	// Reduce-scatter and all-gather have the same one-hop form (every rank
-	// sends each peer the block the peer needs), with the ring's bytes.
+	// sends each peer the block the peer needs), with the ring's bytes;
+	// reduce's is every rank sending its input straight to the root
+	// (Open MPI's basic_linear), which receives n-1 times the chain's.
 	OneShot
 	// Hier: the hierarchical all-reduce for several ranks per host, every
 	// host with as many: a reduce-scatter inside each host, an all-reduce
@@ -137,8 +139,10 @@ func (a Algorithm) Supports(c Collective) bool {
 		return a == Ring || a == Hier || a == OneShot
 	case CollAllGather:
 		return a == Ring || a == Hier || a == OneShot || a == RecDoubling
-	case CollBroadcast, CollReduce:
+	case CollBroadcast:
 		return a == Ring
+	case CollReduce:
+		return a == Ring || a == OneShot
 	case CollAllToAll:
 		return a == Pairwise
 	case CollSend, CollRecv:

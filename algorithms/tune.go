@@ -46,6 +46,12 @@ type LinkModel struct {
 	// (1.03-1.18 of its time) between the goroutines of the in-process
 	// transport; over RDMA they are not measured.
 	OneShotHalves bool
+	// OneShotReduce lets the tuner weigh the one-shot reduce (every rank
+	// sending straight to the root) on this link: measured ahead of the
+	// chain for small messages on 4 ranks over TCP, where each of the
+	// chain's hops is a wake-up on oversubscribed cores, and behind or
+	// level with it over shared memory (docs/performance.md).
+	OneShotReduce bool
 	// ExchangeEfficiency is the bandwidth of the recursive-doubling
 	// all-gather relative to the ring's on this link: its rounds exchange
 	// whole groups of blocks and do not pipeline. Zero: the tuner does not
@@ -218,7 +224,11 @@ func Cost(p Problem, a Algorithm, c int) float64 {
 	case CollBroadcast:
 		t = (n-1+chunks-1)*alpha + S*beta
 	case CollReduce:
-		t = (n-1+chunks-1)*alpha + S*(beta+gamma)
+		if a == OneShot {
+			t = oneShotReduceCost(p, S, alpha, beta, gamma)
+		} else {
+			t = (n-1+chunks-1)*alpha + S*(beta+gamma)
+		}
 	case CollAllToAll:
 		t = (n-1)*alpha + (n-1)/n*S*beta
 	case CollSend, CollRecv:
@@ -328,6 +338,20 @@ func oneShotHalfCost(p Problem, S, alpha, beta, gamma float64) float64 {
 	return alpha*(1+(n-2)*post) + (n-1)/n*S*perByte
 }
 
+// oneShotReduceCost models the one-shot reduce (oneShotReduce): one hop,
+// the root taking in n-1 messages one after another (a post's cost each
+// beyond the first, as the one-shot all-reduce's sends), and all n-1
+// inputs through the root's link and reduction. Only on links that allow
+// it (LinkModel.OneShotReduce), on one host, up to oneShotHalvesMaxRanks
+// ranks: what was measured.
+func oneShotReduceCost(p Problem, S, alpha, beta, gamma float64) float64 {
+	if !p.Link.OneShotReduce || p.NRanks > oneShotHalvesMaxRanks || p.Hosts > 1 {
+		return math.Inf(1)
+	}
+	n := float64(p.NRanks)
+	return alpha*(1+(n-2)*p.Link.postCost()) + (n-1)*S*(beta+gamma)
+}
+
 // recDoublingGatherCost models the recursive-doubling all-gather
 // (recDoublingAllGather): log2 p rounds, each one hop, and the ring's
 // bytes at the link's ExchangeEfficiency; a rank count that is not a
@@ -359,6 +383,8 @@ func candidates(c Collective) []Algorithm {
 		return []Algorithm{Ring, Hier, OneShot}
 	case CollAllGather:
 		return []Algorithm{Ring, Hier, OneShot, RecDoubling}
+	case CollReduce:
+		return []Algorithm{Ring, OneShot}
 	case CollAllToAll:
 		return []Algorithm{Pairwise}
 	case CollSend, CollRecv:

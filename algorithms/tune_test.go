@@ -206,6 +206,35 @@ func TestTuneOneShotHalves(t *testing.T) {
 	}
 }
 
+// TestTuneOneShotReduce: the one-shot reduce where it was measured ahead
+// of the chain (docs/performance.md, "The one-shot reduce over TCP"):
+// small messages on 3 and 4 ranks over TCP; the chain from 16 KiB, over
+// shared memory (no OneShotReduce), on 2 ranks (the same schedule: the
+// chain, first in order, wins the tie), beyond 4 ranks and across hosts.
+func TestTuneOneShotReduce(t *testing.T) {
+	tcp := LinkModel{Latency: 10e-6, Bandwidth: 1.5e9, ReduceRate: 6e9, MaxChannels: 2, ChannelBytes: 4 << 20, ChunkBytes: 2 << 20, OneShotReduce: true}
+	shm := LinkModel{Latency: 1e-6, Bandwidth: 8e9, ReduceRate: 6e9, MaxChannels: 2, ChannelBytes: 4 << 20, ChunkBytes: 512 << 10, PostCost: 0.1}
+	pick := func(n int, l LinkModel, bytes int64) Algorithm {
+		return Tune(Problem{Coll: CollReduce, NRanks: n, Bytes: bytes, Link: l}, AlgoAuto, 0, 0).Algo
+	}
+	for _, n := range []int{3, 4} {
+		for _, bytes := range []int64{8, 1 << 10} {
+			require.Equal(t, OneShot, pick(n, tcp, bytes), "tcp n=%d %d B", n, bytes)
+			require.Equal(t, Ring, pick(n, shm, bytes), "shm n=%d %d B", n, bytes)
+		}
+		for _, bytes := range []int64{16 << 10, 1 << 20, 64 << 20} {
+			require.Equal(t, Ring, pick(n, tcp, bytes), "tcp n=%d %d B", n, bytes)
+		}
+	}
+	require.Equal(t, Ring, pick(2, tcp, 8), "2 ranks")
+	for _, n := range []int{5, 8} {
+		require.True(t, math.IsInf(Cost(Problem{Coll: CollReduce, NRanks: n, Bytes: 8, Link: tcp}, OneShot, 1), 1), "n=%d", n)
+	}
+	across := Problem{Coll: CollReduce, NRanks: 4, Bytes: 8, Link: tcp, Hosts: 2, PerHost: 2, Intra: shm}
+	require.True(t, math.IsInf(Cost(across, OneShot, 1), 1), "across hosts")
+	require.False(t, OneShot.Supports(CollBroadcast), "no one-shot broadcast: its root's n-1 sends took 1.8 times the chain's time")
+}
+
 // TestTuneRecDoublingGather checks the recursive-doubling all-gather's
 // picks against the crossovers measured with 4, 6 and 8 ranks
 // (docs/performance.md, "Recursive doubling for the all-gather").

@@ -40,10 +40,11 @@ const (
 type Config struct {
 	// Algorithm forces the all-reduce algorithm (algorithms.Ring, Tree,
 	// RecDoubling, Rabenseifner, OneShot, Hier or HierTree);
-	// algorithms.AlgoAuto lets the tuner choose. Reduce-scatter and
-	// all-gather follow it where they implement it (Ring, OneShot, Hier;
-	// all-gather also RecDoubling) and choose for themselves otherwise;
-	// the other collectives have one algorithm each and ignore it.
+	// algorithms.AlgoAuto lets the tuner choose. Reduce-scatter,
+	// all-gather and reduce follow it where they implement it (Ring,
+	// OneShot, Hier; all-gather also RecDoubling; reduce Ring and
+	// OneShot) and choose for themselves otherwise; the other collectives
+	// have one algorithm each and ignore it.
 	Algorithm algorithms.Algorithm
 	// Channels forces the number of channels (parallel slices of the
 	// buffer, each with its own connections), 1..MaxChannels; 0 lets the

@@ -138,6 +138,10 @@ var tcpLink = algorithms.LinkModel{
 	// The one-shot reduce-scatter and all-gather: 0.69-1.06 of the
 	// ring's time on 3 and 4 ranks (docs/performance.md).
 	OneShotHalves: true,
+	// The one-shot reduce: 0.8-0.9 of the chain's time up to 1 KiB on 4
+	// ranks, 1.1-1.4 at 16 KiB; the model puts the crossover near 3 KiB
+	// (docs/performance.md).
+	OneShotReduce: true,
 	// The recursive-doubling all-gather: level with the ring at 16 MiB
 	// on 4 ranks, 1.07 of its time on 8 (docs/performance.md).
 	ExchangeEfficiency: 0.9,

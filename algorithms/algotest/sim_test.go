@@ -29,6 +29,7 @@ var everyAlgorithm = []collAlgo{
 	{algorithms.CollAllGather, algorithms.RecDoubling},
 	{algorithms.CollBroadcast, algorithms.Ring},
 	{algorithms.CollReduce, algorithms.Ring},
+	{algorithms.CollReduce, algorithms.OneShot},
 	{algorithms.CollAllToAll, algorithms.Pairwise},
 	{algorithms.CollSend, algorithms.P2P},
 }

@@ -93,7 +93,7 @@ func run(args []string) int {
 		plotPath = fs.String("plot", "", "draw busbw and time against size into this PNG file")
 		tr       = fs.String("transport", "", "force the transport: shm, tcp or verbs (default: GOCCL_TRANSPORT, else auto)")
 		tlsF     = fs.Bool("tls", false, "with -np: mutual TLS on the TCP connections, with a throwaway CA made for this run (a launched job sets GOCCL_TLS_CERT, _KEY and _CA instead)")
-		algo     = fs.String("algo", "", "force the all-reduce algorithm: ring, tree, recdoubling, rabenseifner, oneshot, hier, hiertree (reduce-scatter and all-gather follow ring, oneshot and hier; all-gather recdoubling too)")
+		algo     = fs.String("algo", "", "force the all-reduce algorithm: ring, tree, recdoubling, rabenseifner, oneshot, hier, hiertree (reduce-scatter and all-gather follow ring, oneshot and hier; all-gather recdoubling too; reduce ring and oneshot)")
 		channels = fs.Int("channels", 0, "force the number of channels (1..32)")
 		chunk    = fs.String("chunk", "", "force the pipelining chunk size (K, M suffixes)")
 		oop      = fs.Bool("out-of-place-only", false, "skip the in-place runs (their columns print N/A)")
