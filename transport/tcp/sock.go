@@ -56,8 +56,13 @@ type sock struct {
 
 	// Send side, driven by the channel's goroutine; wmu also lets Close
 	// write an abort notice between slices.
-	wmu    sync.Mutex // guards queue, err and writes to fd
-	queue  []job
+	wmu   sync.Mutex // guards queue, qbuf, err and writes to fd
+	queue []job
+	// qbuf is the array queue was last allocated in, from its start:
+	// an emptied queue starts over in it (every written job is zeroed,
+	// so it keeps no slice alive), where dropping it cost an allocation
+	// per message.
+	qbuf   []job
 	err    error // sticky write error
 	listed bool  // in the outbox's pending list (channel goroutine only)
 	// creditWait: the slice at the head of the queue waits for the
@@ -255,7 +260,11 @@ func (s *sock) push(j job) error {
 		s.wmu.Unlock()
 		return err
 	}
+	full := len(s.queue) == cap(s.queue)
 	s.queue = append(s.queue, j)
+	if full {
+		s.qbuf = s.queue[:0] // a new array, which append fills from its start
+	}
 	s.pumpLocked()
 	more, err := len(s.queue) > 0, s.err
 	s.wmu.Unlock()
@@ -334,7 +343,7 @@ func (s *sock) pumpLocked() {
 			s.queue = s.queue[1:]
 		}
 	}
-	s.queue = s.queue[:0:0] // drop the backing array's references to written slices
+	s.queue = s.qbuf[:0]
 }
 
 // seal turns the job at the head of the queue into TLS records, in the

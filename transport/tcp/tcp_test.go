@@ -491,3 +491,43 @@ func TestWaitIntoLandsStraightInTheBuffer(t *testing.T) {
 	require.ErrorAs(t, err, &pa)
 	require.ErrorContains(t, err, "operator stop")
 }
+
+// A small message sent straight from the caller's buffer, once the
+// connection has warmed up, allocates nothing: the socket's queue starts
+// over in its array when it empties (it used to drop the array, an
+// allocation per message on the 8-byte collectives' path).
+func TestSmallSendsDoNotAllocate(t *testing.T) {
+	eps := endpoints(t, 2, nil)
+	a, b := connectPair(t, eps[0], eps[1], 0)
+	ds, dr := a.(transport.DirectSender), b.(transport.DirectReceiver)
+	fl := a.(transport.Flusher)
+	ctx := context.Background()
+	src, dst := []byte("8 bytes!"), make([]byte, 8)
+	msg := uint32(0)
+	once := func() {
+		msg++
+		require.NoError(t, ds.PostFrom(ctx, memory.HostBuffer(src), transport.Tag{Op: 1, Msg: msg}))
+		require.NoError(t, fl.Flush(ctx))
+		tag, n, err := dr.WaitInto(ctx, memory.HostBuffer(dst))
+		require.NoError(t, err)
+		require.Equal(t, transport.Tag{Op: 1, Msg: msg}, tag)
+		require.Equal(t, 8, n)
+	}
+	for range 10 {
+		once() // warm up: the queue's array, the read buffers
+	}
+	send := testing.AllocsPerRun(200, func() {
+		msg++
+		if err := ds.PostFrom(ctx, memory.HostBuffer(src), transport.Tag{Op: 1, Msg: msg}); err != nil {
+			t.Fatal(err)
+		}
+		if err := fl.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := dr.WaitInto(ctx, memory.HostBuffer(dst)); err != nil {
+			t.Fatal(err)
+		}
+	})
+	require.Zero(t, send, "allocations per 8-byte message, sent and received")
+	require.Equal(t, src, dst)
+}
