@@ -64,8 +64,9 @@ func (k Kind) DeviceVisible() bool { return k == Device || k == Mapped }
 // Four fields of at most 32 bytes is what Go's compiler keeps in
 // registers; a fifth made every Buffer a stack temporary, written a
 // word at a time and copied 16 bytes at a time, which stalls each copy
-// on store forwarding (a sixth of an 8-byte broadcast's time went to
-// such copies, docs/performance.md).
+// on store forwarding (such copies drew a sixth of the samples of an
+// 8-byte broadcast's profile: docs/performance.md, "The 8-byte call
+// path").
 type Buffer struct {
 	// host is the first byte of the CPU's view (Host and Mapped), nil when
 	// the buffer is empty: an unsafe.Pointer, so that a Buffer keeps Go

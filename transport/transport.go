@@ -337,8 +337,9 @@ type Board interface {
 // BoardPinner is implemented by a Board that keeps its memory mapped
 // from a collective's Begin past its End, so that the collectives after
 // it skip holding the board each (an atomic reference count taken and
-// dropped per collective, on the board's shared line, was a seventh of
-// an 8-byte broadcast's time: docs/performance.md). The memory stays
+// dropped per collective, two locked instructions, drew an eighth of
+// the samples of an 8-byte broadcast's profile: docs/performance.md,
+// "The 8-byte call path"). The memory stays
 // mapped whatever closes the endpoint (an abort replaces it with
 // harmless private pages) until Unpin, which the board's one user calls
 // once no collective can Begin any more (its engine closing). Without

@@ -192,7 +192,8 @@ func keyOf(op *Op) planKey { return planKey{op.Coll, op.Type, op.Red, op.Count, 
 
 // is reports whether k is op's key, field by field: keyOf's struct is
 // built in a temporary and compared 16 bytes at a time, which stalls on
-// store forwarding, a twentieth of an 8-byte broadcast's time.
+// store forwarding (a twentieth of the samples of an 8-byte broadcast's
+// profile).
 func (k *planKey) is(op *Op) bool {
 	return k.coll == op.Coll && k.typ == op.Type && k.red == op.Red && k.count == op.Count && k.root == op.Root && k.premul == op.PreMul
 }
