@@ -160,6 +160,10 @@ func TestMultiProcessEveryCollective(t *testing.T) {
 	// Recursive doubling forced: the all-reduce's and the all-gather's
 	// (with the fold on 3 ranks), whatever the tuner would pick.
 	trs = append(trs, "tcp+recdoubling")
+	// One-shot forced: the reduce's (every rank straight to the root),
+	// which the tuner picks over TCP for small messages only, at every
+	// size here; and the all-reduce's, reduce-scatter's and all-gather's.
+	trs = append(trs, "tcp+oneshot")
 	for _, tr := range trs {
 		for _, n := range []int{2, 3, 4} {
 			t.Run(fmt.Sprintf("transport=%s/nranks=%d", tr, n), func(t *testing.T) {
@@ -172,6 +176,8 @@ func TestMultiProcessEveryCollective(t *testing.T) {
 					tr, env = "shm", transportEnv(t, "shm")
 				case "tcp+recdoubling":
 					tr, env = "tcp", append(transportEnv(t, "tcp"), "GOCCL_ALGO=recdoubling")
+				case "tcp+oneshot":
+					tr, env = "tcp", append(transportEnv(t, "tcp"), "GOCCL_ALGO=oneshot")
 				}
 				envs := gocclEnvs(t, n, env...)
 				if name == "shm+mixed" {
