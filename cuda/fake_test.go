@@ -79,7 +79,15 @@ func fakeDriver(t *testing.T, defs ...string) (*Driver, string) {
 	return d, path
 }
 
-// fakeCall calls one of the fake's test accessors.
+// fakeCall calls one of the fake's test accessors. uintptrescapes, as
+// callN: the callers pass the addresses of local arrays for the fake to
+// write into, and without it fakeCall's own calls (dlopen, dlsym) could
+// grow the goroutine's stack and move those arrays before the C call,
+// which then wrote into the old stack while the test read the new copy
+// (TestFakeStream read an empty kernel name so, once, under .ci/run's
+// load). With it they are on the heap, which does not move.
+//
+//go:uintptrescapes
 func fakeCall(t *testing.T, path, name string, args ...uintptr) uint32 {
 	t.Helper()
 	lib, err := dlopen(path)
