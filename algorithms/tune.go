@@ -315,6 +315,10 @@ const (
 	// incoming block is reduced into the output, which is read back for
 	// the next, where the ring's partial sums go out through the slots.
 	oneShotReduceEfficiency = 0.9
+	// oneShotRootedMaxRanks bounds the one-shot reduce: measured on 4
+	// ranks over TCP only (docs/performance.md, "The one-shot reduce
+	// over TCP"), and its root takes in n-1 inputs one after another.
+	oneShotRootedMaxRanks = 4
 )
 
 // oneShotHalfCost models the one-shot reduce-scatter and all-gather: one
@@ -342,10 +346,10 @@ func oneShotHalfCost(p Problem, S, alpha, beta, gamma float64) float64 {
 // the root taking in n-1 messages one after another (a post's cost each
 // beyond the first, as the one-shot all-reduce's sends), and all n-1
 // inputs through the root's link and reduction. Only on links that allow
-// it (LinkModel.OneShotReduce), on one host, up to oneShotHalvesMaxRanks
+// it (LinkModel.OneShotReduce), on one host, up to oneShotRootedMaxRanks
 // ranks: what was measured.
 func oneShotReduceCost(p Problem, S, alpha, beta, gamma float64) float64 {
-	if !p.Link.OneShotReduce || p.NRanks > oneShotHalvesMaxRanks || p.Hosts > 1 {
+	if !p.Link.OneShotReduce || p.NRanks > oneShotRootedMaxRanks || p.Hosts > 1 {
 		return math.Inf(1)
 	}
 	n := float64(p.NRanks)
