@@ -31,8 +31,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/goccl/goccl/algorithms"
 	"github.com/goccl/goccl/bench"
 	"github.com/goccl/goccl/collective"
@@ -558,11 +556,6 @@ func (p *progress) clear() {
 type nopCloser struct{ io.Writer }
 
 func (nopCloser) Close() error { return nil }
-
-func isTerminal(f *os.File) bool {
-	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
-	return err == nil
-}
 
 // withoutNP drops -np N (and -np=N), and a leading collective name, from
 // the arguments for the children.
