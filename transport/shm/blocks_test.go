@@ -99,24 +99,36 @@ func TestPostBlockRefused(t *testing.T) {
 	require.ErrorContains(t, err, "in blocks of")
 }
 
-// With CMAAuto a receiver starts on the slots and asks for blocks only
-// where it measured them faster; with CMAOff it never reads at all.
-func TestBlocksAutoStartsOnTheSlots(t *testing.T) {
+// With CMAAuto a receiver starts reductions on the slots and landing
+// operations in blocks, and keeps or leaves each way by what it measures;
+// with CMAOff it never reads at all.
+func TestBlocksAutoStartingWays(t *testing.T) {
 	a, b := cmaPair(t, func(_ int, o *Options) { o.CMA = CMAAuto })
 	sendRefs(t, a, b, 1, 1000)
 	require.True(t, b.reads(b.seg.side), "the probe found it can read this process")
-	require.Zero(t, a.BlockSlice(1<<20, false), "nothing measured yet: slots")
-	// The receiver measures: the slots take 100 µs, blocks 40.
+	require.Zero(t, a.BlockSlice(1<<20, true), "a reduction, nothing measured yet: slots")
+	require.NotZero(t, a.BlockSlice(1<<20, false), "landing, nothing measured yet: blocks")
+	require.Zero(t, a.BlockSlice(64<<20, false), "but not above BlockMax")
+	// The receiver measures the reduction: the slots take 100 µs, blocks 40.
 	for range exploreFirst + exploreRuns {
-		b.Received(1<<20, false, 0, 1, 100*time.Microsecond)
+		b.Received(1<<20, true, 0, 1, 100*time.Microsecond)
 	}
-	require.NotZero(t, a.BlockSlice(1<<20, false), "the comparison's second run asks for blocks")
+	require.NotZero(t, a.BlockSlice(1<<20, true), "the comparison's second run asks for blocks")
 	for range exploreRuns {
-		b.Received(1<<20, false, 1, 1, 40*time.Microsecond)
+		b.Received(1<<20, true, 1, 1, 40*time.Microsecond)
 	}
-	require.NotZero(t, a.BlockSlice(1<<20, false), "blocks were faster: kept")
-	require.Zero(t, a.BlockSlice(64<<10, false), "another size class has its own choice")
-	require.Zero(t, a.BlockSlice(1<<20, true), "and so do reductions")
+	require.NotZero(t, a.BlockSlice(1<<20, true), "blocks were faster: kept")
+	require.Zero(t, a.BlockSlice(64<<10, true), "another size class has its own choice")
+	// Landing: blocks take 100 µs, the slots 40: the slots are taken.
+	for range exploreFirst + exploreRuns {
+		b.Received(4<<20, false, 1, 1, 100*time.Microsecond)
+	}
+	require.Zero(t, a.BlockSlice(4<<20, false), "the comparison's second run asks for the slots")
+	for range exploreRuns {
+		b.Received(4<<20, false, 0, 1, 40*time.Microsecond)
+	}
+	require.Zero(t, a.BlockSlice(4<<20, false), "the slots were faster: kept")
+	require.NotZero(t, a.BlockSlice(1<<20, false), "the 1 MiB class still starts in blocks")
 
 	a, b = cmaPair(t, func(_ int, o *Options) { o.CMA = CMAOff })
 	sendRefs(t, a, b, 1, 1000)
