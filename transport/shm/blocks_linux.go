@@ -168,7 +168,7 @@ func (c *conn) askBlocks(k int, reduces, on bool) {
 
 // Received implements transport.BlockCopier.
 func (c *conn) Received(opBytes int64, reduces bool, blocks, steps int, took time.Duration) {
-	if c.e.o.CMA == CMAOn || steps <= 0 || !c.blocksFit(opBytes) || !c.reads(c.seg.side) {
+	if c.e.o.CMA == CMAOn || steps <= 0 || !c.blocksFit(opBytes, reduces) || !c.reads(c.seg.side) {
 		return
 	}
 	k := sizeClass(opBytes)

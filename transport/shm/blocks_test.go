@@ -27,7 +27,8 @@ func TestBlocksLargerThanASlot(t *testing.T) {
 	block := a.BlockSlice(1<<20, false)
 	require.Equal(t, DefaultBlockSize, block)
 	require.Greater(t, block, a.tx.slotSize)
-	require.Zero(t, a.BlockSlice(DefaultBlockMax+1, false), "above BlockMax the slots carry it")
+	require.Zero(t, a.BlockSlice(DefaultBlockMax+1, true), "above BlockMax the slots carry a reduction")
+	require.Equal(t, block, a.BlockSlice(4*DefaultBlockMax, false), "and blocks a broadcast or all-gather at any size")
 
 	src := pattern(9, 3*a.tx.slotSize+100)
 	done := make(chan error, 1)
@@ -108,7 +109,7 @@ func TestBlocksAutoStartingWays(t *testing.T) {
 	require.True(t, b.reads(b.seg.side), "the probe found it can read this process")
 	require.Zero(t, a.BlockSlice(1<<20, true), "a reduction, nothing measured yet: slots")
 	require.NotZero(t, a.BlockSlice(1<<20, false), "landing, nothing measured yet: blocks")
-	require.Zero(t, a.BlockSlice(64<<20, false), "but not above BlockMax")
+	require.NotZero(t, a.BlockSlice(64<<20, false), "above BlockMax too")
 	// The receiver measures the reduction: the slots take 100 µs, blocks 40.
 	for range exploreFirst + exploreRuns {
 		b.Received(1<<20, true, 0, 1, 100*time.Microsecond)

@@ -83,11 +83,15 @@ const (
 	// little more and keep the receiver waiting longer for the first.
 	DefaultBlockSize = 1 << 20
 
-	// DefaultBlockMax is Options.BlockMax's default. Measured
-	// (docs/performance.md, "Blocks by reference"): at 16 MiB the blocks
-	// took 0.82-0.98 of the slots' time, at 64 MiB 1.11-1.40 (the
-	// kernel's copy out of memory no cache holds is slow here), and
-	// there a choice by measurement has too few operations to settle.
+	// DefaultBlockMax is Options.BlockMax's default, a bound on the
+	// reductions that go in blocks. Measured (docs/performance.md, "Blocks
+	// by reference"): a 16 MiB reduce took twice as long in blocks, and
+	// at 64 MiB a reduce 1.11 times, where a choice by measurement pays
+	// for its exploring with operations that take milliseconds.
+	// Operations that land what they receive have no bound: forced into
+	// blocks a 2-rank broadcast and all-gather of 64 MiB took 0.77-0.91 of
+	// the slots' time, since a copy-and-send step streams its own copy
+	// ("Blocks above 16 MiB, again").
 	DefaultBlockMax = 16 << 20
 
 	// cmaWorthIt is the least ratio of the kernel's copy speed to a
@@ -275,17 +279,17 @@ func (c *conn) PostFrom(ctx context.Context, src memory.Buffer, tag transport.Ta
 // BlockSlice implements transport.BlockCopier: blocks of BlockSize bytes
 // wherever the peer reads this rank's slices by reference.
 func (c *conn) BlockSlice(opBytes int64, reduces bool) int {
-	if !c.blocksFit(opBytes) || !c.wantsBlocks(1-c.seg.side, opBytes, reduces) {
+	if !c.blocksFit(opBytes, reduces) || !c.wantsBlocks(1-c.seg.side, opBytes, reduces) {
 		return 0
 	}
 	return c.e.o.BlockSize
 }
 
 // blocksFit reports whether an operation of opBytes may go in blocks at
-// all: blocks larger than a slot, the size from CMAMin to CMAMax and
-// BlockMax.
-func (c *conn) blocksFit(opBytes int64) bool {
-	return c.e.o.BlockSize > c.tx.slotSize && c.byRefFits(opBytes, c.e.o.CMAMax) && (c.e.o.BlockMax <= 0 || opBytes <= c.e.o.BlockMax)
+// all: blocks larger than a slot, the size from CMAMin to CMAMax and, for
+// a reduction, BlockMax.
+func (c *conn) blocksFit(opBytes int64, reduces bool) bool {
+	return c.e.o.BlockSize > c.tx.slotSize && c.byRefFits(opBytes, c.e.o.CMAMax) && (!reduces || c.e.o.BlockMax <= 0 || opBytes <= c.e.o.BlockMax)
 }
 
 // PostBlock implements transport.BlockCopier.

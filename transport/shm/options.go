@@ -95,9 +95,10 @@ type Options struct {
 	// of one per slot. 0 means DefaultBlockSize; a size no larger than a
 	// slot keeps slot-sized slices; at most MaxBlockSize.
 	BlockSize int
-	// BlockMax bounds the operations, in bytes, whose steps go in blocks:
-	// 0 means DefaultBlockMax, < 0 no bound. Above it the slots carry
-	// them, as the receiver's choice would only explore.
+	// BlockMax bounds the reductions (reduce, reduce-scatter), in bytes,
+	// whose steps go in blocks: 0 means DefaultBlockMax, < 0 no bound.
+	// Above it the slots carry them, as the receiver's choice would only
+	// explore. Broadcasts and all-gathers have no bound.
 	BlockMax int64
 	// CMA says whether receivers offer the single copy at all: CMAAuto
 	// (the default) where it pays (slot-sized slices where this host's
