@@ -292,7 +292,7 @@ func offBoardText(e *MismatchError) string {
 	g, w := decodeSig(e.Got.Sig), decodeSig(e.Want.Sig)
 	what := fmt.Sprintf("it called %s, this rank %s", g.call(), w.call())
 	if g.call() == w.call() {
-		what = fmt.Sprintf("both called %s, with a different count", w.call())
+		what = fmt.Sprintf("both called %s, with a different count, or with its buffers in device memory and this rank's on the host (a device operation never goes on the board)", w.call())
 	}
 	return fmt.Sprintf("rank %d did not post operation %d on the shared board, where this rank waits for %d bytes: %s",
 		e.Peer, e.Want.Op, e.WantBytes, what)

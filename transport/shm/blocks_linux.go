@@ -39,8 +39,9 @@ import (
 //     two), for operations that land and for those that reduce, it asks
 //     for slots or blocks in a bit of a mask in its half of the segment's
 //     header (sideBlocks), which the sender reads when it starts a step
-//     (BlockSlice) and nobody else writes; landing starts in blocks,
-//     reducing on the slots (initBlocks);
+//     (BlockSlice) and nobody else writes; landing goes in blocks from
+//     a class's second operation, reducing starts on the slots
+//     (initBlocks);
 //   - the engine tells it, after each such operation, how long its
 //     channel took and which way the slices came (Received);
 //   - from the class's operation exploreFirst on, it takes exploreRuns
@@ -95,27 +96,31 @@ type blockChoice struct {
 }
 
 // initBlocks sets this side's mask once its probe found that it can read
-// the peer's memory: every class asks for blocks with Options.CMA on.
-// Otherwise, until Received has measured, operations that land what they
-// receive start in blocks and those that reduce it on the slots: landing
-// in blocks took 0.5-0.66 of the slots' time in this machine's usual
-// cross-core state and at most 1.25 times it in the fast one, from 64 KiB
-// to 16 MiB, where a 16 MiB reduce took twice as long in blocks
-// (docs/performance.md, "Blocks by reference"; "Landing operations start
-// in blocks"). The start matters for a class's first exploreFirst
-// operations and, where a comparison's medians come out within a tenth,
-// until the next one: a 16 MiB all-gather runs about 200 operations in a
-// 0.3 s benchmark, and started on the slots it stayed there in some runs.
+// the peer's memory: every class asks for blocks with Options.CMA on;
+// none otherwise, until Received has counted an operation of the class.
+//
+// Then (Received) operations that land what they receive go in blocks
+// from the class's second operation, and those that reduce it stay on the
+// slots until measured: landing in blocks took 0.5-0.66 of the slots'
+// time in this machine's usual cross-core state and at most 1.25 times it
+// in the fast one, from 64 KiB to 16 MiB, where a 16 MiB reduce took
+// twice as long in blocks (docs/performance.md, "Blocks by reference";
+// "Landing operations start in blocks"). The start matters for a class's
+// first exploreFirst operations and, where a comparison's medians come
+// out within a tenth, until the next one: a 16 MiB all-gather runs about
+// 200 operations in a 0.3 s benchmark, and started on the slots it stayed
+// there in some runs. Not from the first operation: only a side that
+// runs host operations, which can take blocks, calls Received, so a
+// side whose buffers are device memory never asks a host-memory peer
+// for blocks it could not take.
 func (c *conn) initBlocks() {
-	land, reduce := uint64(0), uint64(0)
-	switch c.e.o.CMA {
-	case CMAOn:
-		land, reduce = ^uint64(0), ^uint64(0)
-	case CMAAuto:
-		land = ^uint64(0) // BlockSlice still bounds the sizes (blocksFit)
+	var m uint64
+	if c.e.o.CMA == CMAOn {
+		m = ^uint64(0)
 	}
-	c.seg.u64(blockMask(c.seg.side, false)).Store(land)
-	c.seg.u64(blockMask(c.seg.side, true)).Store(reduce)
+	for _, reduces := range []bool{false, true} {
+		c.seg.u64(blockMask(c.seg.side, reduces)).Store(m)
+	}
 }
 
 // kindOf indexes the masks and choices: 0 for operations that land what
@@ -176,7 +181,13 @@ func (c *conn) Received(opBytes int64, reduces bool, blocks, steps int, took tim
 	// A sample counts only if every step came the way this side asked
 	// (none in blocks, or all).
 	valid := asked && blocks == steps || !asked && blocks == 0
-	if want := c.choices[kindOf(reduces)][k].observe(asked, valid, int64(took)); want != asked {
+	ch := &c.choices[kindOf(reduces)][k]
+	first := ch.ops == 0
+	want := ch.observe(asked, valid, int64(took))
+	if first && !reduces {
+		want = true // landing starts in blocks from the class's second operation (initBlocks)
+	}
+	if want != asked {
 		c.askBlocks(k, reduces, want)
 	}
 }

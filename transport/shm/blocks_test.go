@@ -108,7 +108,11 @@ func TestBlocksAutoStartingWays(t *testing.T) {
 	sendRefs(t, a, b, 1, 1000)
 	require.True(t, b.reads(b.seg.side), "the probe found it can read this process")
 	require.Zero(t, a.BlockSlice(1<<20, true), "a reduction, nothing measured yet: slots")
-	require.NotZero(t, a.BlockSlice(1<<20, false), "landing, nothing measured yet: blocks")
+	require.Zero(t, a.BlockSlice(1<<20, false), "landing, no operation counted yet: slots (a device-memory receiver never counts one)")
+	b.Received(1<<20, false, 0, 1, 100*time.Microsecond)
+	require.NotZero(t, a.BlockSlice(1<<20, false), "landing, from the class's second operation: blocks")
+	require.Zero(t, a.BlockSlice(64<<20, false), "each class for itself")
+	b.Received(64<<20, false, 0, 1, 100*time.Microsecond)
 	require.NotZero(t, a.BlockSlice(64<<20, false), "above BlockMax too")
 	// The receiver measures the reduction: the slots take 100 µs, blocks 40.
 	for range exploreFirst + exploreRuns {
@@ -121,7 +125,8 @@ func TestBlocksAutoStartingWays(t *testing.T) {
 	require.NotZero(t, a.BlockSlice(1<<20, true), "blocks were faster: kept")
 	require.Zero(t, a.BlockSlice(64<<10, true), "another size class has its own choice")
 	// Landing: blocks take 100 µs, the slots 40: the slots are taken.
-	for range exploreFirst + exploreRuns {
+	b.Received(4<<20, false, 0, 1, 40*time.Microsecond)
+	for range exploreFirst + exploreRuns - 1 {
 		b.Received(4<<20, false, 1, 1, 100*time.Microsecond)
 	}
 	require.Zero(t, a.BlockSlice(4<<20, false), "the comparison's second run asks for the slots")
