@@ -100,9 +100,10 @@ func TestPostBlockRefused(t *testing.T) {
 	require.ErrorContains(t, err, "in blocks of")
 }
 
-// With CMAAuto a receiver starts reductions on the slots and landing
-// operations in blocks, and keeps or leaves each way by what it measures;
-// with CMAOff it never reads at all.
+// With CMAAuto a receiver starts reductions on the slots and asks for
+// landing operations in blocks from a class's second operation, and keeps
+// or leaves each way by what it measures; with CMAOff it never reads at
+// all.
 func TestBlocksAutoStartingWays(t *testing.T) {
 	a, b := cmaPair(t, func(_ int, o *Options) { o.CMA = CMAAuto })
 	sendRefs(t, a, b, 1, 1000)
