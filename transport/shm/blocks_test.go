@@ -115,25 +115,28 @@ func TestBlocksAutoStartingWays(t *testing.T) {
 	require.Zero(t, a.BlockSlice(64<<20, false), "each class for itself")
 	b.Received(64<<20, false, 0, 1, 100*time.Microsecond)
 	require.NotZero(t, a.BlockSlice(64<<20, false), "above BlockMax too")
+	// feed reports n one-step operations of opBytes to the receiver, each
+	// taking us µs and come in blocks or not.
+	feed := func(n int, opBytes int64, reduces, inBlocks bool, us time.Duration) {
+		blocks := 0
+		if inBlocks {
+			blocks = 1
+		}
+		for range n {
+			b.Received(opBytes, reduces, blocks, 1, us*time.Microsecond)
+		}
+	}
 	// The receiver measures the reduction: the slots take 100 µs, blocks 40.
-	for range exploreFirst + exploreRuns {
-		b.Received(1<<20, true, 0, 1, 100*time.Microsecond)
-	}
+	feed(exploreFirst+exploreRuns, 1<<20, true, false, 100)
 	require.NotZero(t, a.BlockSlice(1<<20, true), "the comparison's second run asks for blocks")
-	for range exploreRuns {
-		b.Received(1<<20, true, 1, 1, 40*time.Microsecond)
-	}
+	feed(exploreRuns, 1<<20, true, true, 40)
 	require.NotZero(t, a.BlockSlice(1<<20, true), "blocks were faster: kept")
 	require.Zero(t, a.BlockSlice(64<<10, true), "another size class has its own choice")
 	// Landing: blocks take 100 µs, the slots 40: the slots are taken.
-	b.Received(4<<20, false, 0, 1, 40*time.Microsecond)
-	for range exploreFirst + exploreRuns - 1 {
-		b.Received(4<<20, false, 1, 1, 100*time.Microsecond)
-	}
+	feed(1, 4<<20, false, false, 40)
+	feed(exploreFirst+exploreRuns-1, 4<<20, false, true, 100)
 	require.Zero(t, a.BlockSlice(4<<20, false), "the comparison's second run asks for the slots")
-	for range exploreRuns {
-		b.Received(4<<20, false, 0, 1, 40*time.Microsecond)
-	}
+	feed(exploreRuns, 4<<20, false, false, 40)
 	require.Zero(t, a.BlockSlice(4<<20, false), "the slots were faster: kept")
 	require.NotZero(t, a.BlockSlice(1<<20, false), "the 1 MiB class still starts in blocks")
 
