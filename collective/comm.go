@@ -366,10 +366,11 @@ func (c *Comm) watch() {
 		var seq uint64
 		var bytes int64
 		var left time.Duration
+		var dev bool
 		if op != nil {
 			// Copied under the lock: a blocking operation's Request is
 			// reused by a later one.
-			name, seq, bytes = op.name, op.cseq, op.op.Bytes(c.size)
+			name, seq, bytes, dev = op.name, op.cseq, op.op.Bytes(c.size), op.devV != 0
 			left = time.Duration(op.start-c.since()) + c.cfg.Timeout
 		}
 		c.mu.Unlock()
@@ -381,7 +382,7 @@ func (c *Comm) watch() {
 			t.Reset(left)
 			continue
 		}
-		te := &timeoutError{op: name, seq: seq, d: c.cfg.Timeout, progress: c.eng.Progress(), bytes: bytes}
+		te := &timeoutError{op: name, seq: seq, d: c.cfg.Timeout, progress: c.eng.Progress(), bytes: bytes, device: dev}
 		if w := c.rootConn(); w != nil {
 			// Ask the root to compare where every rank waits: its
 			// diagnosis aborts this communicator (and every rank's) with

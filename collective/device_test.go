@@ -7,7 +7,10 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/stretchr/testify/require"
@@ -526,5 +529,89 @@ func childDevice(ctx context.Context) int {
 		}
 	}
 	fmt.Println("device collectives ok")
+	return 0
+}
+
+// misplacedTimeout is the operations' timeout in TestMultiProcessMisplaced.
+const misplacedTimeout = 3 * time.Second
+
+// An all-reduce that rank 0 calls on host memory and the others on device
+// memory runs on separate connections (transport.DeviceChannels), so no
+// slice crosses and no signature check fires: it waits for the timeout.
+// Then the diagnosis names the placements on every rank, rather than a
+// chain of waits or a cycle.
+func TestMultiProcessMisplaced(t *testing.T) {
+	for _, tr := range transports() {
+		t.Run(tr, func(t *testing.T) {
+			t.Parallel()
+			res := spawn(t, "misplaced", gocclEnvs(t, 3, "GOCCL_TRANSPORT="+tr, "GOCCL_TIMEOUT="+misplacedTimeout.String(), "GOCCL_TEST_COUNT=1000"), nil)
+			for _, r := range res {
+				t.Logf("rank %d (exit %d): %s", r.rank, r.code, strings.TrimSpace(r.output))
+				require.Equal(t, 0, r.code, "rank %d:\n%s", r.rank, r.output)
+				require.Contains(t, r.output, "the ranks placed allreduce#0's buffers differently: rank 0 in host memory, ranks 1 and 2 in device memory", "rank %d", r.rank)
+			}
+			// The rank that timed out says where its own operation ran.
+			require.Regexp(t, `\((4000 bytes in host memory\) ran past the 3s timeout|4000 bytes in device memory\) ran past the 3s timeout)`, res[0].output+res[1].output+res[2].output)
+		})
+	}
+}
+
+// An operation small enough for shared memory's board fails at once on
+// the host rank, which finds the device ranks' operation marked as run
+// over their connections.
+func TestMultiProcessMisplacedOnBoard(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("shared memory's board is Linux only")
+	}
+	res := spawn(t, "misplaced", gocclEnvs(t, 2, "GOCCL_TRANSPORT=shm", "GOCCL_TIMEOUT="+misplacedTimeout.String(), "GOCCL_TEST_COUNT=2"), nil)
+	for _, r := range res {
+		t.Logf("rank %d (exit %d): %s", r.rank, r.code, strings.TrimSpace(r.output))
+		require.Equal(t, 0, r.code, "rank %d:\n%s", r.rank, r.output)
+		require.Contains(t, r.output, "with its buffers in device memory and this rank's on the host", "rank %d", r.rank)
+		require.NotContains(t, r.output, "ran past", "rank %d: the board catches it before the timeout", r.rank)
+	}
+}
+
+// childMisplaced is a rank of TestMultiProcessMisplaced.
+func childMisplaced(ctx context.Context) int {
+	fail := func(format string, args ...any) int {
+		fmt.Fprintf(os.Stderr, "FAIL: "+format+"\n", args...)
+		return 1
+	}
+	d := emu.New(0, emu.Options{Seed: uint64(os.Getpid())})
+	c, err := collective.InitFromEnv(ctx, collective.WithDevice(d))
+	if err != nil {
+		return fail("init: %v", err)
+	}
+	defer c.Close()
+	count, _ := strconv.Atoi(os.Getenv("GOCCL_TEST_COUNT"))
+	start := time.Now()
+	if c.Rank() == 0 {
+		buf := make([]float32, count)
+		err = collective.AllReduce(ctx, c, buf, buf, collective.Sum)
+	} else {
+		s, serr := d.NewStream()
+		if serr != nil {
+			return fail("%v", serr)
+		}
+		defer s.Close()
+		b, aerr := d.Alloc(4 * count)
+		if aerr != nil {
+			return fail("%v", aerr)
+		}
+		defer d.Free(b)
+		var req *collective.Request
+		if req, err = collective.AllReduceDevice(ctx, c, b, b, collective.Float32, collective.Sum, s); err == nil {
+			err = req.Wait(ctx)
+		}
+	}
+	took := time.Since(start)
+	fmt.Printf("after %v: %v\n", took.Round(time.Millisecond), err)
+	if err == nil {
+		return fail("the misplaced all-reduce succeeded")
+	}
+	if took > misplacedTimeout+5*time.Second {
+		return fail("the error came %v after the %v timeout", took-misplacedTimeout, misplacedTimeout)
+	}
 	return 0
 }

@@ -42,7 +42,9 @@ type StallError struct {
 	Timeout time.Duration // that rank's timeout
 	// End is the rank at the end of the chain of waits: one that waits on
 	// no rank (it has not called the operation, say), did not answer or
-	// has left the job; -1 when the ranks wait on each other in a cycle.
+	// has left the job; -1 when the ranks wait on each other in a cycle,
+	// or when some run the operation on host memory and others on device
+	// memory (What names them).
 	End int
 	// Chain is the ranks from this one to End when this rank waits on
 	// another (just this one when it is End), the cycle when there is
@@ -94,7 +96,7 @@ func (c *Comm) where() wire.Wait {
 	if running {
 		r := c.op
 		w.State, w.Seq, w.Op = wire.WaitRunning, r.cseq, r.name
-		w.For = now - r.start
+		w.For, w.Device = now-r.start, r.devV != 0
 	}
 	c.mu.Unlock()
 	if running {
@@ -192,6 +194,17 @@ func (c *Comm) stallCause(d *wire.Diagnosis) error {
 	// The end: of the chain from this rank if it waits on someone, else of
 	// the chain from the rank that timed out.
 	chain, cycle := waitsOf(d, c.rank)
+	if what, ok := misplaced(d); ok {
+		// Host ranks and device ranks of one operation run it on
+		// different connections (transport.DeviceChannels): whatever the
+		// chain of waits looks like, that is the cause.
+		e.End, e.What = -1, what
+		if cycle {
+			e.Chain = chain
+		}
+		e.Waiting = waitingText(d, chain, cycle, c.rank)
+		return e
+	}
 	if len(chain) == 1 && int(d.From) != c.rank {
 		if from, fc := waitsOf(d, int(d.From)); len(from) > 0 {
 			e.End = from[len(from)-1]
@@ -215,6 +228,48 @@ func (c *Comm) stallCause(d *wire.Diagnosis) error {
 	}
 	e.Waiting = waitingText(d, chain, cycle, c.rank)
 	return e
+}
+
+// misplaced says which ranks run d's stalled operation on host memory
+// and which on device memory, when both kinds run it.
+func misplaced(d *wire.Diagnosis) (string, bool) {
+	var host, dev []int
+	for r, w := range d.Waits {
+		if w.State != wire.WaitRunning || w.Seq != d.Stall.Seq || w.Op != d.Stall.Op {
+			continue
+		}
+		if w.Device {
+			dev = append(dev, r)
+		} else {
+			host = append(host, r)
+		}
+	}
+	if len(host) == 0 || len(dev) == 0 {
+		return "", false
+	}
+	return fmt.Sprintf("the ranks placed %s#%d's buffers differently: %s host memory, %s device memory "+
+		"(an operation's ranks must all pass host buffers or all device buffers: the two run on separate connections, so neither side sees the other's data)",
+		d.Stall.Op, d.Stall.Seq, ranksIn(host), ranksIn(dev)), true
+}
+
+// ranksIn names ranks: "rank 3 in", "ranks 0, 1 and 2 in".
+func ranksIn(rs []int) string {
+	if len(rs) == 1 {
+		return fmt.Sprintf("rank %d in", rs[0])
+	}
+	var b strings.Builder
+	b.WriteString("ranks ")
+	for i, r := range rs {
+		switch {
+		case i == len(rs)-1:
+			b.WriteString(" and ")
+		case i > 0:
+			b.WriteString(", ")
+		}
+		fmt.Fprint(&b, r)
+	}
+	b.WriteString(" in")
+	return b.String()
 }
 
 // endWhat says what the rank at the end of a chain is doing, for a

@@ -213,10 +213,11 @@
 // Every rank of one operation places its buffers alike: all in host
 // memory or all in device memory (as NCCL, which takes device memory
 // only). The two take different paths, and a mix is not caught before
-// it runs: the ranks wait until Config.Timeout, whose report names the
-// device ranks as waiting on no rank (in their setup); an operation
-// small enough for shared memory's board fails at once instead, the host
-// rank naming the device rank's operation as one it did not post there.
+// it runs: the ranks wait until Config.Timeout, and the root's diagnosis
+// (above) then says which ranks placed the operation's buffers in host
+// memory and which in device memory, on every rank; an operation small
+// enough for shared memory's board fails at once instead, the host rank
+// naming the device rank's operation as one it did not post there.
 //
 // # Memory the ranks of a host share
 //

@@ -102,13 +102,21 @@ type timeoutError struct {
 	op       string
 	seq      uint64
 	bytes    int64
+	device   bool // the operation's buffers are in device memory
 	d        time.Duration
 	progress []engine.Progress // where each channel was
 }
 
 func (e *timeoutError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%v: %s#%d (%d bytes) ran past the %v timeout", ErrTimeout, e.op, e.seq, e.bytes, e.d)
+	where := "host"
+	if e.device {
+		where = "device"
+	}
+	// The placement, so that ranks that placed one operation's buffers
+	// differently (which waits for the timeout: each kind runs on
+	// connections of its own) show it in their errors.
+	fmt.Fprintf(&b, "%v: %s#%d (%d bytes in %s memory) ran past the %v timeout", ErrTimeout, e.op, e.seq, e.bytes, where, e.d)
 	for i, p := range e.progress {
 		if i == 0 {
 			b.WriteString(";")

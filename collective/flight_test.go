@@ -57,7 +57,7 @@ func TestTimeoutDumpsAndNamesWhereItWaited(t *testing.T) {
 	buf := make([]float32, 64)
 	err := collective.AllReduce(context.Background(), comms[0], buf, buf, collective.Sum)
 	require.ErrorIs(t, err, collective.ErrTimeout)
-	require.Contains(t, err.Error(), "allreduce#0 (256 bytes) ran past the 300ms timeout")
+	require.Contains(t, err.Error(), "allreduce#0 (256 bytes in host memory) ran past the 300ms timeout")
 	require.Contains(t, err.Error(), "with rank 1")
 	dumps, err := flight.ReadDir(dir)
 	require.NoError(t, err)

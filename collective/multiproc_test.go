@@ -623,8 +623,11 @@ func childMain(scenario string) int {
 		fmt.Fprintf(os.Stderr, "FAIL: "+format+"\n", args...)
 		return 1
 	}
-	if scenario == "device" {
+	switch scenario {
+	case "device":
 		return childDevice(ctx)
+	case "misplaced":
+		return childMisplaced(ctx)
 	}
 	c, err := collective.InitFromEnv(ctx)
 	if scenario == "missing" {

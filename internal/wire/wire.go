@@ -539,7 +539,14 @@ type Wait struct {
 	For    int64
 	Op     string
 	Detail string // where a running operation waits, how the last ended
+	// Device: the running operation's buffers are in device memory (sent
+	// as the state byte's high bit), so that a diagnosis can tell ranks
+	// that placed one operation's buffers differently.
+	Device bool
 }
+
+// waitDevice is the state byte's bit for Wait.Device.
+const waitDevice = 0x80
 
 func (w *Wait) Len() int {
 	return 4 + 1 + 8 + 4 + 8 + 2 + min(len(w.Op), MaxString) + 2 + min(len(w.Detail), MaxString)
@@ -547,7 +554,11 @@ func (w *Wait) Len() int {
 
 func (w *Wait) Append(b []byte) []byte {
 	b = binary.BigEndian.AppendUint32(b, w.Rank)
-	b = append(b, byte(w.State))
+	st := byte(w.State)
+	if w.Device {
+		st |= waitDevice
+	}
+	b = append(b, st)
 	b = binary.BigEndian.AppendUint64(b, w.Seq)
 	b = binary.BigEndian.AppendUint32(b, uint32(w.Peer))
 	b = binary.BigEndian.AppendUint64(b, uint64(w.For))
@@ -559,8 +570,8 @@ func ParseWait(b []byte) (Wait, int, error) {
 	if len(b) < 25 {
 		return Wait{}, 0, ErrShort
 	}
-	w := Wait{Rank: binary.BigEndian.Uint32(b), State: WaitState(b[4]), Seq: binary.BigEndian.Uint64(b[5:]),
-		Peer: int32(binary.BigEndian.Uint32(b[13:])), For: int64(binary.BigEndian.Uint64(b[17:]))}
+	w := Wait{Rank: binary.BigEndian.Uint32(b), State: WaitState(b[4] &^ waitDevice), Device: b[4]&waitDevice != 0,
+		Seq: binary.BigEndian.Uint64(b[5:]), Peer: int32(binary.BigEndian.Uint32(b[13:])), For: int64(binary.BigEndian.Uint64(b[17:]))}
 	if w.State > WaitGone {
 		return Wait{}, 0, fmt.Errorf("wire: wait state %d, want 0 to 3", w.State)
 	}

@@ -49,9 +49,10 @@ func samples() []codec {
 		{"left", &Abort{Rank: 2, Left: true, Reason: "closed its communicator"}, wrap(ParseAbort)},
 		{"stall", &Stall{Seq: 216, Timeout: 5e9, Op: "allreduce"}, wrap(ParseStall)},
 		{"wait", &Wait{Rank: 2, State: WaitRunning, Seq: 216, Peer: 1, For: 5e9, Op: "allreduce", Detail: "channel 0 piece 3 step 2 (recvReduceSend)"}, wrap(ParseWait)},
+		{"wait-device", &Wait{Rank: 1, State: WaitRunning, Seq: 216, Peer: -1, For: 5e9, Op: "allreduce", Detail: "setting up its connections", Device: true}, wrap(ParseWait)},
 		{"wait-idle", &Wait{Rank: 3, State: WaitIdle, Seq: 215, Peer: -1, For: 7, Op: "allreduce", Detail: "done"}, wrap(ParseWait)},
 		{"diagnosis", &Diagnosis{From: 1, Stall: Stall{Seq: 216, Timeout: 5e9, Op: "allreduce"}, Waits: []Wait{
-			{Rank: 0, State: WaitRunning, Seq: 216, Peer: 3}, {Rank: 1, State: WaitNoAnswer, Peer: -1, For: 12e9}}}, wrap(ParseDiagnosis)},
+			{Rank: 0, State: WaitRunning, Seq: 216, Peer: 3, Device: true}, {Rank: 1, State: WaitNoAnswer, Peer: -1, For: 12e9}}}, wrap(ParseDiagnosis)},
 		{"diagnosis-empty", &Diagnosis{}, wrap(ParseDiagnosis)},
 		{"diagnosis-silent", &Diagnosis{From: 1, Silent: true, Waits: []Wait{{Rank: 0, Peer: 1}, {Rank: 1, State: WaitNoAnswer}}}, wrap(ParseDiagnosis)},
 		{"connsetup", &ConnSetup{From: 1, To: 6, Channel: 2, Socket: 1, NSocks: 4, Flags: ConnTLS}, wrap(ParseConnSetup)},
