@@ -345,13 +345,23 @@ func newComm(rank, size int, cfg Config, ep transport.Endpoint, link algorithms.
 	return c, nil
 }
 
-// watch is the watchdog: it sleeps until the deadline of the operation in
-// flight (or a full timeout when idle) and aborts the communicator if that
-// same operation is still running then.
+// watch is the watchdog: it aborts the communicator when the operation
+// in flight is still running at its deadline, and on a communicator with
+// a bootstrap root it has the ranks compare where they wait (a probe)
+// once the operation has waited probeFirst, and again each time the wait
+// doubles: a fault no wait cures (ranks that placed the operation's
+// buffers differently) then ends it long before the timeout. It wakes at
+// least every probeFirst.
 func (c *Comm) watch() {
 	defer close(c.watchDone)
-	t := time.NewTimer(c.cfg.Timeout)
+	t := time.NewTimer(min(probeFirst, c.cfg.Timeout))
 	defer t.Stop()
+	type opKey struct {
+		seq   uint64
+		start int64
+	}
+	var probed opKey
+	probeAt := probeFirst
 	for {
 		select {
 		case <-c.stopWatch:
@@ -367,19 +377,32 @@ func (c *Comm) watch() {
 		var bytes int64
 		var left time.Duration
 		var dev bool
+		var key opKey
 		if op != nil {
 			// Copied under the lock: a blocking operation's Request is
 			// reused by a later one.
 			name, seq, bytes, dev = op.name, op.cseq, op.op.Bytes(c.size), op.devV != 0
 			left = time.Duration(op.start-c.since()) + c.cfg.Timeout
+			key = opKey{op.cseq, op.start}
 		}
 		c.mu.Unlock()
 		if op == nil {
-			t.Reset(c.cfg.Timeout)
+			t.Reset(min(probeFirst, c.cfg.Timeout))
 			continue
 		}
 		if left > 0 {
-			t.Reset(left)
+			if key != probed {
+				probed, probeAt = key, probeFirst
+			}
+			if waited := c.cfg.Timeout - left; waited >= probeAt {
+				if w := c.rootConn(); w != nil {
+					w.ProbeStall(wire.Stall{Seq: seq, Timeout: int64(c.cfg.Timeout), Op: name})
+				}
+				for probeAt <= waited {
+					probeAt *= 2
+				}
+			}
+			t.Reset(min(left, probeAt-(c.cfg.Timeout-left)))
 			continue
 		}
 		te := &timeoutError{op: name, seq: seq, d: c.cfg.Timeout, progress: c.eng.Progress(), bytes: bytes, device: dev}
@@ -402,6 +425,14 @@ func (c *Comm) watch() {
 		return
 	}
 }
+
+// probeFirst is how long an operation waits before the watchdog has the
+// ranks compare where they wait (then after twice as long, and so on):
+// short against the 10-minute timeout a misplacement would otherwise wait
+// out, and rare enough to cost nothing (most operations end far sooner;
+// one that waits on a late peer pays a round of small messages through
+// the root per doubling, answered from each rank's watch goroutine).
+const probeFirst = time.Second
 
 // Abort fails every pending and later operation on this rank with cause
 // (wrapped in ErrAborted), and tells the peers, whose operations that

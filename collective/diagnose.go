@@ -42,9 +42,7 @@ type StallError struct {
 	Timeout time.Duration // that rank's timeout
 	// End is the rank at the end of the chain of waits: one that waits on
 	// no rank (it has not called the operation, say), did not answer or
-	// has left the job; -1 when the ranks wait on each other in a cycle,
-	// or when some run the operation on host memory and others on device
-	// memory (What names them).
+	// has left the job; -1 when the ranks wait on each other in a cycle.
 	End int
 	// Chain is the ranks from this one to End when this rank waits on
 	// another (just this one when it is End), the cycle when there is
@@ -87,10 +85,14 @@ func (e *StallError) Unwrap() error { return ErrTimeout }
 // running and the peer its first unfinished channel waits on, or the last
 // operation and how it ended. It runs on the watch's goroutine, so it
 // reads atomics and takes c.mu only briefly.
-func (c *Comm) where() wire.Wait {
+func (c *Comm) where(probe bool) wire.Wait {
 	w := wire.Wait{Rank: uint32(c.rank), Peer: -1}
 	now := c.since()
-	c.asked.Store(max(now, 1))
+	if !probe {
+		// A probe's diagnosis aborts nothing (but a misplacement): an
+		// operation that fails meanwhile need not wait for it.
+		c.asked.Store(max(now, 1))
+	}
 	c.mu.Lock()
 	running := c.op != nil
 	if running {
@@ -193,18 +195,13 @@ func (c *Comm) stallCause(d *wire.Diagnosis) error {
 	}
 	// The end: of the chain from this rank if it waits on someone, else of
 	// the chain from the rank that timed out.
-	chain, cycle := waitsOf(d, c.rank)
-	if what, ok := misplaced(d); ok {
+	if m := misplaced(d); m != nil {
 		// Host ranks and device ranks of one operation run it on
 		// different connections (transport.DeviceChannels): whatever the
 		// chain of waits looks like, that is the cause.
-		e.End, e.What = -1, what
-		if cycle {
-			e.Chain = chain
-		}
-		e.Waiting = waitingText(d, chain, cycle, c.rank)
-		return e
+		return m
 	}
+	chain, cycle := waitsOf(d, c.rank)
 	if len(chain) == 1 && int(d.From) != c.rank {
 		if from, fc := waitsOf(d, int(d.From)); len(from) > 0 {
 			e.End = from[len(from)-1]
@@ -230,9 +227,10 @@ func (c *Comm) stallCause(d *wire.Diagnosis) error {
 	return e
 }
 
-// misplaced says which ranks run d's stalled operation on host memory
-// and which on device memory, when both kinds run it.
-func misplaced(d *wire.Diagnosis) (string, bool) {
+// misplaced returns the error for d's operation when some of the ranks
+// running it placed its buffers in host memory and others in device
+// memory, else nil.
+func misplaced(d *wire.Diagnosis) *MisplacedError {
 	var host, dev []int
 	for r, w := range d.Waits {
 		if w.State != wire.WaitRunning || w.Seq != d.Stall.Seq || w.Op != d.Stall.Op {
@@ -245,12 +243,32 @@ func misplaced(d *wire.Diagnosis) (string, bool) {
 		}
 	}
 	if len(host) == 0 || len(dev) == 0 {
-		return "", false
+		return nil
 	}
-	return fmt.Sprintf("the ranks placed %s#%d's buffers differently: %s host memory, %s device memory "+
-		"(an operation's ranks must all pass host buffers or all device buffers: the two run on separate connections, so neither side sees the other's data)",
-		d.Stall.Op, d.Stall.Seq, ranksIn(host), ranksIn(dev)), true
+	return &MisplacedError{Op: d.Stall.Op, Seq: d.Stall.Seq, Host: host, Device: dev}
 }
+
+// MisplacedError is the cause of the abort when the ranks of one
+// operation placed its buffers differently: some in host memory, others
+// in device memory. The two run on separate connections, so neither side
+// sees the other's data; while the operation waits, the ranks compare
+// where they are (a second into the wait, then after 2, 4, 8... s, on
+// communicators with a bootstrap root; at the timeout otherwise).
+// errors.Is(err, ErrMismatch) holds for it.
+type MisplacedError struct {
+	Op     string // the operation ("allreduce")
+	Seq    uint64 // its sequence number among the collectives
+	Host   []int  // the ranks that ran it on host memory
+	Device []int  // and those on device memory
+}
+
+func (e *MisplacedError) Error() string {
+	return fmt.Sprintf("%v: the ranks placed %s#%d's buffers differently: %s host memory, %s device memory "+
+		"(an operation's ranks must all pass host buffers or all device buffers: the two run on separate connections, so neither side sees the other's data)",
+		ErrMismatch, e.Op, e.Seq, ranksIn(e.Host), ranksIn(e.Device))
+}
+
+func (e *MisplacedError) Unwrap() error { return ErrMismatch }
 
 // ranksIn names ranks: "rank 3 in", "ranks 0, 1 and 2 in".
 func ranksIn(rs []int) string {

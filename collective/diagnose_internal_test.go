@@ -32,8 +32,11 @@ func TestMisplaced(t *testing.T) {
 		{"other collective", []wire.Wait{run(7, "allgather", false), run(7, "broadcast", true)}, ""},
 		{"idle", []wire.Wait{run(7, "allgather", false), {State: wire.WaitIdle, Seq: 7, Op: "allgather", Device: true}}, ""},
 	} {
-		what, ok := misplaced(&wire.Diagnosis{Stall: stall, Waits: c.waits})
-		require.Equal(t, c.want != "", ok, c.name)
-		require.Contains(t, what, c.want, c.name)
+		m := misplaced(&wire.Diagnosis{Stall: stall, Waits: c.waits})
+		require.Equal(t, c.want != "", m != nil, c.name)
+		if m != nil {
+			require.Contains(t, m.Error(), c.want, c.name)
+			require.ErrorIs(t, m, ErrMismatch)
+		}
 	}
 }

@@ -212,12 +212,15 @@
 //
 // Every rank of one operation places its buffers alike: all in host
 // memory or all in device memory (as NCCL, which takes device memory
-// only). The two take different paths, and a mix is not caught before
-// it runs: the ranks wait until Config.Timeout, and the root's diagnosis
-// (above) then says which ranks placed the operation's buffers in host
-// memory and which in device memory, on every rank; an operation small
-// enough for shared memory's board fails at once instead, the host rank
-// naming the device rank's operation as one it did not post there.
+// only). The two take different paths on connections of their own, and
+// a mix is not caught before it runs: once the operation has waited a
+// second, the watchdog has the ranks compare through the root where they
+// wait (again after 2, 4, 8 s...), and every rank fails with a
+// MisplacedError naming the host and the device ranks (ErrMismatch). An
+// operation small enough for shared memory's board fails at once, the
+// host rank naming the device rank's operation as one it did not post
+// there; without a root (NewLocalGroup) the ranks wait for
+// Config.Timeout, whose message says where each placed its buffers.
 //
 // # Memory the ranks of a host share
 //

@@ -108,6 +108,14 @@ func (c *Comm) startWatch(w *bootstrap.Watch) {
 				return
 			}
 			if d := ev.Diagnosis; d != nil {
+				if d.Probe {
+					// An operation waits long somewhere: only a fault it
+					// cannot wait out ends it now.
+					if m := misplaced(d); m != nil && len(d.Waits) == c.size && !c.ended.Load() {
+						c.abortAfter(m, noticeGrace)
+					}
+					continue
+				}
 				if d.Silent {
 					silentDiag = d
 					continue

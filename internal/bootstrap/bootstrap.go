@@ -132,6 +132,7 @@ type Root struct {
 	diag     *diagRound               // a diagnosis being gathered (diagnose)
 	rounds   uint32                   // diagnoses started
 	stalled  bool                     // a stall's diagnosis went out: every rank aborts on it
+	probed   time.Time                // when the last probe's round went out
 	silenced []bool                   // reported (or being reported) as not responding
 	asking   []bool                   // a where-query to the rank is being written
 }
@@ -363,6 +364,14 @@ func (r *Root) handle(raw net.Conn) {
 				return
 			}
 			r.diagnose(wire.Diagnosis{From: info.Rank, Stall: st}, nil)
+		case wire.FrameProbe:
+			st, _, err := wire.ParseStall(payload)
+			if err != nil {
+				r.rankGone(int(info.Rank), fmt.Errorf("it sent a malformed probe: %v", err))
+				c.Close()
+				return
+			}
+			r.diagnose(wire.Diagnosis{From: info.Rank, Stall: st, Probe: true}, nil)
 		case wire.FrameWait:
 			if len(payload) < 4 {
 				r.rankGone(int(info.Rank), errors.New("it sent a malformed wait report"))
@@ -525,6 +534,11 @@ func (r *Root) silent(i int, now time.Time) {
 // then is reported as not answering (its process stopped, say).
 const DiagnosisWait = time.Second
 
+// probeGap is how soon after a probe's round the root starts another:
+// the ranks of a job whose operation waits on a late rank probe at about
+// the same moments, and one round answers them all.
+const probeGap = 500 * time.Millisecond
+
 // diagRound is a diagnosis being gathered.
 type diagRound struct {
 	id      uint32
@@ -553,13 +567,25 @@ func (r *Root) diagnose(d wire.Diagnosis, then func()) {
 		if then != nil {
 			g.then = append(g.then, then)
 		}
+		if g.d.Probe && !d.Probe && !d.Silent {
+			// A stall joins a probe's round and makes it the stall's:
+			// every rank aborts on its diagnosis.
+			r.log.Warn("goccl: bootstrap root: an operation timed out; asking every rank where it waits", "rank", d.From, "op", d.Stall.Op, "seq", d.Stall.Seq)
+			g.d.From, g.d.Stall, g.d.Probe = d.From, d.Stall, false
+		}
 		return
 	}
 	if !d.Silent && r.stalled {
 		return // every rank had the diagnosis of a stall and aborted on it
 	}
+	if d.Probe && time.Since(r.probed) < probeGap {
+		return // one went out a moment ago: the ranks have just compared
+	}
 	r.rounds++
-	if !d.Silent {
+	switch {
+	case d.Probe:
+		r.log.Debug("goccl: bootstrap root: an operation waits long; asking every rank where it waits", "rank", d.From, "op", d.Stall.Op, "seq", d.Stall.Seq)
+	case !d.Silent:
 		r.log.Warn("goccl: bootstrap root: an operation timed out; asking every rank where it waits", "rank", d.From, "op", d.Stall.Op, "seq", d.Stall.Seq)
 	}
 	g := &diagRound{id: r.rounds, d: d, asked: make([]bool, r.nranks)}
@@ -567,9 +593,11 @@ func (r *Root) diagnose(d wire.Diagnosis, then func()) {
 		g.then = append(g.then, then)
 	}
 	g.d.Waits = make([]wire.Wait, r.nranks)
-	var q [4]byte
-	binary.BigEndian.PutUint32(q[:], g.id)
-	frame := wire.AppendFrame(nil, wire.FrameWhere, q[:])
+	q := binary.BigEndian.AppendUint32(nil, g.id)
+	if d.Probe {
+		q = append(q, wire.WhereProbe)
+	}
+	frame := wire.AppendFrame(nil, wire.FrameWhere, q)
 	for i, reg := range r.regs {
 		w := &g.d.Waits[i]
 		w.Rank, w.Peer = uint32(i), -1
@@ -639,7 +667,10 @@ func (r *Root) finishDiagnosis(g *diagRound) {
 			w.For = int64(now.Sub(r.heard[i]))
 		}
 	}
-	if !g.d.Silent {
+	switch {
+	case g.d.Probe:
+		r.probed = now
+	case !g.d.Silent:
 		r.stalled = true
 	}
 	frame := wire.AppendFrame(nil, wire.FrameDiagnosis, g.d.Append(nil))
@@ -987,7 +1018,7 @@ type Watch struct {
 	frames  chan watchFrame
 	err     error       // why reading ended, once frames is closed
 	stalled atomic.Bool // tests: the reader stops, as in a stopped process
-	where   atomic.Pointer[func() wire.Wait]
+	where   atomic.Pointer[func(probe bool) wire.Wait]
 }
 
 // Event is what the root sent: one of a failure notice, the new table of
@@ -1027,7 +1058,7 @@ func (w *Watch) read() {
 		if typ == wire.FrameWhere {
 			// Answered from a goroutine, like a ping: the answer reads the
 			// communicator's state, and the reader must not wait on it.
-			if len(payload) == 4 {
+			if len(payload) == 4 || len(payload) == 5 && payload[4] == wire.WhereProbe {
 				go w.answer(payload)
 			}
 			continue
@@ -1058,15 +1089,21 @@ func (w *Watch) read() {
 func (w *Watch) answer(q []byte) {
 	st := wire.Wait{Peer: -1, Detail: "its communicator is still being set up"}
 	if f := w.where.Load(); f != nil {
-		st = (*f)()
+		st = (*f)(len(q) == 5)
 	}
-	w.send(wire.FrameWait, st.Append(append(make([]byte, 0, 4+st.Len()), q...)))
+	w.send(wire.FrameWait, st.Append(append(make([]byte, 0, 4+st.Len()), q[:4]...)))
 }
 
 // SetWhere installs what answers the root's where-queries: where this
 // rank's communicator waits, read from its own goroutine (the reader's
-// helper), so it must not block.
-func (w *Watch) SetWhere(f func() wire.Wait) { w.where.Store(&f) }
+// helper), so it must not block. probe says the query is a probe's
+// (ProbeStall), whose diagnosis aborts nothing unless it finds a fault.
+func (w *Watch) SetWhere(f func(probe bool) wire.Wait) { w.where.Store(&f) }
+
+// ProbeStall asks the root to compare where every rank waits, for an
+// operation that has waited long but not timed out: the diagnosis comes
+// through Next with Probe set. It waits at most a second.
+func (w *Watch) ProbeStall(s wire.Stall) error { return w.send(wire.FrameProbe, s.Append(nil)) }
 
 // ReportStall tells the root that this rank's operation timed out: the
 // root asks every rank where it waits and sends all of them a diagnosis

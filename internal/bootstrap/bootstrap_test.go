@@ -10,6 +10,7 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -504,7 +505,7 @@ func TestHeartbeatReportsASilentRank(t *testing.T) {
 	got := make(chan note, n)
 	start := time.Now()
 	for _, rank := range []int{0, 2} {
-		watches[rank].SetWhere(func() wire.Wait { return wire.Wait{State: wire.WaitRunning, Peer: 1, Op: "allreduce"} })
+		watches[rank].SetWhere(func(bool) wire.Wait { return wire.Wait{State: wire.WaitRunning, Peer: 1, Op: "allreduce"} })
 		go func() {
 			var diag *wire.Diagnosis
 			for {
@@ -602,7 +603,7 @@ func testDiagnosis(t *testing.T, silent bool) {
 	const n = 3
 	watches := joinWatches(t, r, n)
 	for rank, w := range watches {
-		w.SetWhere(func() wire.Wait {
+		w.SetWhere(func(bool) wire.Wait {
 			// Rank 1 claims to be rank 2: the root knows better.
 			return wire.Wait{Rank: 2, State: wire.WaitRunning, Seq: 7, Peer: int32((rank + n - 1) % n), Op: "allreduce", Detail: fmt.Sprint("at ", rank)}
 		})
@@ -654,6 +655,79 @@ func testDiagnosis(t *testing.T, silent bool) {
 			}
 		}
 	}
+	for _, w := range watches {
+		w.Bye()
+	}
+}
+
+// A probe (an operation that waits long, not a timeout) gathers where
+// every rank waits as a stall does, telling each where-query it is a
+// probe's; its diagnosis says Probe and does not end the watch: another
+// probe after probeGap, and a stall after that, still get rounds. A
+// probe within probeGap of the last gets none.
+func TestProbe(t *testing.T) {
+	r, err := StartRoot("127.0.0.1:0", RootOptions{Secret: secret, Version: "v1", Logger: quiet(), Watch: true})
+	require.NoError(t, err)
+	defer r.Close()
+	const n = 3
+	watches := joinWatches(t, r, n)
+	var probes [n]atomic.Int32
+	for rank, w := range watches {
+		w.SetWhere(func(probe bool) wire.Wait {
+			if probe {
+				probes[rank].Add(1)
+			}
+			return wire.Wait{State: wire.WaitRunning, Seq: 4, Peer: -1, Op: "broadcast", Device: rank == 2}
+		})
+	}
+	st := wire.Stall{Seq: 4, Timeout: int64(time.Minute), Op: "broadcast"}
+	var evs [n]chan Event
+	for rank, w := range watches {
+		evs[rank] = make(chan Event, 4)
+		go func() {
+			for {
+				ev, err := w.Next()
+				if err != nil {
+					return
+				}
+				evs[rank] <- ev
+			}
+		}()
+	}
+	next := func(rank int) *wire.Diagnosis {
+		select {
+		case ev := <-evs[rank]:
+			return ev.Diagnosis
+		case <-time.After(300 * time.Millisecond):
+			return nil
+		}
+	}
+	for round := 1; round <= 2; round++ {
+		require.NoError(t, watches[1].ProbeStall(st))
+		for rank := range n {
+			d := next(rank)
+			require.NotNil(t, d, "round %d rank %d", round, rank)
+			require.True(t, d.Probe, "round %d", round)
+			require.Equal(t, st, d.Stall)
+			require.Equal(t, uint32(1), d.From)
+			require.True(t, d.Waits[2].Device)
+			require.False(t, d.Waits[0].Device)
+			require.Equal(t, int32(round), probes[rank].Load(), "rank %d was told the query was a probe's", rank)
+		}
+		if round == 1 {
+			// Within probeGap of the last: no round.
+			require.NoError(t, watches[0].ProbeStall(st))
+			require.Nil(t, next(0), "a probe right after another")
+			time.Sleep(probeGap)
+		}
+	}
+	require.NoError(t, watches[0].ReportStall(st))
+	for rank := range n {
+		d := next(rank)
+		require.NotNil(t, d, "rank %d", rank)
+		require.False(t, d.Probe, "a stall's diagnosis")
+	}
+	require.Equal(t, int32(2), probes[0].Load(), "the stall's where-query is not a probe's")
 	for _, w := range watches {
 		w.Bye()
 	}

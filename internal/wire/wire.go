@@ -224,7 +224,17 @@ const (
 	FrameWhere     FrameType = 14
 	FrameWait      FrameType = 15
 	FrameDiagnosis FrameType = 16
+	// FrameProbe (a Stall) asks the same of the root for an operation
+	// that has waited long but not timed out: the where-queries of its
+	// round carry a flag byte (whereProbe), and its diagnosis
+	// (Diagnosis.Probe) aborts nothing unless it shows a fault the ranks
+	// cannot wait out (one operation's buffers placed differently).
+	FrameProbe FrameType = 17
 )
+
+// WhereProbe is the flag byte after a where-query's round number when
+// the round is a probe's.
+const WhereProbe = 1
 
 func (t FrameType) String() string {
 	switch t {
@@ -260,6 +270,8 @@ func (t FrameType) String() string {
 		return "wait"
 	case FrameDiagnosis:
 		return "diagnosis"
+	case FrameProbe:
+		return "probe"
 	}
 	return fmt.Sprintf("frame(%d)", uint8(t))
 }
@@ -595,9 +607,17 @@ type Diagnosis struct {
 	// Silent: From stopped answering the heartbeat (the root's notice
 	// follows), and Stall is empty.
 	Silent bool
-	Stall  Stall
+	// Probe: From's operation has waited long, not timed out (FrameProbe).
+	Probe bool
+	Stall Stall
 	Waits  []Wait
 }
+
+// A diagnosis's flags: one of these, or none.
+const (
+	diagSilent = 1
+	diagProbe  = 2
+)
 
 func (d *Diagnosis) Len() int {
 	n := 4 + 1 + d.Stall.Len() + 4
@@ -611,7 +631,10 @@ func (d *Diagnosis) Append(b []byte) []byte {
 	b = binary.BigEndian.AppendUint32(b, d.From)
 	flags := byte(0)
 	if d.Silent {
-		flags = 1
+		flags = diagSilent
+	}
+	if d.Probe {
+		flags |= diagProbe
 	}
 	b = append(b, flags)
 	b = d.Stall.Append(b)
@@ -626,9 +649,9 @@ func ParseDiagnosis(b []byte) (Diagnosis, int, error) {
 	if len(b) < 5 {
 		return Diagnosis{}, 0, ErrShort
 	}
-	d := Diagnosis{From: binary.BigEndian.Uint32(b), Silent: b[4] == 1}
-	if b[4] > 1 {
-		return Diagnosis{}, 0, fmt.Errorf("wire: diagnosis flags %#x, want 0 or 1", b[4])
+	d := Diagnosis{From: binary.BigEndian.Uint32(b), Silent: b[4] == diagSilent, Probe: b[4] == diagProbe}
+	if b[4] > diagProbe {
+		return Diagnosis{}, 0, fmt.Errorf("wire: diagnosis flags %#x, want 0, 1 (silent) or 2 (probe)", b[4])
 	}
 	s, n, err := ParseStall(b[5:])
 	if err != nil {

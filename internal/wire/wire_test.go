@@ -54,6 +54,8 @@ func samples() []codec {
 		{"diagnosis", &Diagnosis{From: 1, Stall: Stall{Seq: 216, Timeout: 5e9, Op: "allreduce"}, Waits: []Wait{
 			{Rank: 0, State: WaitRunning, Seq: 216, Peer: 3, Device: true}, {Rank: 1, State: WaitNoAnswer, Peer: -1, For: 12e9}}}, wrap(ParseDiagnosis)},
 		{"diagnosis-empty", &Diagnosis{}, wrap(ParseDiagnosis)},
+		{"diagnosis-probe", &Diagnosis{From: 1, Probe: true, Stall: Stall{Seq: 3, Timeout: 6e11, Op: "broadcast"}, Waits: []Wait{
+			{Rank: 0, State: WaitRunning, Seq: 3, Peer: 1, Op: "broadcast"}, {Rank: 1, State: WaitRunning, Seq: 3, Peer: -1, Op: "broadcast", Device: true}}}, wrap(ParseDiagnosis)},
 		{"diagnosis-silent", &Diagnosis{From: 1, Silent: true, Waits: []Wait{{Rank: 0, Peer: 1}, {Rank: 1, State: WaitNoAnswer}}}, wrap(ParseDiagnosis)},
 		{"connsetup", &ConnSetup{From: 1, To: 6, Channel: 2, Socket: 1, NSocks: 4, Flags: ConnTLS}, wrap(ParseConnSetup)},
 		{"sliceheader", &SliceHeader{Op: 1 << 40, Sig: 0xdeadbeef, Msg: 7, Slice: 9, Size: 4096}, wrap(ParseSliceHeader)},
