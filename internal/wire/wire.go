@@ -610,7 +610,7 @@ type Diagnosis struct {
 	// Probe: From's operation has waited long, not timed out (FrameProbe).
 	Probe bool
 	Stall Stall
-	Waits  []Wait
+	Waits []Wait
 }
 
 // A diagnosis's flags: one of these, or none.
