@@ -1,17 +1,11 @@
-//go:build unix && !linux
+//go:build darwin || openbsd || illumos
 
 package tcp
 
 import "golang.org/x/sys/unix"
-
-// sysRead is read(2) on a non-blocking descriptor.
-func sysRead(fd int, b []byte) (int, error) { return unix.Read(fd, b) }
 
 // sysReadv is readv(2) into a then b on a non-blocking descriptor.
 func sysReadv(fd int, a, b []byte) (int, error) { return unix.Readv(fd, [][]byte{a, b}) }
 
 // sysWritev is writev(2) of a then b on a non-blocking descriptor.
 func sysWritev(fd int, a, b []byte) (int, error) { return unix.Writev(fd, [][]byte{a, b}) }
-
-// sysPoll0 is poll(2) with a zero timeout: it never blocks.
-func sysPoll0(fds []unix.PollFd) (int, error) { return unix.Poll(fds, 0) }
