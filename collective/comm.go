@@ -91,6 +91,9 @@ type Comm struct {
 	heldBytes  int
 	premulNext int
 	family     *localFamily   // a local group's meeting place for Split; nil between processes
+	// local is a local group's stand-in for the root's diagnosis (nil
+	// between processes); set after the watchdog starts, so atomic.
+	local atomic.Pointer[localWatch]
 	wg         sync.WaitGroup // goroutines of asynchronous operations
 	// Operations issued and not finished, and the channel Close waits on
 	// until there are none (made by Close, closed by the last finish):
@@ -288,6 +291,7 @@ func newLocalGroupCfg(n int, cfg Config) ([]*Comm, *mem.Network, error) {
 	link.MaxChannels = cfg.MaxChannels
 	fam := &localFamily{pending: map[[2]uint64]*localSplit{}}
 	comms := make([]*Comm, n)
+	lw := &localWatch{comms: make([]atomic.Pointer[Comm], n)}
 	for r := range comms {
 		c, err := newComm(r, n, cfg, nw.Endpoint(r), link, devOf(r), nil, algorithms.LinkModel{})
 		if err != nil {
@@ -302,6 +306,8 @@ func newLocalGroupCfg(n int, cfg Config) ([]*Comm, *mem.Network, error) {
 		c.transport = "mem"
 		c.onClose = closed
 		c.family = fam
+		c.local.Store(lw)
+		lw.comms[r].Store(c)
 		if len(devs) > 0 {
 			c.devNames = make([]string, n)
 			for q := range n {
@@ -395,8 +401,11 @@ func (c *Comm) watch() {
 				probed, probeAt = key, probeFirst
 			}
 			if waited := c.cfg.Timeout - left; waited >= probeAt {
+				st := wire.Stall{Seq: seq, Timeout: int64(c.cfg.Timeout), Op: name}
 				if w := c.rootConn(); w != nil {
-					w.ProbeStall(wire.Stall{Seq: seq, Timeout: int64(c.cfg.Timeout), Op: name})
+					w.ProbeStall(st)
+				} else if l := c.local.Load(); l != nil && l.probe(c.rank, st) {
+					return // the group was aborted: ranks that placed the operation's buffers differently
 				}
 				for probeAt <= waited {
 					probeAt *= 2
@@ -406,6 +415,14 @@ func (c *Comm) watch() {
 			continue
 		}
 		te := &timeoutError{op: name, seq: seq, d: c.cfg.Timeout, progress: c.eng.Progress(), bytes: bytes, device: dev}
+		if l := c.local.Load(); l != nil {
+			// In one process the ranks are at hand: compare where each
+			// waits as the root would, and abort every rank with what
+			// its own wait says.
+			c.timedOut.Store(te)
+			l.stall(c.rank, wire.Stall{Seq: te.seq, Timeout: int64(c.cfg.Timeout), Op: te.op})
+			return
+		}
 		if w := c.rootConn(); w != nil {
 			// Ask the root to compare where every rank waits: its
 			// diagnosis aborts this communicator (and every rank's) with

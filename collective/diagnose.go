@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/goccl/goccl/algorithms"
@@ -28,9 +30,17 @@ import (
 // that stopped answering the heartbeat, so that each survivor's
 // UnresponsiveError says how its wait led there.
 //
-// The root is the only place that sees every rank, so the diagnosis needs
-// it: a rank whose root is gone, or that is not answered within
-// bootstrap.DiagnosisWait and a second, reports its plain timeout.
+// Before the timeout, an operation that has waited a second (then 2, 4,
+// 8 s...) has the root run the same round as a probe (Watch.ProbeStall):
+// its diagnosis aborts nothing unless it shows what no wait cures, ranks
+// running the operation with their buffers placed differently (host
+// memory on some, device memory on others: misplaced, MisplacedError).
+//
+// Between processes the root is the only place that sees every rank, so
+// the diagnosis needs it: a rank whose root is gone, or that is not
+// answered within bootstrap.DiagnosisWait and a second, reports its plain
+// timeout. The ranks of a local group (NewLocalGroup) are at hand in one
+// process, and their watchdogs ask each other directly (localWatch).
 
 // StallError is the cause of the abort that follows an operation's
 // timeout on some rank, once the ranks' waits were compared.
@@ -346,4 +356,79 @@ func isStall(cause error) bool {
 	var se *StallError
 	var te *timeoutError
 	return errors.As(cause, &se) || errors.As(cause, &te)
+}
+
+// localWatch is what the ranks of a local group (NewLocalGroup) share so
+// that their watchdogs can compare where each waits without a bootstrap
+// root: it asks every rank's where directly, builds the diagnosis the
+// root would send, and aborts the ranks as each would on receiving it.
+type localWatch struct {
+	comms []atomic.Pointer[Comm] // the group's, by rank (set as they are made)
+
+	mu      sync.Mutex
+	stalled bool // a stall's diagnosis has aborted the group
+}
+
+// diagnosis gathers every rank's answer for stall s, reported by rank
+// from.
+func (l *localWatch) diagnosis(from int, s wire.Stall, probe bool) *wire.Diagnosis {
+	d := &wire.Diagnosis{From: uint32(from), Stall: s, Probe: probe, Waits: make([]wire.Wait, len(l.comms))}
+	for r := range l.comms {
+		c := l.comms[r].Load()
+		gone := c == nil || c.ended.Load()
+		if c != nil && !gone {
+			c.mu.Lock()
+			gone = c.closed
+			c.mu.Unlock()
+		}
+		if gone {
+			d.Waits[r] = wire.Wait{Rank: uint32(r), State: wire.WaitGone, Peer: -1}
+			continue
+		}
+		d.Waits[r] = c.where(probe)
+	}
+	return d
+}
+
+// probe compares where the ranks wait for rank from's operation s, which
+// has waited long, and aborts every rank when some placed its buffers in
+// host memory and others in device memory; it reports whether it did.
+func (l *localWatch) probe(from int, s wire.Stall) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stalled {
+		return true
+	}
+	m := misplaced(l.diagnosis(from, s, true))
+	if m == nil {
+		return false
+	}
+	l.stalled = true
+	l.abortAll(func(*Comm) error { return m })
+	return true
+}
+
+// stall aborts every rank on the diagnosis of rank from's timeout s, each
+// with its own cause, as ranks do on the root's (once per group).
+func (l *localWatch) stall(from int, s wire.Stall) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stalled {
+		return
+	}
+	l.stalled = true
+	d := l.diagnosis(from, s, false)
+	l.abortAll(func(c *Comm) error { return c.stallCause(d) })
+}
+
+// abortAll aborts every rank still running with cause's answer for it:
+// every context first (noticeGrace, as for the root's diagnosis), so that
+// each rank's failing operation reports its own cause, not a peer's
+// closed connection.
+func (l *localWatch) abortAll(cause func(*Comm) error) {
+	for r := range l.comms {
+		if c := l.comms[r].Load(); c != nil && !c.ended.Load() {
+			go c.abortAfter(cause(c), noticeGrace)
+		}
+	}
 }

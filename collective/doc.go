@@ -66,8 +66,10 @@
 // or InitFromEnv, the root compares where every rank waits and every rank
 // fails with a StallError naming the rank at the end of the chain of
 // waits (one that has not called the operation, did not answer, or left)
-// and how this rank's wait leads there; without a root, the timeout says
-// per channel the step and the peer it was at.
+// and how this rank's wait leads there. The ranks of a NewLocalGroup,
+// which have no root, compare their waits directly and fail the same way;
+// without either (a root that does not answer), the timeout says per
+// channel the step and the peer it was at.
 //
 // # Surviving a failure
 //
@@ -216,11 +218,10 @@
 // a mix is not caught before it runs: once the operation has waited a
 // second, the watchdog has the ranks compare through the root where they
 // wait (again after 2, 4, 8 s...), and every rank fails with a
-// MisplacedError naming the host and the device ranks (ErrMismatch). An
-// operation small enough for shared memory's board fails at once, the
-// host rank naming the device rank's operation as one it did not post
-// there; without a root (NewLocalGroup) the ranks wait for
-// Config.Timeout, whose message says where each placed its buffers.
+// MisplacedError naming the host and the device ranks (ErrMismatch); the
+// ranks of a NewLocalGroup compare directly. An operation small enough
+// for shared memory's board fails at once, the host rank naming the
+// device rank's operation as one it did not post there.
 //
 // # Memory the ranks of a host share
 //

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"os"
-	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
@@ -48,9 +47,10 @@ func TestDebugDumpRecordsOperations(t *testing.T) {
 }
 
 // TestTimeoutDumpsAndNamesWhereItWaited: rank 1 never joins; rank 0 times
-// out, its error says which step and peer it waited on, and its flight
-// recorder lands in the dump directory, from which the analyzer names
-// rank 1 as the one that never arrived.
+// out, its error says which step and peer it waited on, and the ranks'
+// flight recorders land in the dump directory (rank 1's too: the local
+// group's diagnosis aborts every rank, as the root's does), from which
+// the analyzer names rank 1 as the one that never arrived.
 func TestTimeoutDumpsAndNamesWhereItWaited(t *testing.T) {
 	dir := t.TempDir()
 	comms, _ := newNet(t, 2, collective.WithTimeout(300*time.Millisecond), collective.WithDebugDump(dir))
@@ -59,22 +59,25 @@ func TestTimeoutDumpsAndNamesWhereItWaited(t *testing.T) {
 	require.ErrorIs(t, err, collective.ErrTimeout)
 	require.Contains(t, err.Error(), "allreduce#0 (256 bytes in host memory) ran past the 300ms timeout")
 	require.Contains(t, err.Error(), "with rank 1")
-	dumps, err := flight.ReadDir(dir)
-	require.NoError(t, err)
-	require.Len(t, dumps, 1)
-	d := dumps[0]
-	require.Equal(t, "timeout", d.Reason)
-	require.Len(t, d.Ops, 1)
-	require.Equal(t, flight.Running, d.Ops[0].State)
-	require.NotEmpty(t, d.Ops[0].Progress)
-	require.Equal(t, 1, d.Ops[0].Progress[0].Peer)
-	// Rank 1 writes its (empty) recorder on demand.
-	f, err := os.Create(filepath.Join(dir, flight.FileName(1, 0)))
-	require.NoError(t, err)
-	require.NoError(t, comms[1].DebugDump(f))
-	f.Close()
-	dumps, err = flight.ReadDir(dir)
-	require.NoError(t, err)
+	require.Contains(t, err.Error(), "the chain of waits ends at rank 1, which has not called allreduce#0")
+	// Rank 1's dump is written as it aborts, a moment after rank 0's
+	// error.
+	var dumps []*flight.Dump
+	require.Eventually(t, func() bool {
+		dumps, err = flight.ReadDir(dir)
+		return err == nil && len(dumps) == 2
+	}, 5*time.Second, 10*time.Millisecond)
+	for _, d := range dumps {
+		require.Equal(t, "timeout", d.Reason, "rank %d", d.Rank)
+		if d.Rank == 1 {
+			require.Empty(t, d.Ops, "rank 1 issued nothing")
+			continue
+		}
+		require.Len(t, d.Ops, 1)
+		require.Equal(t, flight.Running, d.Ops[0].State)
+		require.NotEmpty(t, d.Ops[0].Progress)
+		require.Equal(t, 1, d.Ops[0].Progress[0].Peer)
+	}
 	finding := flight.Analyze(dumps)
 	require.Equal(t, "missing", finding.Kind)
 	require.Equal(t, []int{1}, finding.Ranks)
