@@ -90,11 +90,11 @@ type Comm struct {
 	held       []fused
 	heldBytes  int
 	premulNext int
-	family     *localFamily   // a local group's meeting place for Split; nil between processes
+	family     *localFamily // a local group's meeting place for Split; nil between processes
 	// local is a local group's stand-in for the root's diagnosis (nil
 	// between processes); set after the watchdog starts, so atomic.
 	local atomic.Pointer[localWatch]
-	wg         sync.WaitGroup // goroutines of asynchronous operations
+	wg    sync.WaitGroup // goroutines of asynchronous operations
 	// Operations issued and not finished, and the channel Close waits on
 	// until there are none (made by Close, closed by the last finish):
 	// counted under mu, which issue and finish hold anyway, where a
