@@ -352,12 +352,12 @@ func newComm(rank, size int, cfg Config, ep transport.Endpoint, link algorithms.
 }
 
 // watch is the watchdog: it aborts the communicator when the operation
-// in flight is still running at its deadline, and on a communicator with
-// a bootstrap root it has the ranks compare where they wait (a probe)
-// once the operation has waited probeFirst, and again each time the wait
-// doubles: a fault no wait cures (ranks that placed the operation's
-// buffers differently) then ends it long before the timeout. It wakes at
-// least every probeFirst.
+// in flight is still running at its deadline, and it has the ranks
+// compare where they wait (a probe, through the bootstrap root or, in a
+// local group, directly) once the operation has waited probeFirst, and
+// again each time the wait doubles: a fault no wait cures (ranks that
+// placed the operation's buffers differently) then ends it long before
+// the timeout. It wakes at least every probeFirst.
 func (c *Comm) watch() {
 	defer close(c.watchDone)
 	t := time.NewTimer(min(probeFirst, c.cfg.Timeout))

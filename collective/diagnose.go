@@ -203,14 +203,14 @@ func (c *Comm) stallCause(d *wire.Diagnosis) error {
 			e.Local = te
 		}
 	}
-	// The end: of the chain from this rank if it waits on someone, else of
-	// the chain from the rank that timed out.
 	if m := misplaced(d); m != nil {
 		// Host ranks and device ranks of one operation run it on
 		// different connections (transport.DeviceChannels): whatever the
 		// chain of waits looks like, that is the cause.
 		return m
 	}
+	// The end: of the chain from this rank if it waits on someone, else of
+	// the chain from the rank that timed out.
 	chain, cycle := waitsOf(d, c.rank)
 	if len(chain) == 1 && int(d.From) != c.rank {
 		if from, fc := waitsOf(d, int(d.From)); len(from) > 0 {
@@ -262,9 +262,10 @@ func misplaced(d *wire.Diagnosis) *MisplacedError {
 // operation placed its buffers differently: some in host memory, others
 // in device memory. The two run on separate connections, so neither side
 // sees the other's data; while the operation waits, the ranks compare
-// where they are (a second into the wait, then after 2, 4, 8... s, on
-// communicators with a bootstrap root; at the timeout otherwise).
-// errors.Is(err, ErrMismatch) holds for it.
+// where they are (a second into the wait, then after 2, 4, 8... s:
+// through the bootstrap root, or directly in a local group; at the
+// timeout where neither answers). errors.Is(err, ErrMismatch) holds for
+// it.
 type MisplacedError struct {
 	Op     string // the operation ("allreduce")
 	Seq    uint64 // its sequence number among the collectives
@@ -366,7 +367,7 @@ type localWatch struct {
 	comms []atomic.Pointer[Comm] // the group's, by rank (set as they are made)
 
 	mu      sync.Mutex
-	stalled bool // a stall's diagnosis has aborted the group
+	aborted bool // a diagnosis has aborted the group
 }
 
 // diagnosis gathers every rank's answer for stall s, reported by rank
@@ -396,14 +397,14 @@ func (l *localWatch) diagnosis(from int, s wire.Stall, probe bool) *wire.Diagnos
 func (l *localWatch) probe(from int, s wire.Stall) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.stalled {
+	if l.aborted {
 		return true
 	}
 	m := misplaced(l.diagnosis(from, s, true))
 	if m == nil {
 		return false
 	}
-	l.stalled = true
+	l.aborted = true
 	l.abortAll(func(*Comm) error { return m })
 	return true
 }
@@ -413,10 +414,10 @@ func (l *localWatch) probe(from int, s wire.Stall) bool {
 func (l *localWatch) stall(from int, s wire.Stall) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.stalled {
+	if l.aborted {
 		return
 	}
-	l.stalled = true
+	l.aborted = true
 	d := l.diagnosis(from, s, false)
 	l.abortAll(func(c *Comm) error { return c.stallCause(d) })
 }

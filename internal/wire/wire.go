@@ -226,7 +226,7 @@ const (
 	FrameDiagnosis FrameType = 16
 	// FrameProbe (a Stall) asks the same of the root for an operation
 	// that has waited long but not timed out: the where-queries of its
-	// round carry a flag byte (whereProbe), and its diagnosis
+	// round carry a flag byte (WhereProbe), and its diagnosis
 	// (Diagnosis.Probe) aborts nothing unless it shows a fault the ranks
 	// cannot wait out (one operation's buffers placed differently).
 	FrameProbe FrameType = 17
