@@ -564,14 +564,15 @@ func (r *Root) diagnose(d wire.Diagnosis, then func()) {
 	}
 	defer r.mu.Unlock()
 	if g := r.diag; g != nil {
+		if g.d.Probe && !d.Probe {
+			// A stall, or a silent rank's notice, after the probe's round
+			// (at most DiagnosisWait): its where-queries told the ranks
+			// that nothing would come of it.
+			g.then = append(g.then, func() { r.diagnose(d, then) })
+			return
+		}
 		if then != nil {
 			g.then = append(g.then, then)
-		}
-		if g.d.Probe && !d.Probe && !d.Silent {
-			// A stall joins a probe's round and makes it the stall's:
-			// every rank aborts on its diagnosis.
-			r.log.Warn("goccl: bootstrap root: an operation timed out; asking every rank where it waits", "rank", d.From, "op", d.Stall.Op, "seq", d.Stall.Seq)
-			g.d.From, g.d.Stall, g.d.Probe = d.From, d.Stall, false
 		}
 		return
 	}

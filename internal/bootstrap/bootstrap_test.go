@@ -721,13 +721,34 @@ func TestProbe(t *testing.T) {
 			time.Sleep(probeGap)
 		}
 	}
+	// A stall while a probe's round waits for a silent rank: the probe's
+	// diagnosis goes out first, then a round of the stall's own.
+	time.Sleep(probeGap)
+	watches[2].Stall(true)
+	require.NoError(t, watches[1].ProbeStall(st))
+	time.Sleep(100 * time.Millisecond) // the root reads the probe first
 	require.NoError(t, watches[0].ReportStall(st))
-	for rank := range n {
-		d := next(rank)
+	for rank := range 2 {
+		var d *wire.Diagnosis
+		select {
+		case ev := <-evs[rank]:
+			d = ev.Diagnosis
+		case <-time.After(2 * DiagnosisWait):
+		}
 		require.NotNil(t, d, "rank %d", rank)
-		require.False(t, d.Probe, "a stall's diagnosis")
+		require.True(t, d.Probe, "rank %d: the probe's diagnosis first", rank)
+		select {
+		case ev := <-evs[rank]:
+			d = ev.Diagnosis
+		case <-time.After(2 * DiagnosisWait):
+			d = nil
+		}
+		require.NotNil(t, d, "rank %d", rank)
+		require.False(t, d.Probe, "rank %d: then the stall's", rank)
+		require.Equal(t, uint32(0), d.From)
 	}
-	require.Equal(t, int32(2), probes[0].Load(), "the stall's where-query is not a probe's")
+	require.Equal(t, int32(3), probes[0].Load(), "the stall's where-query is not a probe's")
+	watches[2].Stall(false)
 	for _, w := range watches {
 		w.Bye()
 	}
