@@ -241,25 +241,8 @@ func (c *Comm) stallCause(d *wire.Diagnosis) error {
 // running it placed its buffers in host memory and others in device
 // memory, else nil.
 func misplaced(d *wire.Diagnosis) *MisplacedError {
-	if d.Stall.Op == "send" || d.Stall.Op == "recv" {
-		// Point-to-point operations on device memory run in issue order
-		// and are numbered with every operation, not among the
-		// collectives: two ranks' sends of one number need not be one
-		// transfer.
-		return nil
-	}
-	var host, dev []int
-	for r, w := range d.Waits {
-		if w.State != wire.WaitRunning || w.Seq != d.Stall.Seq || w.Op != d.Stall.Op {
-			continue
-		}
-		if w.Device {
-			dev = append(dev, r)
-		} else {
-			host = append(host, r)
-		}
-	}
-	if len(host) == 0 || len(dev) == 0 {
+	host, dev := d.Misplaced()
+	if host == nil {
 		return nil
 	}
 	return &MisplacedError{Op: d.Stall.Op, Seq: d.Stall.Seq, Host: host, Device: dev}

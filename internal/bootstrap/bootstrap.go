@@ -671,6 +671,16 @@ func (r *Root) finishDiagnosis(g *diagRound) {
 	switch {
 	case g.d.Probe:
 		r.probed = now
+		if host, _ := g.d.Misplaced(); host == nil {
+			// Nothing the ranks would act on: a diagnosis carries every
+			// rank's wait to every rank (O(n²) bytes), and an operation
+			// that waits on a late rank probes at every doubling.
+			r.mu.Unlock()
+			for _, f := range g.then {
+				f()
+			}
+			return
+		}
 	case !g.d.Silent:
 		r.stalled = true
 	}

@@ -613,6 +613,33 @@ type Diagnosis struct {
 	Waits []Wait
 }
 
+// Misplaced returns the ranks running d's stalled operation on host
+// memory and those running it on device memory, when there are both
+// (else nil, nil): ranks that placed one operation's buffers differently,
+// which run it on separate connections and would wait for each other
+// until the timeout. Point-to-point operations ("send", "recv") are left
+// out: they are numbered with every operation, so two ranks' sends of
+// one number need not be one transfer.
+func (d *Diagnosis) Misplaced() (host, device []int) {
+	if d.Stall.Op == "send" || d.Stall.Op == "recv" {
+		return nil, nil
+	}
+	for r, w := range d.Waits {
+		if w.State != WaitRunning || w.Seq != d.Stall.Seq || w.Op != d.Stall.Op {
+			continue
+		}
+		if w.Device {
+			device = append(device, r)
+		} else {
+			host = append(host, r)
+		}
+	}
+	if len(host) == 0 || len(device) == 0 {
+		return nil, nil
+	}
+	return host, device
+}
+
 // A diagnosis's flags: one of these, or none.
 const (
 	diagSilent = 1
