@@ -31,10 +31,11 @@ import (
 // UnresponsiveError says how its wait led there.
 //
 // Before the timeout, an operation that has waited a second (then 2, 4,
-// 8 s...) has the root run the same round as a probe (Watch.ProbeStall):
-// its diagnosis aborts nothing unless it shows what no wait cures, ranks
-// running the operation with their buffers placed differently (host
-// memory on some, device memory on others: misplaced, MisplacedError).
+// 8 s...) has the root run the same round as a probe (Watch.ProbeStall),
+// whose diagnosis the root sends only when it shows what no wait cures:
+// ranks running the operation with their buffers placed differently
+// (host memory on some, device memory on others: wire.Diagnosis.Misplaced,
+// MisplacedError), on which every rank aborts.
 //
 // Between processes the root is the only place that sees every rank, so
 // the diagnosis needs it: a rank whose root is gone, or that is not
