@@ -17,6 +17,7 @@ import (
 
 	"github.com/goccl/goccl/algorithms"
 	"github.com/goccl/goccl/collective"
+	"github.com/goccl/goccl/flight"
 	"github.com/goccl/goccl/internal/device/emu"
 	"github.com/goccl/goccl/memory"
 )
@@ -546,12 +547,23 @@ func TestMultiProcessMisplaced(t *testing.T) {
 	for _, tr := range transports() {
 		t.Run(tr, func(t *testing.T) {
 			t.Parallel()
-			res := spawn(t, "misplaced", gocclEnvs(t, 3, "GOCCL_TRANSPORT="+tr, "GOCCL_TIMEOUT="+misplacedTimeout.String(), "GOCCL_TEST_COUNT=1000"), nil)
+			dir := t.TempDir()
+			res := spawn(t, "misplaced", gocclEnvs(t, 3, "GOCCL_TRANSPORT="+tr, "GOCCL_TIMEOUT="+misplacedTimeout.String(), "GOCCL_TEST_COUNT=1000",
+				"GOCCL_DEBUG_DUMP="+dir), nil)
 			for _, r := range res {
 				t.Logf("rank %d (exit %d): %s", r.rank, r.code, strings.TrimSpace(r.output))
 				require.Equal(t, 0, r.code, "rank %d:\n%s", r.rank, r.output)
 				require.Contains(t, r.output, "the ranks placed allreduce#0's buffers differently: rank 0 in host memory, ranks 1 and 2 in device memory", "rank %d", r.rank)
 			}
+			// The flight recorders every rank wrote as it aborted say the
+			// same (goccl-run -analyze).
+			dumps, err := flight.ReadDir(dir)
+			require.NoError(t, err)
+			require.Len(t, dumps, 3)
+			f := flight.Analyze(dumps)
+			require.Equal(t, "diverge", f.Kind, f.Summary)
+			require.Equal(t, []int{0}, f.Ranks, f.Summary)
+			require.Contains(t, f.Summary, "ranks [1 2] called allreduce(float32×1000, sum, device memory)")
 		})
 	}
 }

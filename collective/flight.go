@@ -41,18 +41,19 @@ func (c *Comm) record(reason string, cause error) *flight.Dump {
 		finished      bool
 		finishNs      int64
 		err           error
+		device        bool
 	}
 	snaps := make([]snap, 0, n)
 	for s := c.seq - n; s < c.seq; s++ {
 		r := c.flight[s%flightOps]
 		snaps = append(snaps, snap{r: r, name: r.name, op: r.op,
-			cseq: r.cseq, issued: r.issued, start: r.start, finished: r.finished, finishNs: r.finishNs, err: r.err})
+			cseq: r.cseq, issued: r.issued, start: r.start, finished: r.finished, finishNs: r.finishNs, err: r.err, device: r.devV != 0})
 	}
 	c.mu.Unlock()
 	for _, sn := range snaps {
 		op := sn.op
 		e := flight.Entry{Seq: sn.cseq, Op: sn.name, Type: DataType(op.Type).String(), Count: op.Count, Root: -1,
-			IssuedUs: float64(sn.issued) / 1e3}
+			IssuedUs: float64(sn.issued) / 1e3, Device: sn.device}
 		e.Bytes = op.Bytes(c.size)
 		switch op.Coll {
 		case algorithms.CollBroadcast, algorithms.CollReduce, algorithms.CollSend, algorithms.CollRecv:

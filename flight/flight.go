@@ -47,8 +47,11 @@ type Entry struct {
 	// P2P is "send" or "recv" for point-to-point operations (Op is then
 	// what the caller called: send, recv, alltoallv, gather, scatter),
 	// numbered per peer and direction rather than like collectives.
-	P2P      string `json:"p2p,omitempty"`
-	RedOp    string `json:"redop,omitempty"`
+	P2P   string `json:"p2p,omitempty"`
+	RedOp string `json:"redop,omitempty"`
+	// Device: the operation's buffers are in device memory. Every rank of
+	// an operation places them alike, so What tells the two apart.
+	Device   bool   `json:"device,omitempty"`
 	Algo     string `json:"algo,omitempty"`
 	Channels int    `json:"channels,omitempty"`
 	State    string `json:"state"` // issued, running, done, failed
@@ -86,6 +89,9 @@ func (e Entry) What() string {
 	}
 	if e.Root >= 0 {
 		s += fmt.Sprintf(", root %d", e.Root)
+	}
+	if e.Device {
+		s += ", device memory"
 	}
 	return s + ")"
 }

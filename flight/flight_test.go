@@ -24,6 +24,24 @@ func TestAnalyzeFindsDivergence(t *testing.T) {
 	require.Contains(t, f.Summary, "ranks [2] called broadcast(float32×8, root 0)")
 }
 
+// Ranks that placed one operation's buffers differently (host memory on
+// one, device memory on the others) diverge: the dumps say which.
+func TestAnalyzeFindsMisplacedBuffers(t *testing.T) {
+	dev := ar(1, 8, Running)
+	dev.Device = true
+	dumps := []*Dump{
+		{Rank: 0, Ops: []Entry{ar(0, 4, Done), ar(1, 8, Running)}},
+		{Rank: 1, Ops: []Entry{ar(0, 4, Done), dev}},
+		{Rank: 2, Ops: []Entry{ar(0, 4, Done), dev}},
+	}
+	f := Analyze(dumps)
+	require.Equal(t, "diverge", f.Kind)
+	require.Equal(t, uint64(1), f.Seq)
+	require.Equal(t, []int{0}, f.Ranks)
+	require.Contains(t, f.Summary, "ranks [1 2] called allreduce(float32×8, sum, device memory)")
+	require.Contains(t, f.Summary, "ranks [0] called allreduce(float32×8, sum)")
+}
+
 func TestAnalyzeFindsTheRankThatNeverArrived(t *testing.T) {
 	dumps := []*Dump{
 		{Rank: 0, Ops: []Entry{ar(0, 4, Done), ar(1, 4, Done), ar(2, 4, Running)}},
