@@ -23,8 +23,11 @@ import (
 const Magic = "goccl\x00"
 
 // ProtocolVersion is the version of everything in this package. Peers
-// with a different version are refused with a clear error.
-const ProtocolVersion uint16 = 1
+// with a different version are refused with a clear error. 2: the
+// watchdog's probes (FrameProbe, Diagnosis.Probe, WhereProbe) and
+// Wait.Device, which a root of version 1 would take for a malformed
+// frame and a reason to drop the rank.
+const ProtocolVersion uint16 = 2
 
 // Limits on variable-length fields.
 const (
