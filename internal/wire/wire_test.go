@@ -202,3 +202,29 @@ func FuzzFrameHeader(f *testing.F) {
 		}
 	})
 }
+
+// Misplaced, which the root uses to decide whether a probe's diagnosis
+// goes out: only ranks running the stalled collective count, and only
+// when both placements are among them.
+func TestDiagnosisMisplaced(t *testing.T) {
+	run := func(op string, seq uint64, dev bool) Wait {
+		return Wait{State: WaitRunning, Seq: seq, Op: op, Device: dev, Peer: -1}
+	}
+	for _, c := range []struct {
+		name      string
+		stall     Stall
+		waits     []Wait
+		host, dev []int
+	}{
+		{"split", Stall{Seq: 3, Op: "allreduce"}, []Wait{run("allreduce", 3, false), run("allreduce", 3, true), run("allreduce", 3, true)}, []int{0}, []int{1, 2}},
+		{"alike", Stall{Seq: 3, Op: "allreduce"}, []Wait{run("allreduce", 3, true), run("allreduce", 3, true)}, nil, nil},
+		{"another number", Stall{Seq: 3, Op: "allreduce"}, []Wait{run("allreduce", 3, false), run("allreduce", 2, true)}, nil, nil},
+		{"not answering", Stall{Seq: 3, Op: "allreduce"}, []Wait{run("allreduce", 3, false), {State: WaitNoAnswer, Seq: 3, Op: "allreduce", Device: true}}, nil, nil},
+		{"sends", Stall{Seq: 3, Op: "send"}, []Wait{run("send", 3, false), run("send", 3, true)}, nil, nil},
+	} {
+		d := Diagnosis{Stall: c.stall, Waits: c.waits}
+		host, dev := d.Misplaced()
+		require.Equal(t, c.host, host, c.name)
+		require.Equal(t, c.dev, dev, c.name)
+	}
+}
