@@ -400,7 +400,8 @@ func (c *Comm) watch() {
 			if key != probed {
 				probed, probeAt = key, probeFirst
 			}
-			if waited := c.cfg.Timeout - left; waited >= probeAt {
+			waited := c.cfg.Timeout - left
+			if waited >= probeAt {
 				st := wire.Stall{Seq: seq, Timeout: int64(c.cfg.Timeout), Op: name}
 				if w := c.rootConn(); w != nil {
 					w.ProbeStall(st)
@@ -411,7 +412,7 @@ func (c *Comm) watch() {
 					probeAt *= 2
 				}
 			}
-			t.Reset(min(left, probeAt-(c.cfg.Timeout-left)))
+			t.Reset(min(left, probeAt-waited))
 			continue
 		}
 		te := &timeoutError{op: name, seq: seq, d: c.cfg.Timeout, progress: c.eng.Progress(), bytes: bytes, device: dev}

@@ -356,22 +356,16 @@ func (r *Root) handle(raw net.Conn) {
 			r.relay(wire.Abort{Rank: info.Rank, Reason: a.Reason})
 		case wire.FramePong:
 			// Heard (above).
-		case wire.FrameStall:
+		case wire.FrameStall, wire.FrameProbe:
+			// A timeout's report, or a probe (the same Stall) for an
+			// operation that has waited long.
 			st, _, err := wire.ParseStall(payload)
 			if err != nil {
-				r.rankGone(int(info.Rank), fmt.Errorf("it sent a malformed stall report: %v", err))
+				r.rankGone(int(info.Rank), fmt.Errorf("it sent a malformed %v frame: %v", typ, err))
 				c.Close()
 				return
 			}
-			r.diagnose(wire.Diagnosis{From: info.Rank, Stall: st}, nil)
-		case wire.FrameProbe:
-			st, _, err := wire.ParseStall(payload)
-			if err != nil {
-				r.rankGone(int(info.Rank), fmt.Errorf("it sent a malformed probe: %v", err))
-				c.Close()
-				return
-			}
-			r.diagnose(wire.Diagnosis{From: info.Rank, Stall: st, Probe: true}, nil)
+			r.diagnose(wire.Diagnosis{From: info.Rank, Stall: st, Probe: typ == wire.FrameProbe}, nil)
 		case wire.FrameWait:
 			if len(payload) < 4 {
 				r.rankGone(int(info.Rank), errors.New("it sent a malformed wait report"))

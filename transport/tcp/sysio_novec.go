@@ -11,10 +11,10 @@ import "golang.org/x/sys/unix"
 
 // sysReadv reads into a then b on a non-blocking descriptor.
 func sysReadv(fd int, a, b []byte) (int, error) {
-	return twice(fd, a, b, func(fd int, p []byte) (int, error) { return unix.Read(fd, p) })
+	return twice(fd, a, b, unix.Read)
 }
 
 // sysWritev writes a then b on a non-blocking descriptor.
 func sysWritev(fd int, a, b []byte) (int, error) {
-	return twice(fd, a, b, func(fd int, p []byte) (int, error) { return unix.Write(fd, p) })
+	return twice(fd, a, b, unix.Write)
 }
