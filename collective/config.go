@@ -14,6 +14,7 @@ import (
 	"github.com/goccl/goccl/topology"
 	"github.com/goccl/goccl/transport"
 	"github.com/goccl/goccl/transport/shm"
+	"github.com/goccl/goccl/transport/tcp"
 )
 
 // Defaults.
@@ -87,6 +88,14 @@ type Config struct {
 	// own flow control alone). It must be at least half the slots and one
 	// more. Every rank must agree on whether credits are used.
 	TCPWindow int
+	// TCPCongestion chooses the congestion control of the TCP data
+	// sockets (GOCCL_TCP_CONGESTION): empty, Reno on loopback ones (a job
+	// on one host; BBR's pacing only costs there) and the system's
+	// between hosts; "system", the system's everywhere; a name ("cubic",
+	// "bbr", "dctcp"), that one on every data socket, the kernel refusing
+	// it (not built, or not in net.ipv4.tcp_allowed_congestion_control
+	// for a process without CAP_NET_ADMIN) an error at Init. Linux only.
+	TCPCongestion string
 	// SocketIfname chooses the network interfaces, as NCCL_SOCKET_IFNAME:
 	// prefixes to use ("eth,ib"), ^ to exclude ("^docker,lo"), = for exact
 	// names ("=eth0"). Empty: every interface that is up except loopback
@@ -368,6 +377,7 @@ const (
 	EnvHeartbeat    = "GOCCL_HEARTBEAT_TIMEOUT" // a duration; 0 turns the heartbeat off
 	EnvNSocks       = "GOCCL_NSOCKS"            // TCP sockets per connection, 1..64
 	EnvTCPWindow    = "GOCCL_TCP_WINDOW"        // large slices a TCP connection sends ahead of its receiver's credits; 0 the slot count, "off" none
+	EnvTCPCongest   = "GOCCL_TCP_CONGESTION"    // "system", or a congestion control's name; empty: Reno on loopback
 	EnvSocketIf     = "GOCCL_SOCKET_IFNAME"
 	EnvHostID       = "GOCCL_HOSTID"
 	EnvSpin         = "GOCCL_SPIN"           // a duration ("1ms", "200us"); 0 never polls
@@ -493,6 +503,13 @@ func fromEnv(lookup func(string) (string, bool)) (Config, error) {
 		} else {
 			c.TCPWindow = n
 		}
+	}
+	if v, ok := lookup(EnvTCPCongest); ok {
+		v = strings.TrimSpace(v)
+		if err := tcp.ValidCongestion(v); err != nil {
+			return c, bad(EnvTCPCongest, v, `"system" or a congestion control's name (reno, cubic, bbr, ...)`)
+		}
+		c.TCPCongestion = v
 	}
 	if v, ok := lookup(EnvSocketIf); ok {
 		c.SocketIfname = v
@@ -681,6 +698,8 @@ func (c Config) validate() error {
 		return bad("ShmBlock %d out of range 0..256 MiB", c.ShmBlock)
 	case c.TCPWindow > 4096:
 		return bad("TCPWindow %d out of range (at most 4096; negative turns credits off)", c.TCPWindow)
+	case tcp.ValidCongestion(c.TCPCongestion) != nil:
+		return bad("TCPCongestion: %v", tcp.ValidCongestion(c.TCPCongestion))
 	case c.Transport != "" && !knownTransport(c.Transport):
 		return bad("Transport %q (want auto, tcp, shm or verbs)", c.Transport)
 	case c.IB.TC < 0 || c.IB.TC > 255 || c.IB.SL < 0 || c.IB.SL > 15:

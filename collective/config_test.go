@@ -1,8 +1,10 @@
 package collective_test
 
 import (
+	"context"
 	"errors"
 	"log/slog"
+	"runtime"
 	"testing"
 	"time"
 
@@ -51,6 +53,23 @@ func TestTCPWindowFromEnvironment(t *testing.T) {
 	}
 }
 
+// A congestion control the kernel does not know fails Init with its name,
+// where the TCP listener is made.
+func TestUnknownTCPCongestionFailsInit(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("choosing a socket's congestion control is built for Linux only")
+	}
+	e := env(map[string]string{"GOCCL_TCP_CONGESTION": "nosuchcc", "GOCCL_TRANSPORT": "tcp"})
+	// The rank fails before it joins, so the root serves out its (short)
+	// init timeout and ends.
+	id, err := collective.NewUniqueID(e, collective.WithInitTimeout(300*time.Millisecond))
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err = collective.Init(ctx, id, 1, 0, e)
+	require.ErrorContains(t, err, `"nosuchcc"`)
+}
+
 func TestOptionsOverrideEnvironment(t *testing.T) {
 	comms, err := collective.NewLocalGroup(1, env(map[string]string{"GOCCL_ALGO": "tree", "GOCCL_TIMEOUT": "5m"}),
 		collective.WithAlgorithm(algorithms.Ring))
@@ -76,6 +95,7 @@ func TestInvalidEnvironmentIsAnError(t *testing.T) {
 		"GOCCL_P2P_DISABLE":       "please",
 		"GOCCL_HEARTBEAT_TIMEOUT": "-5s",
 		"GOCCL_TCP_WINDOW":        "lots",
+		"GOCCL_TCP_CONGESTION":    "BBR v2",
 	} {
 		_, err := collective.NewLocalGroup(2, env(map[string]string{k: v}))
 		require.ErrorIs(t, err, collective.ErrInvalidArgument, "%s=%s", k, v)

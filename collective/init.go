@@ -281,7 +281,7 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	// no use for a TCP listener: its address is the shared-memory one.
 	var ln net.Listener
 	if !cfg.localOnly || shmLn == nil {
-		if ln, err = net.Listen("tcp", net.JoinHostPort(addrs[0].Host(), "0")); err != nil {
+		if ln, err = tcp.Listen(net.JoinHostPort(addrs[0].Host(), "0"), cfg.TCPCongestion); err != nil {
 			if shmLn != nil {
 				shmLn.Close()
 			}
@@ -316,7 +316,7 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	}
 	if len(nics) > 1 && ln != nil {
 		for _, a := range nics[1:] {
-			l, err := net.Listen("tcp", net.JoinHostPort(a.Host(), "0"))
+			l, err := tcp.Listen(net.JoinHostPort(a.Host(), "0"), cfg.TCPCongestion)
 			if err != nil {
 				closeEarly()
 				return fail(fmt.Errorf("listening on %s (%s): %w", a.Iface, a.Host(), err))
@@ -486,7 +486,7 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		}
 		// A communicator of one: its TCP endpoint carries nothing but
 		// wants a listener.
-		if ln, err = net.Listen("tcp", net.JoinHostPort(addrs[0].Host(), "0")); err != nil {
+		if ln, err = tcp.Listen(net.JoinHostPort(addrs[0].Host(), "0"), cfg.TCPCongestion); err != nil {
 			closeListeners()
 			return fail(err)
 		}
@@ -495,7 +495,7 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		tcpPeers[rank] = ln.Addr().String()
 		to := tcp.Options{Rank: rank, ListenersUp: true, NRanks: nranks, Peers: tcpPeers, Secret: id.secret[:], Listener: ln,
 			Listeners: nicLns, PeerNICs: tcpNICs,
-			NSocks: cfg.NSocks, Window: cfg.TCPWindow, Slots: slots, SlotSize: slotSize, SpinFor: cfg.Spin, TLS: cfg.tls,
+			NSocks: cfg.NSocks, Window: cfg.TCPWindow, Congestion: cfg.TCPCongestion, Slots: slots, SlotSize: slotSize, SpinFor: cfg.Spin, TLS: cfg.tls,
 			YieldWhenIdle: busy}
 		if reg, ok := dev.(device.Registrar); ok {
 			// Device operations stage their slices in registered memory.

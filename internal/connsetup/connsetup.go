@@ -204,6 +204,9 @@ type Dialer struct {
 	// (it exited or closed its communicator) and Dial fails at once
 	// instead of retrying until its context ends.
 	ListenersUp bool
+	// Control, if set, is the net.Dialer's: it sets a socket up between
+	// socket(2) and connect(2).
+	Control func(network, address string, c syscall.RawConn) error
 }
 
 // Permanent marks an error of a Then function that retrying will not
@@ -225,7 +228,7 @@ func (p *permanentError) Unwrap() error { return p.err }
 func (d *Dialer) Dial(ctx context.Context, addr string, s wire.ConnSetup, then func(c net.Conn) error) (net.Conn, error) {
 	backoff := 5 * time.Millisecond
 	for {
-		nd := net.Dialer{Timeout: d.Timeout}
+		nd := net.Dialer{Timeout: d.Timeout, Control: d.Control}
 		c, err := nd.DialContext(ctx, d.Network, addr)
 		if d.ListenersUp && errors.Is(err, syscall.ECONNREFUSED) {
 			return nil, fmt.Errorf("%w: nothing listens at %s any more (the peer closed its communicator or exited)", err, addr)

@@ -140,6 +140,9 @@ func New(o Options) (*Endpoint, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := ValidCongestion(o.Congestion); err != nil {
+		return nil, fmt.Errorf("tcp: %w", err)
+	}
 	e := &Endpoint{o: o, log: o.Logger, window: window, conns: map[connKey]*conn{}, arriving: map[connKey]*arrivingConn{},
 		outboxes: map[connKey]*outbox{}, done: make(chan struct{}), closing: make(chan struct{})}
 	if e.log == nil {
@@ -147,7 +150,8 @@ func New(o Options) (*Endpoint, error) {
 	}
 	e.acc = connsetup.Acceptor{Name: "tcp", Rank: o.Rank, Secret: o.Secret, Purpose: wire.PurposeData, Timeout: setupTimeout,
 		Log: e.log, Check: e.checkSetup, Serve: e.serveIncoming, Arriving: &e.pending}
-	e.dialer = connsetup.Dialer{Network: "tcp", Secret: o.Secret, Purpose: wire.PurposeData, Timeout: setupTimeout, Done: e.done, ListenersUp: o.ListenersUp}
+	e.dialer = connsetup.Dialer{Network: "tcp", Secret: o.Secret, Purpose: wire.PurposeData, Timeout: setupTimeout, Done: e.done, ListenersUp: o.ListenersUp,
+		Control: control(o.Congestion)}
 	e.acc.Start(append([]net.Listener{o.Listener}, o.Listeners...)...)
 	return e, nil
 }

@@ -1,0 +1,98 @@
+package tcp
+
+import (
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+// congestionOf reads fd's TCP congestion control.
+func congestionOf(t *testing.T, fd int) string {
+	t.Helper()
+	name, err := unix.GetsockoptString(fd, unix.IPPROTO_TCP, unix.TCP_CONGESTION)
+	require.NoError(t, err)
+	return name
+}
+
+// systemCongestion is the kernel's default congestion control.
+func systemCongestion(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_congestion_control")
+	require.NoError(t, err)
+	return strings.TrimSpace(string(b))
+}
+
+func TestCongestionFor(t *testing.T) {
+	lo, lo6, other := netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("::1"), netip.MustParseAddr("10.1.2.3")
+	require.Equal(t, "reno", congestionFor("", lo))
+	require.Equal(t, "reno", congestionFor("", lo6))
+	require.Equal(t, "", congestionFor("", other), "between hosts the default is the system's")
+	require.Equal(t, "", congestionFor(CongestionSystem, lo))
+	require.Equal(t, "cubic", congestionFor("cubic", other))
+	require.Equal(t, "cubic", congestionFor("cubic", lo))
+	require.NoError(t, ValidCongestion("bbr"))
+	require.NoError(t, ValidCongestion(""))
+	require.Error(t, ValidCongestion("Reno"))
+	require.Error(t, ValidCongestion("reno;x"))
+	require.Error(t, ValidCongestion(strings.Repeat("a", 16)))
+}
+
+// The data sockets of a loopback connection, dialed and accepted, use
+// Reno whatever the system's default; "system" leaves them with it.
+func TestLoopbackSocketsUseReno(t *testing.T) {
+	for _, setting := range []string{"", CongestionSystem} {
+		t.Run("setting="+setting, func(t *testing.T) {
+			want := "reno"
+			if setting == CongestionSystem {
+				want = systemCongestion(t)
+				if want == "reno" {
+					t.Log("the system's default is Reno too: this case cannot tell the settings apart here")
+				}
+			}
+			eps := endpoints(t, 2, func(r int, o *Options) {
+				o.Listener.Close()
+				ln, err := Listen(o.Listener.Addr().String(), setting)
+				require.NoError(t, err)
+				o.Listener, o.Congestion = ln, setting
+			})
+			a, b := connectPair(t, eps[0], eps[1], 0)
+			for _, c := range []any{a, b} {
+				cn := c.(*conn)
+				require.NotEmpty(t, cn.socks)
+				for _, s := range cn.socks {
+					require.Equal(t, want, congestionOf(t, s.fd))
+				}
+				if cn.cr.ctl != nil {
+					require.Equal(t, want, congestionOf(t, cn.cr.ctl.fd), "the control socket")
+				}
+			}
+		})
+	}
+}
+
+// A named congestion control the kernel does not have is an error at the
+// listener, which says which.
+func TestUnknownCongestionIsRefused(t *testing.T) {
+	_, err := Listen("127.0.0.1:0", "nosuchcc")
+	require.ErrorContains(t, err, `"nosuchcc"`)
+	_, err = Listen("127.0.0.1:0", "Bad Name")
+	require.ErrorContains(t, err, "Bad Name")
+	// A listener between hosts takes a named one too; on loopback here.
+	ln, err := Listen("127.0.0.1:0", "reno")
+	require.NoError(t, err)
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	defer c.Close()
+	s, err := ln.Accept()
+	require.NoError(t, err)
+	defer s.Close()
+	raw, err := s.(*net.TCPConn).SyscallConn()
+	require.NoError(t, err)
+	require.NoError(t, raw.Control(func(fd uintptr) { require.Equal(t, "reno", congestionOf(t, int(fd))) }))
+}
