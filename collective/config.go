@@ -89,12 +89,14 @@ type Config struct {
 	// more. Every rank must agree on whether credits are used.
 	TCPWindow int
 	// TCPCongestion chooses the congestion control of the TCP data
-	// sockets (GOCCL_TCP_CONGESTION): empty, Reno on loopback ones (a job
-	// on one host; BBR's pacing only costs there) and the system's
-	// between hosts; "system", the system's everywhere; a name ("cubic",
-	// "bbr", "dctcp"), that one on every data socket, the kernel refusing
-	// it (not built, or not in net.ipv4.tcp_allowed_congestion_control
-	// for a process without CAP_NET_ADMIN) an error at Init. Linux only.
+	// sockets (GOCCL_TCP_CONGESTION): empty, Reno where the system's
+	// would be BBR (its pacing timers cost the CPU a collective needs,
+	// and the connections' credits already bound what is in flight), the
+	// system's otherwise; "system", the system's everywhere; a name
+	// ("cubic", "bbr", "dctcp"), that one on every data socket, the
+	// kernel refusing it (not built, or not in
+	// net.ipv4.tcp_allowed_congestion_control for a process without
+	// CAP_NET_ADMIN) an error at Init. Linux only.
 	TCPCongestion string
 	// SocketIfname chooses the network interfaces, as NCCL_SOCKET_IFNAME:
 	// prefixes to use ("eth,ib"), ^ to exclude ("^docker,lo"), = for exact
@@ -377,7 +379,7 @@ const (
 	EnvHeartbeat    = "GOCCL_HEARTBEAT_TIMEOUT" // a duration; 0 turns the heartbeat off
 	EnvNSocks       = "GOCCL_NSOCKS"            // TCP sockets per connection, 1..64
 	EnvTCPWindow    = "GOCCL_TCP_WINDOW"        // large slices a TCP connection sends ahead of its receiver's credits; 0 the slot count, "off" none
-	EnvTCPCongest   = "GOCCL_TCP_CONGESTION"    // "system", or a congestion control's name; empty: Reno on loopback
+	EnvTCPCongest   = "GOCCL_TCP_CONGESTION"    // "system", or a congestion control's name; empty: Reno in place of BBR
 	EnvSocketIf     = "GOCCL_SOCKET_IFNAME"
 	EnvHostID       = "GOCCL_HOSTID"
 	EnvSpin         = "GOCCL_SPIN"           // a duration ("1ms", "200us"); 0 never polls

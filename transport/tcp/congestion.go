@@ -4,54 +4,56 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"net/netip"
+	"strings"
 	"syscall"
 )
 
-// Congestion control on the data sockets.
+// Congestion control on the data sockets: they do not pace.
 //
-// A kernel whose default congestion control paces (BBR sets every
-// socket's pacing on when it starts on it) sends a socket's data no faster
-// than its estimate of the path's bandwidth, arming a high-resolution
-// timer whenever the next segment's departure time is still ahead. Over
-// loopback there is no path to protect: no queue, no loss. On the VM
-// where goccl is measured (net.ipv4.tcp_congestion_control = bbr), a
-// 1 MiB TCP broadcast of 2 ranks took 143-257 µs with the system's BBR
-// and 122-142 with Reno (docs/performance.md, "BBR's pacing over
-// loopback"): the root's samples at the timer's interrupt-off exit
-// (_raw_spin_unlock_irqrestore under tcp_write_xmit) were 75 µs an
-// operation, Open MPI's 20, its single socket's estimate being larger.
+// BBR, the one congestion control in Linux that paces on its own
+// (tcp_bbr.c's bbr_init turns the socket's pacing on), sends a socket's
+// data no faster than its estimate of the path's bandwidth, arming a
+// high-resolution timer whenever the next segment's departure time is
+// still ahead. goccl's connections already bound what they have in
+// flight (the credits' window, credit.go), and the timers cost the CPU a
+// collective needs: on the VM where goccl is measured, whose default is
+// BBR, the root of a 1 MiB loopback broadcast of 2 ranks spent 75 µs an
+// operation returning from them (interrupts off under tcp_write_xmit;
+// Open MPI's one socket, 20), and the broadcast took 143-257 µs against
+// 122-142 with Reno; between two namespaces joined by two 10 Gbit/s
+// veths, two rails gave a 64 MiB broadcast 1.64 times one rail's
+// bandwidth under BBR and 1.98 under Reno, an all-reduce 1.76 and 2.00
+// (docs/performance.md, "BBR's pacing").
 //
-// So a data socket of a connection inside one host, which over TCP is a
-// loopback one (a job whose root is on loopback listens and dials there
-// only), uses Reno: loss-based, so without loss it never paces nor
-// shrinks its window, and every kernel lets any process choose it (it is
-// built in and non-restricted). The choice must be made before the
-// connection starts: BBR turns pacing on when it is initialised on an
-// established socket, and a later switch keeps the pacing. A dialed
-// socket gets it between socket(2) and connect(2); an accepted one
-// inherits its listener's, so the listener is made with it (Listen).
-// Sockets between hosts keep the system's choice, which is the operator's
-// to make for the network they run; Options.Congestion (the
-// GOCCL_TCP_CONGESTION setting) names one for every data socket instead,
-// or CongestionSystem for none.
+// So a data socket that would run BBR runs Reno: loss-based and built
+// into every kernel, where any process may choose it (it is
+// non-restricted), and without loss it neither paces nor shrinks its
+// window. Other congestion controls (Cubic, DCTCP) are left as the
+// system chose them. The choice is made before the connection starts:
+// BBR turns pacing on when it is initialised on an established socket,
+// and a later switch keeps the pacing (a build that switched after
+// connect(2) gave 140-200 µs). A dialed socket gets it between socket(2)
+// and connect(2) (connsetup.Dialer.Control), an accepted one inherits its
+// listener's (Listen). Options.Congestion (GOCCL_TCP_CONGESTION) names
+// one for every data socket instead, or is CongestionSystem for the
+// system's everywhere.
 
 // CongestionSystem, as Options.Congestion, leaves every data socket with
 // the system's congestion control.
 const CongestionSystem = "system"
 
-// loopbackCongestion is what a loopback data socket uses by default.
-const loopbackCongestion = "reno"
+// unpaced is what a data socket that would pace uses by default.
+const unpaced = "reno"
 
-// congestionFor is the congestion control a data socket to or at ip uses
-// under setting ("": loopback ones Reno, the others the system's;
-// CongestionSystem: the system's; otherwise that name), "" for the
-// system's.
-func congestionFor(setting string, ip netip.Addr) string {
+// congestionFor is the congestion control a data socket whose kernel
+// default is current uses under setting ("": Reno for BBR, current
+// otherwise; CongestionSystem: current; otherwise that name), "" to leave
+// it.
+func congestionFor(setting, current string) string {
 	switch setting {
 	case "":
-		if ip.IsLoopback() {
-			return loopbackCongestion
+		if strings.HasPrefix(current, "bbr") {
+			return unpaced
 		}
 		return ""
 	case CongestionSystem:
@@ -80,33 +82,38 @@ func ValidCongestion(setting string) error {
 }
 
 // control returns the net.Dialer and net.ListenConfig Control function
-// that applies setting to a socket for address (the peer's when dialing,
-// its own when listening). Reno by default on loopback is best effort (a
-// kernel whose administrator restricted it keeps its own); a named one
-// that the kernel refuses is an error.
+// that applies setting to a socket. Reno in place of BBR by default is
+// best effort (a kernel whose administrator restricted it keeps BBR); a
+// named one that the kernel refuses is an error.
 func control(setting string) func(network, address string, c syscall.RawConn) error {
 	return func(network, address string, c syscall.RawConn) error {
-		ap, err := netip.ParseAddrPort(address)
-		if err != nil {
-			return nil // not an IP socket: nothing to choose
-		}
-		name := congestionFor(setting, ap.Addr().Unmap())
-		if name == "" {
+		if setting == CongestionSystem || !strings.HasPrefix(network, "tcp") {
 			return nil
 		}
 		var serr error
-		if err := c.Control(func(fd uintptr) { serr = setCongestion(int(fd), name) }); err != nil {
+		err := c.Control(func(fd uintptr) {
+			current := ""
+			if setting == "" {
+				if current, serr = congestionOf(int(fd)); serr != nil {
+					return
+				}
+			}
+			if name := congestionFor(setting, current); name != "" {
+				serr = setCongestion(int(fd), name)
+			}
+		})
+		if err != nil {
 			return err
 		}
 		if serr != nil && setting != "" {
-			return fmt.Errorf("tcp: congestion control %q on a socket for %s: %w", name, address, serr)
+			return fmt.Errorf("tcp: congestion control %q on a socket for %s: %w", setting, address, serr)
 		}
 		return nil
 	}
 }
 
 // Listen opens a data listener on addr ("host:port") whose accepted
-// sockets use the congestion control setting chooses for addr's host (see
+// sockets use the congestion control setting chooses (see
 // Options.Congestion).
 func Listen(addr, setting string) (net.Listener, error) {
 	if err := ValidCongestion(setting); err != nil {

@@ -19,3 +19,8 @@ func setCongestion(fd int, name string) error {
 	}
 	return err
 }
+
+// congestionOf reads fd's TCP congestion control.
+func congestionOf(fd int) (string, error) {
+	return unix.GetsockoptString(fd, unix.IPPROTO_TCP, unix.TCP_CONGESTION)
+}

@@ -13,3 +13,8 @@ import (
 func setCongestion(fd int, name string) error {
 	return errors.New("choosing a socket's congestion control is not supported on " + runtime.GOOS)
 }
+
+// congestionOf: see setCongestion.
+func congestionOf(fd int) (string, error) {
+	return "", errors.New("reading a socket's congestion control is not supported on " + runtime.GOOS)
+}

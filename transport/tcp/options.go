@@ -62,11 +62,12 @@ type Options struct {
 	// need of a link. Every rank must agree on whether credits are used.
 	Window int
 	// Congestion chooses the TCP congestion control of the data sockets
-	// this endpoint dials ("": Reno on loopback, the system's elsewhere;
-	// CongestionSystem: the system's; a name: that one on every socket,
-	// an error where the kernel refuses it). The sockets it accepts have
-	// their listener's: make Listener and Listeners with Listen and the
-	// same setting.
+	// ("": Reno where the system's would be BBR, which paces, and the
+	// system's otherwise; CongestionSystem: the system's; a name: that
+	// one on every socket, an error where the kernel refuses it). The
+	// endpoint applies it to the sockets it dials; those it accepts have
+	// their listener's, so make Listener and Listeners with Listen and
+	// the same setting.
 	Congestion string
 	// YieldWhenIdle gives the CPU away after every failed poll (else
 	// after every 16th), for hosts with more ranks than cores (Open MPI's
