@@ -10,6 +10,7 @@ import (
 
 	"github.com/goccl/goccl/algorithms"
 	"github.com/goccl/goccl/internal/engine"
+	"github.com/goccl/goccl/transport/tcp"
 )
 
 // LevelTrace is below slog's Debug: one line per operation.
@@ -150,6 +151,11 @@ func (c *Comm) logReady() {
 	}
 	if len(c.nics) > 0 {
 		attrs = append(attrs, "nics", strings.Join(c.nics, ","))
+		if cc := tcp.Congestion(c.cfg.TCPCongestion); cc != "" {
+			// What the data sockets' congestion control is (Reno where
+			// the system's would pace: transport/tcp/congestion.go).
+			attrs = append(attrs, "tcp_cc", cc)
+		}
 	}
 	if c.ibPort != "" {
 		attrs = append(attrs, "ib_port", c.ibPort)

@@ -62,6 +62,21 @@ func congestionFor(setting, current string) string {
 	return setting
 }
 
+// Congestion is the congestion control the data sockets use under
+// setting, as far as this process can tell without making one (the INFO
+// summary's tcp_cc): the name setting gives, Reno in place of a BBR
+// default, or the system's default; "" where the system does not say.
+func Congestion(setting string) string {
+	sys := systemCongestion()
+	if setting == "" && sys == "" {
+		return ""
+	}
+	if name := congestionFor(setting, sys); name != "" {
+		return name
+	}
+	return sys
+}
+
 // ValidCongestion checks a congestion-control setting's form: empty,
 // CongestionSystem, or a name as the kernel spells them (1 to 15
 // lower-case letters, digits, '_' and '-'). Whether the kernel has it is

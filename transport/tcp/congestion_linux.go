@@ -3,6 +3,8 @@ package tcp
 import (
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -23,4 +25,14 @@ func setCongestion(fd int, name string) error {
 // congestionOf reads fd's TCP congestion control.
 func congestionOf(fd int) (string, error) {
 	return unix.GetsockoptString(fd, unix.IPPROTO_TCP, unix.TCP_CONGESTION)
+}
+
+// systemCongestion is the default congestion control of this process's
+// network namespace, "" if unknown.
+func systemCongestion() string {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_congestion_control")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
 }

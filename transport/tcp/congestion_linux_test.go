@@ -17,8 +17,8 @@ func congestionIs(t *testing.T, fd int) string {
 	return name
 }
 
-// systemCongestion is the kernel's default congestion control.
-func systemCongestion(t *testing.T) string {
+// sysDefault is the kernel's default congestion control.
+func sysDefault(t *testing.T) string {
 	t.Helper()
 	b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_congestion_control")
 	require.NoError(t, err)
@@ -45,7 +45,7 @@ func TestCongestionFor(t *testing.T) {
 func TestDataSocketsDoNotPace(t *testing.T) {
 	for _, setting := range []string{"", CongestionSystem} {
 		t.Run("setting="+setting, func(t *testing.T) {
-			sys := systemCongestion(t)
+			sys := sysDefault(t)
 			want := sys
 			if setting == "" && strings.HasPrefix(sys, "bbr") {
 				want = "reno"
@@ -94,4 +94,16 @@ func TestUnknownCongestionIsRefused(t *testing.T) {
 	raw, err := s.(*net.TCPConn).SyscallConn()
 	require.NoError(t, err)
 	require.NoError(t, raw.Control(func(fd uintptr) { require.Equal(t, "reno", congestionIs(t, int(fd))) }))
+}
+
+// Congestion says what the sockets of TestDataSocketsDoNotPace use.
+func TestCongestionSays(t *testing.T) {
+	sys := sysDefault(t)
+	want := sys
+	if strings.HasPrefix(sys, "bbr") {
+		want = "reno"
+	}
+	require.Equal(t, want, Congestion(""))
+	require.Equal(t, sys, Congestion(CongestionSystem))
+	require.Equal(t, "dctcp", Congestion("dctcp"))
 }

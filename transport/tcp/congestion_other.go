@@ -18,3 +18,6 @@ func setCongestion(fd int, name string) error {
 func congestionOf(fd int) (string, error) {
 	return "", errors.New("reading a socket's congestion control is not supported on " + runtime.GOOS)
 }
+
+// systemCongestion: not known off Linux.
+func systemCongestion() string { return "" }
