@@ -57,6 +57,27 @@ func TCPNICBound(mbps ...uint32) float64 {
 	return tcpNICBound(peers, tcp)
 }
 
+// IBPortBound is ibPortBound over ranks on different hosts with the
+// given RDMA port rates (Mb/s; 0 unknown, -1 no port).
+func IBPortBound(mbps ...int) float64 {
+	var peers []wire.PeerInfo
+	for r, m := range mbps {
+		s := hostSummary{CPUs: 2}
+		if m >= 0 {
+			s.Verbs, s.IBMbps = fmt.Sprint("10.0.0.", r, ":4000"), uint32(m)
+		}
+		peers = append(peers, wire.PeerInfo{Rank: uint32(r), HostID: fmt.Sprint("host", r), Topology: s.encode()})
+	}
+	return ibPortBound(peers)
+}
+
+// IBRateRoundTrip encodes a host summary with an RDMA port rate and
+// decodes it back.
+func IBRateRoundTrip(mbps uint32) (uint32, bool) {
+	h, ok := decodeHostSummary(hostSummary{CPUs: 2, Verbs: "10.0.0.1:4000", NetMbps: 10000, IBMbps: mbps, Machine: "m"}.encode())
+	return h.IBMbps, ok && h.NetMbps == 10000 && h.Machine == "m"
+}
+
 // IntraLinkIsShm reports whether intraLink picks shared memory's model for
 // ranks on the given hosts, where shmOK[r] says whether rank r has a
 // shared-memory listener.

@@ -368,6 +368,9 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	if vport != nil {
 		summary.Verbs, summary.ForceVerbs = vln.Addr().String(), mode == TransportVerbs
 		summary.EmulatedIB = vport.Device.Emulated
+		if r := vport.Attr.Rate(); r > 0 && !vport.Device.Emulated {
+			summary.IBMbps = uint32(min(r*1e3, math.MaxUint32))
+		}
 	}
 	info := wire.PeerInfo{Rank: uint32(rank), NRanks: uint32(nranks), PID: uint32(os.Getpid()),
 		HostID: hostID, DataAddr: dataAddr, Version: Version, Topology: summary.encode()}
@@ -646,6 +649,10 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		// cannot outrun the slowest NIC a TCP pair uses, where every such
 		// rank's interfaces report their speed.
 		link.Bandwidth = min(link.Bandwidth, tcpNICBound(table.Peers, tcpRanks)/float64(link.MaxChannels))
+	} else if anyNet {
+		// RDMA alike: the channels' queue pairs share the port, and the
+		// slowest port of the job's RDMA ranks bounds them all.
+		link.Bandwidth = min(link.Bandwidth, ibPortBound(table.Peers)/float64(link.MaxChannels))
 	}
 	intra := intraLink(table.Peers, link)
 	cfg.oversubscribed = anyOversubscribed(hosts)
@@ -967,6 +974,25 @@ func tcpNICBound(peers []wire.PeerInfo, tcp []bool) float64 {
 			return math.Inf(1)
 		}
 		bound = min(bound, float64(s.NetMbps)*1e6/8)
+	}
+	return bound
+}
+
+// ibPortBound is the slowest RDMA port rate (bytes per second) among
+// the ranks that have a port, or +Inf when any such rank's rate is
+// unknown (the emulated device reports none). Every rank computes it from
+// the same table, so all use the same link model.
+func ibPortBound(peers []wire.PeerInfo) float64 {
+	bound := math.Inf(1)
+	for _, p := range peers {
+		s, _ := decodeHostSummary(p.Topology)
+		if s.Verbs == "" {
+			continue
+		}
+		if s.IBMbps == 0 {
+			return math.Inf(1)
+		}
+		bound = min(bound, float64(s.IBMbps)*1e6/8)
 	}
 	return bound
 }

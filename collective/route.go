@@ -44,6 +44,10 @@ type hostSummary struct {
 	// NetMbps is the sum of the link speeds (sysfs) of the interfaces its
 	// TCP connections use, in megabits per second; 0 where any is unknown.
 	NetMbps uint32
+	// IBMbps is the rate of its RDMA port (ibv_port_attr's active width
+	// and speed), in megabits per second; 0 where it has none, where the
+	// rate is unknown, or for the emulated test device.
+	IBMbps uint32
 	// CPUMask is the set of CPUs the rank may run on (cpuMask; nil:
 	// unknown), so that ranks bound to cores of their own (as launchers
 	// bind them) do not count as sharing them (summarize).
@@ -54,7 +58,7 @@ type hostSummary struct {
 	Machine string
 }
 
-const summaryVersion = 5
+const summaryVersion = 6
 
 func (h hostSummary) encode() []byte {
 	f := byte(0)
@@ -74,6 +78,7 @@ func (h hostSummary) encode() []byte {
 		b = appendShort(appendShort(b, h.NICs[i]), h.NICNames[i])
 	}
 	b = binary.BigEndian.AppendUint32(b, h.NetMbps)
+	b = binary.BigEndian.AppendUint32(b, h.IBMbps)
 	b = appendShort(b, h.Machine)
 	if len(h.CPUMask) > 0 && len(h.CPUMask) <= 255 {
 		b = appendShort(b, string(h.CPUMask))
@@ -127,11 +132,11 @@ func decodeHostSummary(b []byte) (hostSummary, bool) {
 		}
 		h.NICs, h.NICNames = append(h.NICs, addr), append(h.NICNames, name)
 	}
-	if len(b) < 4 {
+	if len(b) < 8 {
 		return hostSummary{}, false
 	}
-	h.NetMbps = binary.BigEndian.Uint32(b)
-	if h.Machine, b, ok = readShort(b[4:]); !ok {
+	h.NetMbps, h.IBMbps = binary.BigEndian.Uint32(b), binary.BigEndian.Uint32(b[4:])
+	if h.Machine, b, ok = readShort(b[8:]); !ok {
 		return hostSummary{}, false
 	}
 	if len(b) > 0 {

@@ -27,9 +27,10 @@ func TestHostSummaryCarriesNICs(t *testing.T) {
 // FuzzHostSummary: a peer's summary comes off the network (through the
 // authenticated bootstrap, but still): decoding never panics.
 func FuzzHostSummary(f *testing.F) {
-	f.Add([]byte{5, 0, 2, 0, 0, 0, 0, 1, 1, 'a', 1, 'b', 0, 0, 39, 16, 1, 'm'})
-	f.Add([]byte{5, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 17, 0, 1, 3})
-	f.Add([]byte{5, 0, 2, 0, 0, 0, 0, 17})
+	f.Add([]byte{6, 0, 2, 0, 0, 0, 0, 1, 1, 'a', 1, 'b', 0, 0, 39, 16, 0, 3, 13, 64, 1, 'm'})
+	f.Add([]byte{6, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 17, 0, 0, 0, 0, 0, 1, 3})
+	f.Add([]byte{6, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 17, 0, 0, 0})
+	f.Add([]byte{6, 0, 2, 0, 0, 0, 0, 17})
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) { collective.DecodeHostSummary(b) })
 }
@@ -41,6 +42,20 @@ func TestTCPModelBoundedByNICSpeed(t *testing.T) {
 	require.Equal(t, 1.25e9, collective.TCPNICBound(10000, 25000, 10000))
 	require.Equal(t, 2.5e8, collective.TCPNICBound(2000, 25000))
 	require.True(t, math.IsInf(collective.TCPNICBound(10000, 0), 1))
+}
+
+// TestRDMAModelBoundedByPortRate: the RDMA link model's bandwidth is the
+// slowest port's across the ranks that have one (a rank without a port
+// does not count), and unbounded when any port's rate is unknown (the
+// emulated device's).
+func TestRDMAModelBoundedByPortRate(t *testing.T) {
+	require.Equal(t, 12.5e9, collective.IBPortBound(200000, 100000, 200000))
+	require.Equal(t, 25e9, collective.IBPortBound(200000, -1, 400000))
+	require.True(t, math.IsInf(collective.IBPortBound(200000, 0), 1))
+	require.True(t, math.IsInf(collective.IBPortBound(-1, -1), 1))
+	mbps, ok := collective.IBRateRoundTrip(400000)
+	require.True(t, ok)
+	require.Equal(t, uint32(400000), mbps)
 }
 
 // TestIntraLinkFromTheTable: the tuner's intra-host model is shared
