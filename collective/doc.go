@@ -149,11 +149,12 @@
 // peer's first. The tuner's model of TCP gives a connection's channels
 // together no more bandwidth than the slowest NIC of the job's TCP ranks,
 // where all of them report a speed; its model of RDMA, no more than the
-// slowest port of the job's RDMA ranks (their active width and speed). The data sockets do not pace: where
-// the system's congestion control is BBR they use Reno (the summary's
-// "tcp_cc"; GOCCL_TCP_CONGESTION chooses otherwise), since the
-// connections' credits already bound what is in flight and BBR's timers
-// cost the CPUs a collective needs (transport/tcp/congestion.go).
+// slowest port of the job's RDMA ranks (their active width and speed).
+// The TCP data sockets do not pace: where the system's congestion
+// control is BBR they use Reno (the INFO summary's "tcp_cc";
+// GOCCL_TCP_CONGESTION chooses otherwise), since the connections'
+// credits already bound what is in flight and BBR's timers cost the CPUs
+// a collective needs (transport/tcp/congestion.go).
 //
 // # Configuration
 //

@@ -81,7 +81,8 @@ func TestUnknownCongestionIsRefused(t *testing.T) {
 	require.ErrorContains(t, err, `"nosuchcc"`)
 	_, err = Listen("127.0.0.1:0", "Bad Name")
 	require.ErrorContains(t, err, "Bad Name")
-	// A listener between hosts takes a named one too; on loopback here.
+	// A named one the kernel has is set on the listener, and what it
+	// accepts inherits it.
 	ln, err := Listen("127.0.0.1:0", "reno")
 	require.NoError(t, err)
 	defer ln.Close()
