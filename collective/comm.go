@@ -289,6 +289,7 @@ func newLocalGroupCfg(n int, cfg Config) ([]*Comm, *mem.Network, error) {
 	}
 	link := memLink
 	link.MaxChannels = cfg.MaxChannels
+	cfg.deviceLink, cfg.deviceLinkWhy = deviceLinkFor(cfg.topology, devOf, n, cfg.MaxChannels)
 	fam := &localFamily{pending: map[[2]uint64]*localSplit{}}
 	comms := make([]*Comm, n)
 	lw := &localWatch{comms: make([]atomic.Pointer[Comm], n)}
@@ -327,7 +328,7 @@ func newComm(rank, size int, cfg Config, ep transport.Endpoint, link algorithms.
 	eng, err := engine.New(rank, size, ep, engine.Config{
 		Algo: cfg.Algorithm, Channels: cfg.Channels, ChunkBytes: cfg.ChunkSize,
 		MaxChannels: cfg.MaxChannels, Link: link, Device: dev, Hosts: hosts, IntraLink: intra,
-		Oversubscribed: cfg.oversubscribed,
+		DeviceLink: cfg.deviceLink, Oversubscribed: cfg.oversubscribed,
 	})
 	if err != nil {
 		return nil, err

@@ -185,6 +185,13 @@ type Config struct {
 	tls *tls.Config
 	// devices are the GPUs of WithDevice; nil: host memory only.
 	devices []Device
+	// topology is WithTopology's: the machine the devices are in.
+	topology *topology.System
+	// deviceLink is the tuner's model of a local group's device links
+	// (deviceLinkFor; zero: the host operations' link), and deviceLinkWhy
+	// what it is or why there is none (the INFO summary's device_link).
+	deviceLink    algorithms.LinkModel
+	deviceLinkWhy string
 	// localOnly: the communicator is made for ranks that all reach each
 	// other over shared memory (a split of a parent that does): no TCP
 	// data listener, and each rank is known by its shared-memory one.
@@ -240,9 +247,10 @@ type settings struct {
 	// set holds what each option sets, in the order given: applied over
 	// the environment, so options win. An option is one function that
 	// names its field once (no list of field names to keep in step).
-	set     []func(*Config)
-	devices []Device
-	lookup  func(string) (string, bool)
+	set      []func(*Config)
+	devices  []Device
+	topology *topology.System
+	lookup   func(string) (string, bool)
 }
 
 // with records that an option sets a field.
@@ -340,6 +348,17 @@ func WithDevice(devs ...Device) Option {
 	return func(s *settings) { s.devices = devs }
 }
 
+// WithTopology gives the machine's topology, as topology.Discover reads
+// it (goccl-perf passes what it discovers through NVML and sysfs): the
+// device operations of a NewLocalGroup whose GPUs it holds are tuned by
+// the ring NCCL's search finds over them (NVLink or PCI, their
+// bandwidth and channel count: topology.Ring.LinkModel) instead of the
+// in-process transport's model. Without it, or where it does not hold a
+// rank's GPU (by PCI bus id), device operations are tuned as host ones.
+func WithTopology(sys *topology.System) Option {
+	return func(s *settings) { s.topology = sys }
+}
+
 // WithConfig sets every field of c: they win over the environment, and
 // zero fields mean defaults, except DebugLevel, which is taken as it is
 // (its zero value is slog.LevelInfo; slog.LevelWarn is the default).
@@ -433,7 +452,7 @@ func resolve(opts []Option) (Config, func(string) (string, bool), error) {
 			return Config{}, nil, fmt.Errorf("%w: WithDevice: device %d is nil", ErrInvalidArgument, i)
 		}
 	}
-	cfg.devices = s.devices
+	cfg.devices, cfg.topology = s.devices, s.topology
 	return cfg.withDefaults(), s.lookup, nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/goccl/goccl/algorithms"
 	"github.com/goccl/goccl/internal/netif"
 	"github.com/goccl/goccl/internal/wire"
+	"github.com/goccl/goccl/topology"
 	"github.com/goccl/goccl/transport/mem"
 )
 
@@ -76,6 +77,15 @@ func IBPortBound(mbps ...int) float64 {
 func IBRateRoundTrip(mbps uint32) (uint32, bool) {
 	h, ok := decodeHostSummary(hostSummary{CPUs: 2, Verbs: "10.0.0.1:4000", NetMbps: 10000, IBMbps: mbps, Machine: "m"}.encode())
 	return h.IBMbps, ok && h.NetMbps == 10000 && h.Machine == "m"
+}
+
+// DeviceLinkOf is the tuner's model of c's device links (zero: its host
+// operations').
+func DeviceLinkOf(c *Comm) algorithms.LinkModel { return c.cfg.deviceLink }
+
+// DeviceLinkFor is deviceLinkFor over one device per rank.
+func DeviceLinkFor(sys *topology.System, devs []Device, maxChannels int) (algorithms.LinkModel, string) {
+	return deviceLinkFor(sys, func(r int) Device { return devs[r] }, len(devs), maxChannels)
 }
 
 // IntraLinkIsShm reports whether intraLink picks shared memory's model for

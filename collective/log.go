@@ -171,6 +171,11 @@ func (c *Comm) logReady() {
 		// device (slots in the receiver's device memory); between
 		// processes they wait for the transports' device slots.
 		attrs = append(attrs, "device", describeDevice(c.dev.dev), "device_path", c.devicePath())
+		if c.cfg.topology != nil {
+			// The ring the tuner plans device operations by, or why
+			// there is none (devlink.go).
+			attrs = append(attrs, "device_link", c.cfg.deviceLinkWhy)
+		}
 	}
 	log.Info("goccl: communicator ready", attrs...)
 }

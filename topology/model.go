@@ -556,6 +556,18 @@ func (t *Topo) Cell(a, b *Node) string {
 	return p.Type.String()
 }
 
+// GPUByBusID finds the GPU node at PCI bus id busID, in any spelling
+// System.GPUByBusID takes, on host ("" matches any).
+func (t *Topo) GPUByBusID(host, busID string) (*Node, bool) {
+	want := normBusID(busID)
+	for _, g := range t.GPUs {
+		if (host == "" || g.Host == host) && normBusID(g.Name) == want {
+			return g, true
+		}
+	}
+	return nil, false
+}
+
 // GPUsOf returns the GPUs of one host, in document order.
 func (t *Topo) GPUsOf(host string) []*Node {
 	var out []*Node

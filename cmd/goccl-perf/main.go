@@ -37,6 +37,8 @@ import (
 	"github.com/goccl/goccl/cuda"
 	"github.com/goccl/goccl/internal/launch"
 	"github.com/goccl/goccl/internal/tlsrec"
+	"github.com/goccl/goccl/topology"
+	"github.com/goccl/goccl/topology/gonvml"
 )
 
 func main() {
@@ -313,6 +315,11 @@ func runLocal(ctx context.Context, cfg config) int {
 			streams = append(streams, s)
 		}
 		cfg.coll = append(cfg.coll, collective.WithDevice(mine...))
+		// The GPUs' links (NVLink, PCI) tune the device operations:
+		// best effort, as goccl-topo discovers them.
+		if d, err := topology.Discover("/", gonvml.System()); err == nil {
+			cfg.coll = append(cfg.coll, collective.WithTopology(d.System))
+		}
 	}
 	comms, err := collective.NewLocalGroup(cfg.np, cfg.coll...)
 	if err != nil {

@@ -149,8 +149,8 @@ func (e *Engine) markReached(seq uint64, sig uint32) {
 // runOnBoard runs a small collective on the board.
 func (e *Engine) runOnBoard(ctx context.Context, op *Op, seq uint64) (*Plan, error) {
 	k := &e.boardK
-	if !k.set || !k.key.is(op) || op.PreMul {
-		k.key, k.sig, k.set = keyOf(op), boardPlan(op, seq, 0).Sig, true
+	if !k.set || !k.key.is(e, op) || op.PreMul {
+		k.key, k.sig, k.set = e.keyOf(op), boardPlan(op, seq, 0).Sig, true
 		k.host.setup(op, e.nranks) // (a pre-multiplied sum's scale may differ from the last)
 	}
 	pl := &e.runPlan

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -362,4 +363,37 @@ func TestDeviceMemoryChecks(t *testing.T) {
 	hes, _ := engines(t, 1, Config{Device: d}, mem.Options{})
 	_, err = hes[0].Run(ctx, &Op{Coll: algorithms.CollAllReduce, Type: kernels.Float32, Count: 16, In: buf, Out: buf})
 	require.ErrorContains(t, err, "carries no device operations")
+}
+
+// TestDeviceLinkTunesDeviceOperations: with Config.DeviceLink, device
+// operations are planned by it and host ones by Link, each with plans of
+// their own, and a device operation planned so still gives the host
+// path's bits.
+func TestDeviceLinkTunesDeviceOperations(t *testing.T) {
+	const n, count = 4, 1 << 16
+	d := emu.New(0, emu.Options{Seed: 3, MaxDelay: 20e3})
+	// A link whose hops cost a second and whose bytes cost nothing: the
+	// tuner must then take fewer steps than the host link's ring.
+	slow := algorithms.LinkModel{Latency: 1, Bandwidth: 1e15, MaxChannels: 2, ChannelBytes: 1 << 16, ChunkBytes: 1 << 14}
+	es := devEngines(t, n, Config{Algo: algorithms.AlgoAuto, DeviceLink: slow}, d)
+	host := Op{Coll: algorithms.CollAllReduce, Type: kernels.Float32, Red: kernels.Sum, Count: count}
+	dev := host
+	dev.Ready = readyEvent{}
+	hp, err := es[0].Plan(&host)
+	require.NoError(t, err)
+	dp, err := es[0].Plan(&dev)
+	require.NoError(t, err)
+	want := algorithms.Tune(algorithms.Problem{Coll: algorithms.CollAllReduce, NRanks: n, Bytes: host.Bytes(n), Link: testLink}, algorithms.AlgoAuto, 0, 0)
+	require.Equal(t, want.Algo, hp.Algo, "host operations keep the host link's plan")
+	require.NotEqual(t, hp.Algo, dp.Algo, "the device link's plan (%v) is the host link's (%v)", dp.Algo, hp.Algo)
+	require.Less(t, len(dp.Sched.Steps), len(hp.Sched.Steps), "fewer steps where a hop costs a second")
+	// The device plan runs, with the bits of the host path forced to the
+	// same algorithm (another one sums in another order).
+	c := devCase{coll: algorithms.CollAllReduce, typ: kernels.Float32, red: kernels.Sum, count: count}
+	ins := c.inputs(n, rand.New(rand.NewPCG(1, 2)))
+	wantOut := runCase(t, hostEngines(t, n, Config{Algo: dp.Algo, Channels: dp.Channels}), c, ins, nil)
+	got := runCase(t, es, c, ins, d)
+	for r := range wantOut {
+		require.True(t, bytes.Equal(wantOut[r], got[r]), "rank %d's output differs from the host path's", r)
+	}
 }

@@ -45,6 +45,12 @@ type Config struct {
 	// IntraLink is the tuner's model of the links inside a host, when
 	// Hosts has several (zero: Link).
 	IntraLink algorithms.LinkModel
+	// DeviceLink is the tuner's model of the links device operations
+	// take, where they differ from host operations' (zero: Link): GPUs
+	// that move device memory to each other's over NVLink or PCI, as the
+	// topology's ring search finds them (topology.Ring.LinkModel). Every
+	// rank must be given the same.
+	DeviceLink algorithms.LinkModel
 	// Oversubscribed: some host of the job runs more ranks than it has
 	// cores. Broadcast, reduce and all-reduce then send their blocks a
 	// slot at a time (slotSlices). Every rank must be given the same.
@@ -133,6 +139,7 @@ type Engine struct {
 
 	// Owned by the goroutine in Run.
 	lastKey  planKey // the previous operation's plan, without the lock and the hash
+	devLink  bool    // Config.DeviceLink is set
 	lastPlan *Plan
 	runPlan  Plan // what Run returns a pointer to: the plan of the latest operation
 	conns    map[connKey]transport.Conn
@@ -186,16 +193,22 @@ type planKey struct {
 	count  int
 	root   int
 	premul bool
+	dev    bool // a device operation tuned by Config.DeviceLink
 }
 
-func keyOf(op *Op) planKey { return planKey{op.Coll, op.Type, op.Red, op.Count, op.Root, op.PreMul} }
+// keyOf is op's plan key. A device operation has keys of its own only
+// where Config.DeviceLink tunes it differently.
+func (e *Engine) keyOf(op *Op) planKey {
+	return planKey{op.Coll, op.Type, op.Red, op.Count, op.Root, op.PreMul, e.devLink && onDevice(op)}
+}
 
 // is reports whether k is op's key, field by field: keyOf's struct is
 // built in a temporary and compared 16 bytes at a time, which stalls on
 // store forwarding (a twentieth of the samples of an 8-byte broadcast's
 // profile).
-func (k *planKey) is(op *Op) bool {
-	return k.coll == op.Coll && k.typ == op.Type && k.red == op.Red && k.count == op.Count && k.root == op.Root && k.premul == op.PreMul
+func (k *planKey) is(e *Engine, op *Op) bool {
+	return k.coll == op.Coll && k.typ == op.Type && k.red == op.Red && k.count == op.Count && k.root == op.Root && k.premul == op.PreMul &&
+		k.dev == (e.devLink && onDevice(op))
 }
 
 // maxPlans bounds the plan cache; it is cleared when full.
@@ -224,6 +237,11 @@ func New(rank, nranks int, ep transport.Endpoint, cfg Config) (*Engine, error) {
 			return nil, err
 		}
 	}
+	if cfg.DeviceLink != (algorithms.LinkModel{}) {
+		if err := cfg.DeviceLink.Validate(); err != nil {
+			return nil, fmt.Errorf("engine: device link: %w", err)
+		}
+	}
 	grid, err := algorithms.HostGrid(cfg.Hosts, nranks)
 	if err != nil {
 		if cfg.Algo == algorithms.Hier || cfg.Algo == algorithms.HierTree {
@@ -237,6 +255,7 @@ func New(rank, nranks int, ep transport.Endpoint, cfg Config) (*Engine, error) {
 	}
 	e := &Engine{
 		rank: rank, nranks: nranks, ep: ep, caps: caps, cfg: cfg, grid: grid,
+		devLink: cfg.DeviceLink != (algorithms.LinkModel{}),
 		scheds:  map[schedKey]*algorithms.Schedule{},
 		plans:   map[planKey]Plan{},
 		conns:   map[connKey]transport.Conn{},
@@ -301,7 +320,7 @@ func (e *Engine) Plan(op *Op) (Plan, error) {
 	if e.onBoard(op) {
 		return boardPlan(op, 0, 0), nil
 	}
-	k := keyOf(op)
+	k := e.keyOf(op)
 	e.mu.Lock()
 	pl, ok := e.plans[k]
 	e.mu.Unlock()
@@ -324,6 +343,9 @@ func (e *Engine) Plan(op *Op) (Plan, error) {
 func (e *Engine) plan(op *Op) (Plan, error) {
 	pb := algorithms.Problem{Coll: op.Coll, NRanks: e.nranks, Bytes: op.Bytes(e.nranks), Link: e.cfg.Link,
 		Hosts: e.grid.Hosts, PerHost: e.grid.PerHost, Intra: e.cfg.IntraLink}
+	if e.devLink && onDevice(op) {
+		pb.Link = e.cfg.DeviceLink
+	}
 	pl := algorithms.Tune(pb, e.cfg.Algo, e.cfg.Channels, e.cfg.ChunkBytes)
 	pl.Channels = min(pl.Channels, e.cfg.MaxChannels)
 	if op.Coll == algorithms.CollSend || op.Coll == algorithms.CollRecv {
@@ -626,8 +648,8 @@ func (e *Engine) Run(ctx context.Context, op *Op) (*Plan, error) {
 		// while this one connects, Progress must not report that one's.
 		e.curSched.Store(nil)
 	}
-	if e.lastPlan == nil || !e.lastKey.is(op) {
-		k := keyOf(op)
+	if e.lastPlan == nil || !e.lastKey.is(e, op) {
+		k := e.keyOf(op)
 		p, err := e.Plan(op)
 		if err != nil {
 			*pl = p
