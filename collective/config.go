@@ -349,12 +349,15 @@ func WithDevice(devs ...Device) Option {
 }
 
 // WithTopology gives the machine's topology, as topology.Discover reads
-// it (goccl-perf passes what it discovers through NVML and sysfs): the
-// device operations of a NewLocalGroup whose GPUs it holds are tuned by
-// the ring NCCL's search finds over them (NVLink or PCI, their
-// bandwidth and channel count: topology.Ring.LinkModel) instead of the
-// in-process transport's model. Without it, or where it does not hold a
-// rank's GPU (by PCI bus id), device operations are tuned as host ones.
+// it (goccl-perf passes what it discovers through NVML and sysfs). The
+// device operations of a NewLocalGroup whose GPUs it holds, or of a job
+// made by Init whose ranks share this host and reach each other over
+// shared memory with CUDA IPC, are then tuned by the ring NCCL's search
+// finds over the ranks' GPUs (NVLink or PCI, their bandwidth and channel
+// count: topology.Ring.LinkModel) instead of the transport's model.
+// Without it, or where it does not hold a rank's GPU (by PCI bus id),
+// device operations are tuned as host ones; the INFO summary's
+// device_link says which.
 func WithTopology(sys *topology.System) Option {
 	return func(s *settings) { s.topology = sys }
 }

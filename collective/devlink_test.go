@@ -101,3 +101,33 @@ func TestDeviceLinkFallsBack(t *testing.T) {
 		require.Contains(t, why, c.why, name)
 	}
 }
+
+// The ranks of a job made by Init publish their GPUs' bus ids; on one
+// host, every pair over shared memory with CUDA IPC, they get the ring
+// over those GPUs, and otherwise the host operations' model, saying why.
+func TestDeviceLinkOfAJob(t *testing.T) {
+	multi := readTopology(t, "multihost.xml")
+	buses := []string{"0000:21:00.0", "0000:22:00.0"}
+	lm, why := collective.DeviceLinkOfJob(multi, []string{"h", "h"}, buses, true, true)
+	want, _ := collective.DeviceLinkFor(multi, []collective.Device{pciGPU{nil, buses[0]}, pciGPU{nil, buses[1]}}, 32)
+	require.Equal(t, want, lm, why)
+	require.NotEqual(t, algorithms.LinkModel{}, lm)
+	for name, c := range map[string]struct {
+		hosts, buses []string
+		allShm, p2p  bool
+		why          string
+	}{
+		"two hosts":   {[]string{"a", "b"}, buses, true, true, "several hosts"},
+		"over TCP":    {[]string{"h", "h"}, buses, false, true, "staged in host memory"},
+		"P2P off":     {[]string{"h", "h"}, buses, true, false, "staged in host memory"},
+		"no bus id":   {[]string{"h", "h"}, []string{buses[0], ""}, true, true, "rank 1 names no GPU"},
+		"unknown GPU": {[]string{"h", "h"}, []string{buses[0], "0000:77:00.0"}, true, true, "not in the topology"},
+	} {
+		lm, why := collective.DeviceLinkOfJob(multi, c.hosts, c.buses, c.allShm, c.p2p)
+		require.Equal(t, algorithms.LinkModel{}, lm, name)
+		require.Contains(t, why, c.why, name)
+	}
+	got, ok := collective.GPUBusRoundTrip("0000:21:00.0")
+	require.True(t, ok)
+	require.Equal(t, "0000:21:00.0", got)
+}

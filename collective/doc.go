@@ -216,7 +216,10 @@
 // and the kernels reduce into those. Across hosts TCP stages each slice
 // in registered pinned memory, which the kernels fill and drain, and RDMA
 // writes device memory directly where GPUDirect is allowed. Host slices
-// keep working on a communicator with a device.
+// keep working on a communicator with a device. With WithTopology, device
+// operations that move GPU to GPU (a local group's, and those of a job on
+// one host over CUDA IPC) are tuned by the ring NCCL's search finds over
+// the ranks' GPUs, NVLink or PCI, in place of the transport's model.
 //
 // Every rank of one operation places its buffers alike: all in host
 // memory or all in device memory (as NCCL, which takes device memory

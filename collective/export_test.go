@@ -88,6 +88,24 @@ func DeviceLinkFor(sys *topology.System, devs []Device, maxChannels int) (algori
 	return deviceLinkFor(sys, func(r int) Device { return devs[r] }, len(devs), maxChannels)
 }
 
+// DeviceLinkOfJob is deviceLinkOfJob over ranks on the given hosts with
+// the given GPU bus ids, every pair over shared memory as allShm says.
+func DeviceLinkOfJob(sys *topology.System, hosts, buses []string, allShm, p2p bool) (algorithms.LinkModel, string) {
+	var peers []wire.PeerInfo
+	for r := range hosts {
+		s := hostSummary{CPUs: 2, NetNS: "net:[1]", Shm: fmt.Sprint("@shm", r), GPUBus: buses[r]}
+		peers = append(peers, wire.PeerInfo{Rank: uint32(r), HostID: hosts[r], Topology: s.encode()})
+	}
+	return deviceLinkOfJob(sys, peers, allShm, p2p, 32)
+}
+
+// GPUBusRoundTrip encodes a host summary with a GPU bus id and decodes
+// it back, with a CPU set after it.
+func GPUBusRoundTrip(bus string) (string, bool) {
+	h, ok := decodeHostSummary(hostSummary{CPUs: 2, Machine: "m", GPUBus: bus, CPUMask: []byte{3}}.encode())
+	return h.GPUBus, ok && h.Machine == "m" && len(h.CPUMask) == 1
+}
+
 // IntraLinkIsShm reports whether intraLink picks shared memory's model for
 // ranks on the given hosts, where shmOK[r] says whether rank r has a
 // shared-memory listener.

@@ -358,6 +358,9 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	}
 	hostID, nicSpeeds := facts.hostID, facts.nicSpeeds
 	summary := hostSummary{CPUs: runtime.NumCPU(), NetNS: facts.netNS, NetMbps: facts.netMbps, CPUMask: cpuMask(), Machine: facts.machine}
+	if len(cfg.devices) == 1 {
+		summary.GPUBus = cfg.devices[0].Info().PCIBusID
+	}
 	for i, l := range nicLns {
 		summary.NICs = append(summary.NICs, l.Addr().String())
 		summary.NICNames = append(summary.NICNames, nics[i+1].Iface)
@@ -656,6 +659,11 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	}
 	intra := intraLink(table.Peers, link)
 	cfg.oversubscribed = anyOversubscribed(hosts)
+	if dev != nil {
+		// The model is the job's: anyNet and the table are every rank's.
+		_, ipc := dev.(device.IPCExporter)
+		cfg.deviceLink, cfg.deviceLinkWhy = deviceLinkOfJob(cfg.topology, table.Peers, !anyNet, ipc && !cfg.P2PDisable, link.MaxChannels)
+	}
 	c, err := newComm(rank, nranks, cfg, ep, link, dev, hostLabels(table.Peers), intra)
 	if err != nil {
 		ep.Close(err)

@@ -56,6 +56,9 @@ type hostSummary struct {
 	// unknown): ranks of several hosts on one machine share its CPUs
 	// (summarize).
 	Machine string
+	// GPUBus is the PCI bus id of the rank's GPU ("": none, or unknown),
+	// for the device operations' link model (deviceLinkOfJob).
+	GPUBus string
 }
 
 const summaryVersion = 6
@@ -79,7 +82,7 @@ func (h hostSummary) encode() []byte {
 	}
 	b = binary.BigEndian.AppendUint32(b, h.NetMbps)
 	b = binary.BigEndian.AppendUint32(b, h.IBMbps)
-	b = appendShort(b, h.Machine)
+	b = appendShort(appendShort(b, h.Machine), h.GPUBus)
 	if len(h.CPUMask) > 0 && len(h.CPUMask) <= 255 {
 		b = appendShort(b, string(h.CPUMask))
 	}
@@ -137,6 +140,9 @@ func decodeHostSummary(b []byte) (hostSummary, bool) {
 	}
 	h.NetMbps, h.IBMbps = binary.BigEndian.Uint32(b), binary.BigEndian.Uint32(b[4:])
 	if h.Machine, b, ok = readShort(b[8:]); !ok {
+		return hostSummary{}, false
+	}
+	if h.GPUBus, b, ok = readShort(b); !ok {
 		return hostSummary{}, false
 	}
 	if len(b) > 0 {

@@ -233,6 +233,7 @@ func run(args []string) int {
 		defer s.Close()
 		cfg.opts.Stream = s
 		cfg.coll = append(cfg.coll, collective.WithDevice(d))
+		cfg.coll = append(cfg.coll, topologyOption()...)
 	}
 	c, err := collective.InitFromEnv(ctx, cfg.coll...)
 	if errors.Is(err, launch.ErrNoLauncher) {
@@ -296,6 +297,17 @@ func runProcesses(ctx context.Context, cfg config, args []string) int {
 	return 0
 }
 
+// topologyOption gives the communicator this machine's topology, so that
+// the GPUs' links (NVLink, PCI) tune its device operations: best effort,
+// as goccl-topo discovers it (NVML and sysfs).
+func topologyOption() []collective.Option {
+	d, err := topology.Discover("/", gonvml.System())
+	if err != nil {
+		return nil
+	}
+	return []collective.Option{collective.WithTopology(d.System)}
+}
+
 // runLocal runs the ranks as goroutines over in-process connections.
 func runLocal(ctx context.Context, cfg config) int {
 	var streams []collective.Stream
@@ -315,11 +327,7 @@ func runLocal(ctx context.Context, cfg config) int {
 			streams = append(streams, s)
 		}
 		cfg.coll = append(cfg.coll, collective.WithDevice(mine...))
-		// The GPUs' links (NVLink, PCI) tune the device operations:
-		// best effort, as goccl-topo discovers them.
-		if d, err := topology.Discover("/", gonvml.System()); err == nil {
-			cfg.coll = append(cfg.coll, collective.WithTopology(d.System))
-		}
+		cfg.coll = append(cfg.coll, topologyOption()...)
 	}
 	comms, err := collective.NewLocalGroup(cfg.np, cfg.coll...)
 	if err != nil {
