@@ -659,6 +659,7 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	}
 	intra := intraLink(table.Peers, link)
 	cfg.oversubscribed = anyOversubscribed(hosts)
+	cfg.deviceLink, cfg.deviceLinkWhy = algorithms.LinkModel{}, "no GPU"
 	if dev != nil {
 		// The model is the job's: anyNet and the table are every rank's.
 		_, ipc := dev.(device.IPCExporter)
