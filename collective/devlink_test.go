@@ -71,8 +71,9 @@ func TestDeviceLinkFromTheTopology(t *testing.T) {
 	require.Greater(t, lm.Latency, got.Latency, "a PCI hop costs more than an NVLink one in NCCL's model")
 	require.Less(t, lm.Bandwidth*float64(lm.MaxChannels), got.Bandwidth*float64(got.MaxChannels), "PCI is slower than four NVLinks")
 
-	// Host operations keep the in-process transport's model; without a
-	// topology device operations do too.
+	// Without a topology there is no device model: device operations are
+	// tuned as host ones (the engine's TestDeviceLinkTunesDeviceOperations
+	// checks that host operations keep their plans either way).
 	plain, err := collective.NewLocalGroup(2, collective.WithEnv(nil), collective.WithDevice(nvl...))
 	require.NoError(t, err)
 	for _, c := range plain {
