@@ -970,38 +970,34 @@ func intraLink(peers []wire.PeerInfo, link algorithms.LinkModel) algorithms.Link
 
 // tcpNICBound is the slowest network bandwidth (bytes per second) that
 // a rank with a TCP pair (tcp[r]) reports for its interfaces, or +Inf
-// when any such rank's speed is unknown. Every rank computes it from the
-// same table, so all use the same link model.
+// when any such rank's speed is unknown.
 func tcpNICBound(peers []wire.PeerInfo, tcp []bool) float64 {
-	bound := math.Inf(1)
-	for r, p := range peers {
-		if !tcp[r] {
-			continue
-		}
-		s, _ := decodeHostSummary(p.Topology)
-		if s.NetMbps == 0 {
-			return math.Inf(1)
-		}
-		bound = min(bound, float64(s.NetMbps)*1e6/8)
-	}
-	return bound
+	return slowestRate(peers, func(r int, _ hostSummary) bool { return tcp[r] }, func(s hostSummary) uint32 { return s.NetMbps })
 }
 
 // ibPortBound is the slowest RDMA port rate (bytes per second) among
 // the ranks that have a port, or +Inf when any such rank's rate is
-// unknown (the emulated device reports none). Every rank computes it from
-// the same table, so all use the same link model.
+// unknown (the emulated device reports none).
 func ibPortBound(peers []wire.PeerInfo) float64 {
+	return slowestRate(peers, func(_ int, s hostSummary) bool { return s.Verbs != "" }, func(s hostSummary) uint32 { return s.IBMbps })
+}
+
+// slowestRate is the slowest of mbps (Mb/s, 0 unknown) over the ranks
+// counts takes, in bytes per second, or +Inf when any such rank's rate
+// is unknown or none counts. Every rank computes it from the same table,
+// so all use the same link model.
+func slowestRate(peers []wire.PeerInfo, counts func(r int, s hostSummary) bool, mbps func(hostSummary) uint32) float64 {
 	bound := math.Inf(1)
-	for _, p := range peers {
+	for r, p := range peers {
 		s, _ := decodeHostSummary(p.Topology)
-		if s.Verbs == "" {
+		if !counts(r, s) {
 			continue
 		}
-		if s.IBMbps == 0 {
+		m := mbps(s)
+		if m == 0 {
 			return math.Inf(1)
 		}
-		bound = min(bound, float64(s.IBMbps)*1e6/8)
+		bound = min(bound, float64(m)*1e6/8)
 	}
 	return bound
 }
