@@ -99,6 +99,11 @@ func TestCreditsBoundWhatIsInFlight(t *testing.T) {
 			window := eps[0].window
 			require.Equal(t, 4, window, "the window defaults to the slot count")
 			require.Equal(t, window, stalled(t, a, b, n), "a full window goes out, no more")
+			// Slices wait in the queue: Flush must wait for them (its
+			// lock-free check says so), not report them gone.
+			short, stop := context.WithTimeout(context.Background(), 50*time.Millisecond)
+			require.ErrorIs(t, a.(transport.Flusher).Flush(short), context.DeadlineExceeded, "Flush with slices still queued")
+			stop()
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			flushed := make(chan error, 1)

@@ -278,8 +278,9 @@ func (s *sock) push(j job) error {
 // pending reports how many slices wait and the sticky write error.
 func (s *sock) pending() (int, error) {
 	s.wmu.Lock()
-	defer s.wmu.Unlock()
-	return len(s.queue), s.err
+	n, err := len(s.queue), s.err
+	s.wmu.Unlock()
+	return n, err
 }
 
 // pump writes queued slices, without blocking, until the kernel takes no
