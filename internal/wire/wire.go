@@ -817,8 +817,13 @@ const CreditOp = ^uint64(0) - 2
 // WindowOp marks the first SliceHeader on each direction of a TCP
 // connection's control socket: the sender's window (Msg) and slot count
 // (Slice), from which its receiver works out how often to credit. It has
-// no payload (Size 0).
+// no payload; its Size holds flags (WindowLends).
 const WindowOp = ^uint64(0) - 3
+
+// WindowLends is a WindowOp flag: the sender lends the pages of its
+// large slices to the kernel, so its receiver credits each of them as
+// soon as it is read.
+const WindowLends = 1
 
 // CreditHeader is the credit frame for n counted slices read.
 func CreditHeader(n uint64) SliceHeader {

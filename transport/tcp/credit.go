@@ -3,6 +3,7 @@
 package tcp
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -67,6 +68,7 @@ type credits struct {
 	err   error  // the control socket failed (sticky)
 	recvd uint64 // counted slices read from the peer
 	told  uint64 // the credit last queued for the peer
+	lent  uint64 // the last counted slice lent (lend_linux.go): Flush waits for its credit
 }
 
 // hello tells the peer this end's window and slots, on the control
@@ -81,6 +83,9 @@ func (e *Endpoint) hello(peer int, l link) error {
 	l.c.SetWriteDeadline(time.Now().Add(setupTimeout))
 	defer l.c.SetWriteDeadline(time.Time{})
 	h := wire.SliceHeader{Op: wire.WindowOp, Msg: uint32(e.window), Slice: uint32(e.o.Slots)}
+	if e.lends() {
+		h.Size = wire.WindowLends
+	}
 	b := h.Append(nil)
 	var err error
 	if l.tls != nil {
@@ -107,6 +112,14 @@ func windowFor(o Options) (int, error) {
 		return 0, fmt.Errorf("tcp: a window of %d slices is less than the %d a link of %d slots must hold", w, need, o.Slots)
 	}
 	return w, nil
+}
+
+// lends reports whether this endpoint lends the pages of large slices
+// (Options.Lend, lend_linux.go): where the platform can, without TLS
+// (records are sealed into a buffer anyway), and with credits, which
+// tell the sender when its pages are free again.
+func (e *Endpoint) lends() bool {
+	return lendable && e.o.Lend && e.o.TLS == nil && e.window > 0
 }
 
 // minWindow is the least window for a sender with the given slots: the
@@ -174,10 +187,15 @@ func (c *conn) readCredits() error {
 			h, _, _ := wire.ParseSliceHeader(s.rbuf[s.r:])
 			if h.Op == wire.WindowOp && c.cr.every == 0 {
 				w, slots := int(h.Msg), int(h.Slice)
-				if h.Size != 0 || slots < 2 || w < minWindow(slots) {
-					return fmt.Errorf("%w: rank %d announced a window of %d slices for %d slots", errBadCredit, c.peer, w, slots)
+				if h.Size&^wire.WindowLends != 0 || slots < 2 || w < minWindow(slots) {
+					return fmt.Errorf("%w: rank %d announced a window of %d slices for %d slots (flags %#x)", errBadCredit, c.peer, w, slots, h.Size)
 				}
 				c.cr.every = uint64(w - minWindow(slots) + 1)
+				if h.Size&wire.WindowLends != 0 {
+					// The peer lends its pages: it may reuse them only
+					// once each slice is credited.
+					c.cr.every = 1
+				}
 				s.r += hl
 				continue
 			}
@@ -225,4 +243,27 @@ func (c *conn) read(n int) {
 		// of the socket and fails rather than waiting.
 		c.cr.ctl.shutdown()
 	}
+}
+
+// awaitLent waits for the credit of the last slice lent.
+func (c *conn) awaitLent(ctx context.Context) error {
+	if c.cr.got >= c.cr.lent {
+		return nil
+	}
+	try := func() (int, bool, error) {
+		if c.cr.err == nil {
+			c.cr.err = c.readCredits()
+		}
+		if c.cr.got >= c.cr.lent {
+			return 0, true, nil
+		}
+		if c.cr.err != nil {
+			return 0, true, c.cr.err
+		}
+		return 0, false, nil
+	}
+	if _, err := c.ob.wait(ctx, c.cr.ctl.fd, unix.POLLIN, c.e.o, try); err != nil {
+		return c.sendFail(ctx, err)
+	}
+	return nil
 }

@@ -61,6 +61,14 @@ type Options struct {
 	// It is at least Slots/2 + 1, the capacity the engine's schedules
 	// need of a link. Every rank must agree on whether credits are used.
 	Window int
+	// Lend sends large slices from the caller's memory (PostFrom, over
+	// creditMin bytes) out of the caller's own pages, by vmsplice(2) and
+	// splice(2) through a pipe per socket, instead of copying them into
+	// the socket (Linux, without TLS, with credits; elsewhere it is
+	// ignored). The receiver then credits every such slice as it reads
+	// it, and Flush waits for the credit of the last one lent, since the
+	// kernel reads the pages until then. Ranks may differ.
+	Lend bool
 	// Congestion chooses the TCP congestion control of the data sockets
 	// ("": Reno where the system's would be BBR, which paces, and the
 	// system's otherwise; CongestionSystem: the system's; a name: that

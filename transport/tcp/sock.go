@@ -72,6 +72,7 @@ type sock struct {
 	// connection's (credit.go).
 	quiet  bool
 	sealed []byte // TLS: the records of the slice at the head of the queue, kept for reuse
+	lp     lender // the pipe that lent slices go through (lend_linux.go), under wmu
 }
 
 // job is a slice waiting to be written: its header, its payload (a
@@ -83,6 +84,11 @@ type job struct {
 	slot       int    // staging slot to free when written, -1 for caller memory
 	credit     uint64 // its number among the connection's counted slices (credit.go), 0 if not counted
 	sealed     bool   // TLS: data holds the slice's records, hdr is in them
+	lend       bool   // data goes out from its own pages (lend_linux.go)
+	// held: a slice that may be lent waits at the tail of its queue
+	// until the connection knows whether it is its operation's last
+	// (conn.letGo).
+	held bool
 }
 
 // pollSlice bounds one parked poll(2), so that a parked call notices its
@@ -238,6 +244,10 @@ func (s *sock) release() {
 		time.Sleep(100 * time.Microsecond)
 	}
 	unix.Close(s.fd)
+	s.wmu.Lock()
+	s.lp.close()
+	s.lp.off = true
+	s.wmu.Unlock()
 }
 
 // enter and exit bracket every use of the descriptor.
@@ -303,6 +313,9 @@ func (s *sock) pumpLocked() {
 	s.creditWait = false
 	for len(s.queue) > 0 {
 		j := &s.queue[0]
+		if j.held {
+			return
+		}
 		if j.credit > 0 && j.hoff == 0 && j.doff == 0 {
 			ok, err := s.c.room(j.credit)
 			if err != nil {
@@ -317,6 +330,22 @@ func (s *sock) pumpLocked() {
 		}
 		if s.tls != nil && !j.sealed {
 			s.seal(j)
+		}
+		if j.lend {
+			done, err := s.lend(j)
+			if err != nil {
+				s.err = err
+				return
+			}
+			if !done {
+				if j.lend {
+					return
+				}
+				continue // not lent after all: copied below
+			}
+			*j = job{}
+			s.queue = s.queue[1:]
+			continue
 		}
 		n, err := sysWritev(s.fd, j.hdr[j.hoff:], j.data[j.doff:])
 		if n > 0 {
@@ -345,6 +374,64 @@ func (s *sock) pumpLocked() {
 		}
 	}
 	s.queue = s.qbuf[:0]
+}
+
+// lendReady reports whether the socket lends (its pipe is made, on
+// first use). Called by the channel's goroutine before it queues a job.
+func (s *sock) lendReady() bool {
+	if s.tls != nil {
+		return false
+	}
+	s.wmu.Lock()
+	ok := s.lp.ready()
+	s.wmu.Unlock()
+	return ok
+}
+
+// lend writes the job at the head of the queue by lending its pages
+// (lend_linux.go): its header with MSG_MORE, then its data through the
+// socket's pipe. It reports whether the job is all in the socket; false
+// with no error when the socket takes no more for now, or when the pipe
+// refused the caller's memory: the job is then no longer lent, and the
+// rest of it is copied.
+func (s *sock) lend(j *job) (bool, error) {
+	for {
+		if s.lp.piped > 0 {
+			// Bytes already lent go first, whichever job they were.
+			if err := s.lp.drain(s.fd); err != nil {
+				if err == unix.EAGAIN {
+					return false, nil
+				}
+				return false, err
+			}
+		}
+		if j.hoff < len(j.hdr) {
+			n, err := sendMore(s.fd, j.hdr[j.hoff:])
+			switch {
+			case n > 0:
+				j.hoff += n
+				continue
+			case err == unix.EINTR:
+				continue
+			case err == unix.EAGAIN:
+				return false, nil
+			}
+			return false, err
+		}
+		if j.doff == len(j.data) {
+			return true, nil
+		}
+		n, err := s.lp.fill(j.data[j.doff:])
+		if err != nil {
+			// Memory the pipe will not take (or no pipe): copy the rest.
+			// Flush still waits for its credit, which comes all the same.
+			j.lend = false
+			s.lp.close()
+			s.lp.off = true
+			return false, nil
+		}
+		j.doff += n
+	}
 }
 
 // seal turns the job at the head of the queue into TLS records, in the
@@ -547,6 +634,10 @@ type outbox struct {
 func (ob *outbox) progress() {
 	kept := ob.pending[:0]
 	for _, s := range ob.pending {
+		if s.c.held == s {
+			// Waiting, with a slice held back: it goes now, lent.
+			s.c.letGo(true)
+		}
 		s.pump()
 		n, err := s.pending()
 		if err != nil && s.quiet {
