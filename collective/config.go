@@ -98,6 +98,15 @@ type Config struct {
 	// net.ipv4.tcp_allowed_congestion_control for a process without
 	// CAP_NET_ADMIN) an error at Init. Linux only.
 	TCPCongestion string
+	// TCPLend says whether large slices sent from the caller's buffers go
+	// out of its own pages (vmsplice and splice through a pipe, Linux
+	// only, not with TLS) instead of being copied into the sockets
+	// (GOCCL_TCP_LEND): "auto" (or "") in broadcasts and all-gathers of
+	// less than 32 MiB on 2 ranks and of at least 16 MiB on more, where
+	// it was measured to pay; "on" in every operation; "off" never. The sender then waits, at the end
+	// of an operation, until its receivers have read what it lent. Ranks
+	// may differ.
+	TCPLend string
 	// SocketIfname chooses the network interfaces, as NCCL_SOCKET_IFNAME:
 	// prefixes to use ("eth,ib"), ^ to exclude ("^docker,lo"), = for exact
 	// names ("=eth0"). Empty: every interface that is up except loopback
@@ -402,6 +411,7 @@ const (
 	EnvNSocks       = "GOCCL_NSOCKS"            // TCP sockets per connection, 1..64
 	EnvTCPWindow    = "GOCCL_TCP_WINDOW"        // large slices a TCP connection sends ahead of its receiver's credits; 0 the slot count, "off" none
 	EnvTCPCongest   = "GOCCL_TCP_CONGESTION"    // "system", or a congestion control's name; empty: Reno in place of BBR
+	EnvTCPLend      = "GOCCL_TCP_LEND"          // auto, on or off: large slices sent from the caller's pages (vmsplice)
 	EnvSocketIf     = "GOCCL_SOCKET_IFNAME"
 	EnvHostID       = "GOCCL_HOSTID"
 	EnvSpin         = "GOCCL_SPIN"           // a duration ("1ms", "200us"); 0 never polls
@@ -534,6 +544,13 @@ func fromEnv(lookup func(string) (string, bool)) (Config, error) {
 			return c, bad(EnvTCPCongest, v, `"system" or a congestion control's name (reno, cubic, bbr, ...)`)
 		}
 		c.TCPCongestion = v
+	}
+	if v, ok := lookup(EnvTCPLend); ok && v != "" {
+		v = strings.ToLower(strings.TrimSpace(v))
+		if _, known := tcpLendModes[v]; !known {
+			return c, bad(EnvTCPLend, v, "auto, on or off")
+		}
+		c.TCPLend = v
 	}
 	if v, ok := lookup(EnvSocketIf); ok {
 		c.SocketIfname = v
@@ -724,6 +741,8 @@ func (c Config) validate() error {
 		return bad("TCPWindow %d out of range (at most 4096; negative turns credits off)", c.TCPWindow)
 	case tcp.ValidCongestion(c.TCPCongestion) != nil:
 		return bad("TCPCongestion: %v", tcp.ValidCongestion(c.TCPCongestion))
+	case !knownLend(c.TCPLend):
+		return bad("TCPLend %q (want auto, on or off)", c.TCPLend)
 	case c.Transport != "" && !knownTransport(c.Transport):
 		return bad("Transport %q (want auto, tcp, shm or verbs)", c.Transport)
 	case c.IB.TC < 0 || c.IB.TC > 255 || c.IB.SL < 0 || c.IB.SL > 15:
@@ -786,4 +805,12 @@ func (c Config) withDefaults() Config {
 func validGDRLevel(s string) bool {
 	_, err := topology.ParseGDRLevel(s)
 	return err == nil
+}
+
+// tcpLendModes maps Config.TCPLend to the transport's setting.
+var tcpLendModes = map[string]tcp.LendMode{"": tcp.LendAuto, "auto": tcp.LendAuto, "on": tcp.LendOn, "off": tcp.LendOff}
+
+func knownLend(v string) bool {
+	_, ok := tcpLendModes[v]
+	return ok
 }

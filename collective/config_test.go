@@ -53,6 +53,18 @@ func TestTCPWindowFromEnvironment(t *testing.T) {
 	}
 }
 
+func TestTCPLendFromEnvironment(t *testing.T) {
+	for v, want := range map[string]string{"off": "off", " On ": "on", "auto": "auto"} {
+		comms, err := collective.NewLocalGroup(1, env(map[string]string{"GOCCL_TCP_LEND": v}))
+		require.NoError(t, err, v)
+		require.Equal(t, want, comms[0].Config().TCPLend, v)
+		comms[0].Close()
+	}
+	_, err := collective.NewLocalGroup(1, collective.WithEnv(nil), collective.WithConfig(collective.Config{TCPLend: "sometimes"}))
+	require.ErrorIs(t, err, collective.ErrInvalidArgument)
+	require.ErrorContains(t, err, "TCPLend")
+}
+
 // A congestion control the kernel does not know fails Init with its name,
 // where the TCP listener is made.
 func TestUnknownTCPCongestionFailsInit(t *testing.T) {
@@ -96,6 +108,7 @@ func TestInvalidEnvironmentIsAnError(t *testing.T) {
 		"GOCCL_HEARTBEAT_TIMEOUT": "-5s",
 		"GOCCL_TCP_WINDOW":        "lots",
 		"GOCCL_TCP_CONGESTION":    "BBR v2",
+		"GOCCL_TCP_LEND":          "always",
 	} {
 		_, err := collective.NewLocalGroup(2, env(map[string]string{k: v}))
 		require.ErrorIs(t, err, collective.ErrInvalidArgument, "%s=%s", k, v)

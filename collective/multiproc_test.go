@@ -29,6 +29,7 @@ import (
 	"github.com/goccl/goccl/internal/tlsrec/tlstest"
 	"github.com/goccl/goccl/internal/wire"
 	"github.com/goccl/goccl/transport/shm"
+	"github.com/goccl/goccl/transport/tcp"
 )
 
 // The multi-process tests start this test binary again as each rank, with
@@ -164,6 +165,10 @@ func TestMultiProcessEveryCollective(t *testing.T) {
 	// which the tuner picks over TCP for small messages only, at every
 	// size here; and the all-reduce's, reduce-scatter's and all-gather's.
 	trs = append(trs, "tcp+oneshot")
+	// Every large slice sent from the caller's buffers lent (vmsplice)
+	// in every collective, by every rank but the last, whose receives
+	// still credit what was lent and whose sends copy.
+	trs = append(trs, "tcp+lend")
 	for _, tr := range trs {
 		for _, n := range []int{2, 3, 4} {
 			t.Run(fmt.Sprintf("transport=%s/nranks=%d", tr, n), func(t *testing.T) {
@@ -178,8 +183,13 @@ func TestMultiProcessEveryCollective(t *testing.T) {
 					tr, env = "tcp", append(transportEnv(t, "tcp"), "GOCCL_ALGO=recdoubling")
 				case "tcp+oneshot":
 					tr, env = "tcp", append(transportEnv(t, "tcp"), "GOCCL_ALGO=oneshot")
+				case "tcp+lend":
+					tr, env = "tcp", append(transportEnv(t, "tcp"), "GOCCL_TCP_LEND=on")
 				}
 				envs := gocclEnvs(t, n, env...)
+				if name == "tcp+lend" {
+					envs[n-1] = append(envs[n-1], "GOCCL_TCP_LEND=off") // the later setting wins
+				}
 				if name == "shm+mixed" {
 					envs[0] = append(envs[0], "GOCCL_SHM_CMA=on", "GOCCL_SHM_BLOCK=256K")
 				}
@@ -200,6 +210,29 @@ func TestMultiProcessEveryCollective(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// A root that rewrites its buffer as soon as each broadcast returns
+// sends what it had when it called, over TCP where its pages are lent
+// (GOCCL_TCP_LEND's default, auto, lends in 2-rank broadcasts) and where
+// they are copied; on 3 ranks auto copies at this size, and on forces
+// lending through the chain.
+func TestMultiProcessRootReusesItsBuffer(t *testing.T) {
+	for _, c := range []struct {
+		n        int
+		lend     string
+		wantLent bool
+	}{{2, "auto", runtime.GOOS == "linux"}, {2, "off", false}, {3, "on", runtime.GOOS == "linux"}} {
+		t.Run(fmt.Sprintf("nranks=%d/lend=%s", c.n, c.lend), func(t *testing.T) {
+			res := spawn(t, "reuse", gocclEnvs(t, c.n, append(transportEnv(t, "tcp"), "GOCCL_TCP_LEND="+c.lend)...), nil)
+			requireAllOK(t, res)
+			if c.wantLent {
+				require.Regexp(t, `rank 0 lent [1-9]`, res[0].output)
+			} else {
+				require.Contains(t, res[0].output, "rank 0 lent 0")
+			}
+		})
 	}
 }
 
@@ -681,6 +714,11 @@ func childMain(scenario string) int {
 			return fail("%v", err)
 		}
 		fmt.Printf("rank %d blocks %d\n", c.Rank(), shm.BlocksReceived())
+	case "reuse":
+		if err := childReuse(ctx, c); err != nil {
+			return fail("%v", err)
+		}
+		fmt.Printf("rank %d lent %d\n", c.Rank(), tcp.SlicesLent())
 	case "shared":
 		if err := childShared(ctx, c); err != nil {
 			return fail("%v", err)
@@ -896,6 +934,40 @@ func childMain(scenario string) int {
 // childCollectives runs every collective with every type at least once on
 // a real communicator and checks the results; inputs are seeded by rank,
 // so every rank can compute every other rank's input.
+// childReuse: rank 0 broadcasts one buffer again and again, rewriting
+// it the moment each broadcast returns, while the others, slower (they
+// sleep before each), check every round's contents. A sender that lends
+// its pages (tcp.Options.Lend) must not return before its receivers have
+// read them.
+func childReuse(ctx context.Context, c *collective.Comm) error {
+	buf := make([]uint32, 1<<20) // 4 MiB
+	fill := func(round int) {
+		for i := range buf {
+			buf[i] = uint32(round*1_000_003 + i)
+		}
+	}
+	for round := range 12 {
+		if c.Rank() == 0 {
+			fill(round)
+		} else {
+			time.Sleep(2 * time.Millisecond)
+		}
+		if err := collective.Broadcast(ctx, c, buf, buf, 0); err != nil {
+			return err
+		}
+		if c.Rank() == 0 {
+			clear(buf) // the caller's again
+			continue
+		}
+		for i, v := range buf {
+			if want := uint32(round*1_000_003 + i); v != want {
+				return fmt.Errorf("round %d: element %d = %d, want %d (changed after the root's broadcast returned?)", round, i, v, want)
+			}
+		}
+	}
+	return c.Barrier(ctx)
+}
+
 func childCollectives(ctx context.Context, c *collective.Comm) error {
 	n, r := c.Size(), c.Rank()
 	counts := []int{1, 37, 70_001}

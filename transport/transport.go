@@ -201,6 +201,21 @@ type DirectSender interface {
 	PostFrom(ctx context.Context, src memory.Buffer, tag Tag) error
 }
 
+// PageLender is implemented by connections that can send a slice
+// posted with PostFrom out of the caller's own pages, the kernel reading
+// them after the call returns, instead of copying it (TCP's vmsplice,
+// tcp.Options.Lend), at the price of Flush waiting until the receiver
+// has read what was lent. Before each step that sends with PostFrom the
+// engine says what the operation is, and the connection decides whether
+// it lends for the rest of the operation: its size in bytes, its ranks,
+// and whether every receive lands in the output (broadcast, all-gather:
+// the receivers then only copy, and the senders' copies are what lending
+// saves). Flush ends the operation; a PostFrom after it that was not
+// preceded by LendFor copies.
+type PageLender interface {
+	LendFor(opBytes int64, nranks int, lands bool)
+}
+
 // PeerCopier is implemented by connections whose PostFrom leaves the
 // copy to the receiver: it reads the slice straight out of the sender's
 // memory (shared memory's cross-memory attach, process_vm_readv, as Open

@@ -39,6 +39,7 @@ type chanRun struct {
 	// receiver copies straight from the sender; opBytes is its size.
 	landsOnly bool
 	opBytes   int64
+	nranks    int
 	// recvBlocks: the connection this run's receive steps peeked at
 	// (blocks), told how the run went when it ends; blockSteps and
 	// slotSteps count the steps that came in blocks and the others; start
@@ -165,6 +166,7 @@ func (x *chanRun) setup(e *Engine, op *Op, pl *Plan, c int, dev bool) {
 		x.sharedOut = memory.IsShared(op.Out)
 	}
 	x.opBytes = op.Bytes(e.nranks)
+	x.nranks = e.nranks
 	x.recvBlocks, x.blockSteps, x.slotSteps = nil, 0, 0
 	x.blockOp = noBlocks
 	if !dev && e.nranks == 2 && !x.premul {
@@ -363,6 +365,9 @@ func (x *chanRun) setLockIO(st *algorithms.Step) *lockIO {
 		cand := io.ds
 		if pc, ok := io.sc.(transport.PeerCopier); ok && !(x.landsOnly && pc.PeerCopies(x.opBytes, true) || byMap) {
 			io.ds = nil
+		}
+		if pl, ok := io.ds.(transport.PageLender); ok {
+			pl.LendFor(x.opBytes, x.nranks, x.landsOnly)
 		}
 		if x.blockOp != noBlocks && sendsSrc && !byMap && !x.sharedIn && !x.sharedOut {
 			x.sendBlocks(st, io, cand)

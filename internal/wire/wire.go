@@ -817,13 +817,15 @@ const CreditOp = ^uint64(0) - 2
 // WindowOp marks the first SliceHeader on each direction of a TCP
 // connection's control socket: the sender's window (Msg) and slot count
 // (Slice), from which its receiver works out how often to credit. It has
-// no payload; its Size holds flags (WindowLends).
+// no payload (Size 0).
 const WindowOp = ^uint64(0) - 3
 
-// WindowLends is a WindowOp flag: the sender lends the pages of its
-// large slices to the kernel, so its receiver credits each of them as
-// soon as it is read.
-const WindowLends = 1
+// SliceLent is a flag in a TCP data slice's SliceHeader.Slice (slice
+// numbers stay below it): the sender lent the slice's pages to the
+// kernel rather than copying them, and may change them only once the
+// receiver has read the slice, so the receiver credits it as soon as it
+// has.
+const SliceLent = 1 << 31
 
 // CreditHeader is the credit frame for n counted slices read.
 func CreditHeader(n uint64) SliceHeader {

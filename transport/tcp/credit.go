@@ -83,9 +83,6 @@ func (e *Endpoint) hello(peer int, l link) error {
 	l.c.SetWriteDeadline(time.Now().Add(setupTimeout))
 	defer l.c.SetWriteDeadline(time.Time{})
 	h := wire.SliceHeader{Op: wire.WindowOp, Msg: uint32(e.window), Slice: uint32(e.o.Slots)}
-	if e.lends() {
-		h.Size = wire.WindowLends
-	}
 	b := h.Append(nil)
 	var err error
 	if l.tls != nil {
@@ -119,7 +116,7 @@ func windowFor(o Options) (int, error) {
 // (records are sealed into a buffer anyway), and with credits, which
 // tell the sender when its pages are free again.
 func (e *Endpoint) lends() bool {
-	return lendable && e.o.Lend && e.o.TLS == nil && e.window > 0
+	return lendable && e.o.Lend != LendOff && e.o.TLS == nil && e.window > 0
 }
 
 // minWindow is the least window for a sender with the given slots: the
@@ -187,15 +184,10 @@ func (c *conn) readCredits() error {
 			h, _, _ := wire.ParseSliceHeader(s.rbuf[s.r:])
 			if h.Op == wire.WindowOp && c.cr.every == 0 {
 				w, slots := int(h.Msg), int(h.Slice)
-				if h.Size&^wire.WindowLends != 0 || slots < 2 || w < minWindow(slots) {
-					return fmt.Errorf("%w: rank %d announced a window of %d slices for %d slots (flags %#x)", errBadCredit, c.peer, w, slots, h.Size)
+				if h.Size != 0 || slots < 2 || w < minWindow(slots) {
+					return fmt.Errorf("%w: rank %d announced a window of %d slices for %d slots", errBadCredit, c.peer, w, slots)
 				}
 				c.cr.every = uint64(w - minWindow(slots) + 1)
-				if h.Size&wire.WindowLends != 0 {
-					// The peer lends its pages: it may reuse them only
-					// once each slice is credited.
-					c.cr.every = 1
-				}
 				s.r += hl
 				continue
 			}
@@ -218,8 +210,10 @@ func (c *conn) readCredits() error {
 var errBadCredit = errors.New("protocol error on the control socket")
 
 // read notes that a slice of n bytes was read from the peer and queues a
-// credit when every counted slices were read since the last.
-func (c *conn) read(n int) {
+// credit when every counted slices were read since the last, or at once
+// for a slice whose pages the peer lent (wire.SliceLent): it waits for
+// that credit to reuse them.
+func (c *conn) read(n int, lent bool) {
 	if !c.countable(n) {
 		return
 	}
@@ -230,7 +224,7 @@ func (c *conn) read(n int) {
 		// until it has been read, every counted slice is credited.
 		c.cr.err = c.readCredits()
 	}
-	if c.cr.recvd-c.cr.told < max(c.cr.every, 1) {
+	if c.cr.recvd-c.cr.told < max(c.cr.every, 1) && !lent {
 		return
 	}
 	c.cr.told = c.cr.recvd

@@ -18,14 +18,15 @@ import (
 //
 // The pages are read when the receiver reads (or the NIC sends, or
 // resends), after the system call has returned, so the caller must not
-// change them until the receiver has read the slice. A connection that
-// lends says so in the window frame that opens its control socket; its
-// receiver then credits every counted slice as soon as it is read, and
-// the sender's Flush waits for the credit of the last slice it lent
-// before it returns (transport.DirectSender's contract: src unchanged
-// until Flush returns). Only counted slices (over creditMin bytes) from
-// the caller's memory are lent: a staging slot is reused as soon as its
-// slice is written, and a small slice costs less to copy than to lend.
+// change them until the receiver has read the slice. A lent slice says
+// so in its header (wire.SliceLent); its receiver credits it as soon as
+// it has read it, and the sender's Flush waits for the credit of the
+// last slice it lent before it returns (transport.DirectSender's
+// contract: src unchanged until Flush returns). Only counted slices
+// (over creditMin bytes) from the caller's memory are lent: a staging
+// slot is reused as soon as its slice is written, and a small slice
+// costs less to copy than to lend. Which operations lend is the
+// engine's question and the connection's answer (conn.LendFor).
 
 // lendable reports whether this platform can lend pages to a socket.
 const lendable = true

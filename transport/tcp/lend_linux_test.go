@@ -13,11 +13,15 @@ import (
 	"github.com/goccl/goccl/transport"
 )
 
-// lending configures endpoints that lend counted slices (those over
-// creditMin bytes); on, only where lend(rank) says so.
+// lending configures endpoints that lend every counted slice (those
+// over creditMin bytes, LendOn) where lend(rank) says so, and none
+// elsewhere.
 func lending(lend func(int) bool) func(int, *Options) {
 	return func(r int, o *Options) {
-		o.NSocks, o.SlotSize, o.Lend = 2, 4*creditSlice, lend(r)
+		o.NSocks, o.SlotSize, o.Lend = 2, 4*creditSlice, LendOff
+		if lend(r) {
+			o.Lend = LendOn
+		}
 	}
 }
 
@@ -192,4 +196,49 @@ func TestNoLendingWithTLS(t *testing.T) {
 	}
 	require.NoError(t, <-done)
 	require.Zero(t, a.(*conn).cr.lent)
+}
+
+// TestLendAutoPicksTheMeasuredCases: LendAuto lends in broadcasts and
+// all-gathers (lands) below lendAutoMax2 on 2 ranks and from lendAutoMin
+// on more; LendOn in everything; and Flush ends an operation's choice.
+func TestLendAutoPicksTheMeasuredCases(t *testing.T) {
+	eps := endpoints(t, 2, func(r int, o *Options) { o.Lend = LendAuto })
+	a, _ := connectPair(t, eps[0], eps[1], 0)
+	c := a.(*conn)
+	require.True(t, c.lends)
+	for _, k := range []struct {
+		bytes int64
+		n     int
+		lands bool
+		want  bool
+	}{
+		{1 << 20, 2, true, true},
+		{lendAutoMax2 - 1, 2, true, true},
+		{lendAutoMax2, 2, true, false},
+		{1 << 20, 2, false, false},
+		{1 << 20, 4, true, false},
+		{lendAutoMin, 4, true, true},
+		{64 << 20, 8, true, true},
+		{64 << 20, 8, false, false},
+	} {
+		c.LendFor(k.bytes, k.n, k.lands)
+		require.Equal(t, k.want, c.lendOp, "%d bytes, %d ranks, lands %v", k.bytes, k.n, k.lands)
+	}
+	c.LendFor(1<<20, 2, true)
+	require.NoError(t, c.Flush(context.Background()))
+	require.False(t, c.lendOp, "Flush ends the operation's choice")
+
+	eps = endpoints(t, 2, func(r int, o *Options) { o.Lend = LendOn })
+	a, _ = connectPair(t, eps[0], eps[1], 0)
+	c = a.(*conn)
+	c.LendFor(1<<20, 4, false)
+	require.True(t, c.lendOp, "on: every operation lends")
+	require.NoError(t, c.Flush(context.Background()))
+	require.True(t, c.lendOp, "on: and the next, without being asked")
+
+	eps = endpoints(t, 2, func(r int, o *Options) { o.Lend = LendOff })
+	a, _ = connectPair(t, eps[0], eps[1], 0)
+	c = a.(*conn)
+	c.LendFor(1<<20, 2, true)
+	require.False(t, c.lendOp, "off: never")
 }

@@ -29,6 +29,20 @@ const (
 	setupTimeout = 10 * time.Second
 )
 
+// LendMode is Options.Lend.
+type LendMode int
+
+const (
+	// LendAuto lends in the operations where it was measured to pay:
+	// broadcasts and all-gathers of less than 32 MiB on 2 ranks and of
+	// at least 16 MiB on more (conn.LendFor).
+	LendAuto LendMode = iota
+	// LendOn lends every counted slice sent from the caller's memory.
+	LendOn
+	// LendOff copies every slice into the socket.
+	LendOff
+)
+
 // Options configures an endpoint.
 type Options struct {
 	Rank, NRanks int
@@ -61,14 +75,16 @@ type Options struct {
 	// It is at least Slots/2 + 1, the capacity the engine's schedules
 	// need of a link. Every rank must agree on whether credits are used.
 	Window int
-	// Lend sends large slices from the caller's memory (PostFrom, over
-	// creditMin bytes) out of the caller's own pages, by vmsplice(2) and
-	// splice(2) through a pipe per socket, instead of copying them into
-	// the socket (Linux, without TLS, with credits; elsewhere it is
-	// ignored). The receiver then credits every such slice as it reads
-	// it, and Flush waits for the credit of the last one lent, since the
+	// Lend says which large slices from the caller's memory (PostFrom,
+	// over creditMin bytes) go out of the caller's own pages, by
+	// vmsplice(2) and splice(2) through a pipe per socket, instead of
+	// being copied into the socket (Linux, without TLS, with credits;
+	// elsewhere none): LendAuto, those of the operations where it pays
+	// (conn.LendFor); LendOn, all; LendOff, none. A lent slice's
+	// receiver credits it as soon as it has read it, and the sender's
+	// Flush waits for the credit of the last slice lent, since the
 	// kernel reads the pages until then. Ranks may differ.
-	Lend bool
+	Lend LendMode
 	// Congestion chooses the TCP congestion control of the data sockets
 	// ("": Reno where the system's would be BBR, which paces, and the
 	// system's otherwise; CongestionSystem: the system's; a name: that

@@ -49,6 +49,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -545,13 +546,14 @@ func (e *Endpoint) Progress(ch int) (pending bool, err error) {
 // conn is a connection to one peer on one channel. Everything but
 // shutdown and release is called by the channel's goroutine only.
 type conn struct {
-	e     *Endpoint
-	peer  int
-	socks []*sock // the data sockets
-	cr    credits // pacing, with the control socket
-	ob    *outbox // the channel's sockets with slices to write
-	lends bool    // large slices from the caller's memory are lent (Endpoint.lends)
-	held  *sock   // the socket whose last job is held back (letGo), or nil
+	e      *Endpoint
+	peer   int
+	socks  []*sock // the data sockets
+	cr     credits // pacing, with the control socket
+	ob     *outbox // the channel's sockets with slices to write
+	lends  bool    // large slices from the caller's memory may be lent (Endpoint.lends)
+	lendOp bool    // and are, in the operation running (LendFor)
+	held   *sock   // the socket whose last job is held back (letGo), or nil
 
 	// Send side.
 	bufs    [][]byte // staging slots
@@ -585,6 +587,7 @@ var (
 
 func newConn(e *Endpoint, peer int, ob *outbox, raw []link) (*conn, error) {
 	c := &conn{e: e, peer: peer, ob: ob, cur: -1, bufs: make([][]byte, e.o.Slots), lends: e.lends()}
+	c.lendOp = c.lendsAll()
 	c.cr.window = uint64(e.window)
 	for i := e.o.Slots - 1; i >= 0; i-- {
 		c.free = append(c.free, i)
@@ -784,6 +787,9 @@ func (c *conn) sendFail(ctx context.Context, err error) error {
 
 // push queues a slice on the next socket in turn.
 func (c *conn) push(tag transport.Tag, data []byte, slot int) error {
+	if tag.Slice&wire.SliceLent != 0 {
+		return fmt.Errorf("tcp: slice number %#x is beyond the %#x slices a message may have", tag.Slice, wire.SliceLent-1)
+	}
 	j := job{data: data, slot: slot, credit: c.counted(len(data))}
 	h := wire.SliceHeader{Op: tag.Op, Sig: tag.Sig, Msg: tag.Msg, Slice: tag.Slice, Size: uint32(len(data))}
 	h.Put(j.hdr[:])
@@ -791,7 +797,7 @@ func (c *conn) push(tag transport.Tag, data []byte, slot int) error {
 	c.sendSeq++
 	// A slice held back was not its operation's last: it goes, lent.
 	c.letGo(true)
-	if c.lends && slot < 0 && j.credit > 0 && c.mapped.Len() == 0 && s.lendReady() {
+	if c.lendOp && slot < 0 && j.credit > 0 && c.mapped.Len() == 0 && s.lendReady() {
 		// The caller's memory, counted: its pages may go out themselves.
 		// It is held back until the connection knows whether more
 		// follow, since lending the last slice of an operation would
@@ -828,6 +834,7 @@ func (c *conn) PostFrom(_ context.Context, src memory.Buffer, tag transport.Tag)
 // the credit of the last slice lent, if any: until the receiver has read
 // it, the kernel still reads the caller's pages.
 func (c *conn) Flush(ctx context.Context) error {
+	c.lendOp = c.lendsAll() // the operation ends
 	if c.flushed() {
 		return nil
 	}
@@ -837,6 +844,41 @@ func (c *conn) Flush(ctx context.Context) error {
 	}
 	return c.awaitLent(ctx)
 }
+
+// slicesLent counts the slices this process has lent (SlicesLent).
+var slicesLent atomic.Int64
+
+// SlicesLent returns how many slices this process has sent out of its
+// callers' own pages (Options.Lend), for tests and diagnostics.
+func SlicesLent() int64 { return slicesLent.Load() }
+
+// Where LendAuto lends: broadcasts and all-gathers of less than
+// lendAutoMax2 bytes on 2 ranks, of at least lendAutoMin on more.
+// Alternated over loopback (docs/performance.md, "Lent pages"), lending
+// took the 2-rank broadcast of 1 MiB in place to 0.70 of the copies'
+// time and of 16 MiB to 0.90, and broadcasts and all-gathers of 16 and
+// 64 MiB on 4 ranks to 0.71-0.93. It lost where the receiver sets the
+// pace: a 2-rank broadcast in place of 32 or 64 MiB took 1.11-1.27
+// times as long (the receiver copies out of the root's pages in memory
+// instead of the socket's buffers in cache, and the root, with nothing
+// to copy, waits), the 4-rank broadcast of 1 MiB 1.1 (a chain's middle
+// rank receives and lends, and each operation's end waits for its
+// successor to read), and reductions at every size (the reducing
+// receiver sets the pace, and copying let its senders run ahead).
+const (
+	lendAutoMax2 = 32 << 20
+	lendAutoMin  = 16 << 20
+)
+
+// LendFor implements transport.PageLender.
+func (c *conn) LendFor(opBytes int64, nranks int, lands bool) {
+	c.lendOp = c.lendsAll() || c.lends && c.e.o.Lend == LendAuto && lands &&
+		(nranks == 2 && opBytes < lendAutoMax2 || nranks > 2 && opBytes >= lendAutoMin)
+}
+
+// lendsAll: every counted slice from the caller's memory is lent
+// (LendOn), whatever the operation.
+func (c *conn) lendsAll() bool { return c.lends && c.e.o.Lend == LendOn }
 
 // letGo lets the slice held back go: lent, or copied (the last of its
 // operation, which Flush then need not wait for the receiver to read).
@@ -854,7 +896,13 @@ func (c *conn) letGo(lend bool) {
 	j := &s.queue[len(s.queue)-1]
 	j.held = false
 	if lend {
+		slicesLent.Add(1)
 		c.cr.lent = j.credit
+		// Flag it so that the receiver credits it as soon as it is read
+		// (it is unwritten yet: held jobs are not pumped).
+		h, _, _ := wire.ParseSliceHeader(j.hdr[:])
+		h.Slice |= wire.SliceLent
+		h.Put(j.hdr[:])
 	} else {
 		j.lend = false
 	}
@@ -938,7 +986,7 @@ func (c *conn) header(ctx context.Context) (*sock, wire.SliceHeader, error) {
 }
 
 func tagOf(h wire.SliceHeader) transport.Tag {
-	return transport.Tag{Op: h.Op, Sig: h.Sig, Msg: h.Msg, Slice: h.Slice}
+	return transport.Tag{Op: h.Op, Sig: h.Sig, Msg: h.Msg, Slice: h.Slice &^ wire.SliceLent}
 }
 
 func (c *conn) Wait(ctx context.Context) (memory.Buffer, transport.Tag, error) {
@@ -960,7 +1008,7 @@ func (c *conn) Wait(ctx context.Context) (memory.Buffer, transport.Tag, error) {
 		return memory.Buffer{}, transport.Tag{}, c.recvErr(ctx, err)
 	}
 	c.recvSeq++
-	c.read(int(h.Size))
+	c.read(int(h.Size), h.Slice&wire.SliceLent != 0)
 	c.holding = true
 	return c.buf(b), tagOf(h), nil
 }
@@ -986,7 +1034,7 @@ func (c *conn) WaitInto(ctx context.Context, dst memory.Buffer) (transport.Tag, 
 		}
 	}
 	c.recvSeq++
-	c.read(int(h.Size))
+	c.read(int(h.Size), h.Slice&wire.SliceLent != 0)
 	return tagOf(h), int(h.Size), nil
 }
 
