@@ -154,14 +154,18 @@
 // control is BBR they use Reno (the INFO summary's "tcp_cc";
 // GOCCL_TCP_CONGESTION chooses otherwise), since the connections'
 // credits already bound what is in flight and BBR's timers cost the CPUs
-// a collective needs (transport/tcp/congestion.go).
+// a collective needs (transport/tcp/congestion.go). In broadcasts and
+// all-gathers, where it was measured to pay, the TCP sockets send large
+// slices out of the caller's own pages instead of copying them
+// (GOCCL_TCP_LEND; transport/tcp/lend_linux.go), and a sender's operation
+// ends once its receivers have read them.
 //
 // # Configuration
 //
 // Config, set with Options, has a zero value meaning defaults. The
 // environment variables GOCCL_ALGO, GOCCL_NCHANNELS, GOCCL_MAX_NCHANNELS,
 // GOCCL_CHUNK_SIZE, GOCCL_TIMEOUT, GOCCL_INIT_TIMEOUT, GOCCL_NSOCKS,
-// GOCCL_TCP_WINDOW, GOCCL_TCP_CONGESTION, GOCCL_SOCKET_IFNAME, GOCCL_HOSTID, GOCCL_SPIN, GOCCL_SHM_CMA, GOCCL_SHM_BLOCK, GOCCL_P2P_DISABLE, GOCCL_TRANSPORT,
+// GOCCL_TCP_WINDOW, GOCCL_TCP_CONGESTION, GOCCL_TCP_LEND, GOCCL_SOCKET_IFNAME, GOCCL_HOSTID, GOCCL_SPIN, GOCCL_SHM_CMA, GOCCL_SHM_BLOCK, GOCCL_P2P_DISABLE, GOCCL_TRANSPORT,
 // GOCCL_DEBUG, GOCCL_DEBUG_SUBSYS, GOCCL_DEBUG_DUMP and GOCCL_TLS_CERT,
 // GOCCL_TLS_KEY, GOCCL_TLS_CA are read once, when a communicator is made;
 // options override them; an invalid value is an error. The launchers'

@@ -36,6 +36,14 @@
 // one-way stream, do the kernel's work for both). Either way that is at
 // least the capacity the engine's schedules need (algorithms.MinPieces).
 //
+// Lending (Options.Lend, lend_linux.go): a large slice posted from the
+// caller's memory may go into its socket by reference (vmsplice and
+// splice through a pipe) instead of being copied; its header says so, its
+// receiver credits it as soon as it has read it, and Flush waits for that
+// credit, since the kernel reads the caller's pages until then. The
+// engine says per operation whether it should (transport.PageLender):
+// by default broadcasts and all-gathers, where it was measured to pay.
+//
 // Goroutines: one accept loop per endpoint and one short-lived goroutine
 // per incoming socket while it authenticates. Close stops and waits for
 // them.
