@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"fmt"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -102,7 +103,7 @@ func (l *lender) drain(fd int) error {
 		case err != nil:
 			return err
 		default:
-			return unix.EPIPE // the socket took nothing and reported nothing
+			return fmt.Errorf("tcp: splice moved nothing out of a pipe holding %d bytes", l.piped)
 		}
 	}
 	return nil
