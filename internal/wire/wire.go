@@ -26,8 +26,10 @@ const Magic = "goccl\x00"
 // with a different version are refused with a clear error. 2: the
 // watchdog's probes (FrameProbe, Diagnosis.Probe, WhereProbe) and
 // Wait.Device, which a root of version 1 would take for a malformed
-// frame and a reason to drop the rank.
-const ProtocolVersion uint16 = 2
+// frame and a reason to drop the rank. 3: SliceLent in TCP slice
+// headers, which a receiver of version 2 would take for part of the
+// slice number and report as a mismatch.
+const ProtocolVersion uint16 = 3
 
 // Limits on variable-length fields.
 const (
