@@ -38,8 +38,10 @@ const lendable = true
 // (64 MiB by default), past which the kernel refuses to grow them.
 const pipeWant = DefaultSlotSize
 
-// pipeMin is the least pipe worth lending through: below it, a slice
-// takes more vmsplice and splice calls than its copy costs.
+// pipeMin is the least pipe lent through: a smaller one would take a
+// slice in several vmsplice and splice calls each (not measured; such a
+// socket copies instead). At pipeWant, pipe-user-pages-soft allows 128
+// lending sockets per user before the kernel refuses to grow a pipe.
 const pipeMin = 256 << 10
 
 // lender is one socket's pipe; only the goroutine that writes the
