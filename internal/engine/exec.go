@@ -366,8 +366,10 @@ func (x *chanRun) setLockIO(st *algorithms.Step) *lockIO {
 		if pc, ok := io.sc.(transport.PeerCopier); ok && !(x.landsOnly && pc.PeerCopies(x.opBytes, true) || byMap) {
 			io.ds = nil
 		}
-		if pl, ok := io.ds.(transport.PageLender); ok {
-			pl.LendFor(x.opBytes, x.nranks, x.landsOnly)
+		if lender, ok := io.ds.(transport.PageLender); ok {
+			// Whether the connection sends from the caller's pages in
+			// this operation (TCP: lend_linux.go) is its own call.
+			lender.LendFor(x.opBytes, x.nranks, x.landsOnly)
 		}
 		if x.blockOp != noBlocks && sendsSrc && !byMap && !x.sharedIn && !x.sharedOut {
 			x.sendBlocks(st, io, cand)
