@@ -53,9 +53,9 @@ type lender struct {
 	piped int  // bytes in the pipe not yet moved into the socket
 }
 
-// ready makes the pipe on first use and reports whether this socket
+// ready makes the pipe on first use and reports whether the socket fd
 // lends.
-func (l *lender) ready() bool {
+func (l *lender) ready(fd int) bool {
 	if l.made || l.off {
 		return l.made
 	}
@@ -65,6 +65,16 @@ func (l *lender) ready() bool {
 		return false
 	}
 	got, err := unix.FcntlInt(uintptr(p[1]), unix.F_SETPIPE_SZ, pipeWant)
+	if err == nil {
+		// Both calls with nothing to move: a system that forbids either
+		// (a seccomp filter) has the socket copy, rather than fail the
+		// connection with bytes stuck in the pipe.
+		if _, _, e := unix.Syscall6(unix.SYS_VMSPLICE, uintptr(p[1]), 0, 0, unix.SPLICE_F_NONBLOCK, 0, 0); e != 0 {
+			err = e
+		} else if _, e := unix.Splice(p[0], nil, fd, nil, 0, unix.SPLICE_F_NONBLOCK); e != nil {
+			err = e
+		}
+	}
 	if err != nil || got < pipeMin {
 		unix.Close(p[0])
 		unix.Close(p[1])

@@ -15,7 +15,7 @@ type lender struct {
 
 var errNoLending = errors.New("tcp: no page lending on this system")
 
-func (l *lender) ready() bool              { return false }
+func (l *lender) ready(int) bool           { return false }
 func (l *lender) fill([]byte) (int, error) { return 0, errNoLending }
 func (l *lender) drain(int) error          { return errNoLending }
 func sendMore(int, []byte) (int, error)    { return 0, errNoLending }

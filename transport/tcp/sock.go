@@ -382,9 +382,13 @@ func (s *sock) lendReady() bool {
 	if s.tls != nil {
 		return false
 	}
+	if s.enter() != nil {
+		return false
+	}
 	s.wmu.Lock()
-	ok := s.lp.ready()
+	ok := s.lp.ready(s.fd)
 	s.wmu.Unlock()
+	s.exit()
 	return ok
 }
 
