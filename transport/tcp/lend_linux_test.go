@@ -3,6 +3,7 @@ package tcp
 import (
 	"bytes"
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -241,4 +242,24 @@ func TestLendAutoPicksTheMeasuredCases(t *testing.T) {
 	c = a.(*conn)
 	c.LendFor(1<<20, 2, true)
 	require.False(t, c.lendOp, "off: never")
+}
+
+// TestHeldSliceOnAFailedSocket: a post that fails (the socket's write
+// error is sticky) holds nothing back, and the Flush after it reports
+// the failure rather than looking for a held slice that was never
+// queued.
+func TestHeldSliceOnAFailedSocket(t *testing.T) {
+	eps := endpoints(t, 2, lending(always))
+	a, _ := connectPair(t, eps[0], eps[1], 0)
+	c := a.(*conn)
+	s := c.socks[0] // the first post's
+	s.wmu.Lock()
+	s.setErr(errors.New("broken for the test"))
+	s.wmu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	src := pattern(make([]byte, creditSlice), 5)
+	require.ErrorContains(t, a.(transport.DirectSender).PostFrom(ctx, memory.HostBuffer(src), transport.Tag{Op: 1}), "broken for the test")
+	require.Nil(t, c.held, "nothing was queued, so nothing is held")
+	require.Error(t, c.Flush(ctx))
 }

@@ -63,8 +63,9 @@ type sock struct {
 	// so it keeps no slice alive), where dropping it cost an allocation
 	// per message.
 	qbuf   []job
-	err    error // sticky write error
-	listed bool  // in the outbox's pending list (channel goroutine only)
+	err    error       // sticky write error (setErr)
+	failed atomic.Bool // err is set: conn.flushed reads it without wmu
+	listed bool        // in the outbox's pending list (channel goroutine only)
 	// creditWait: the slice at the head of the queue waits for the
 	// peer's credit (channel goroutine only).
 	creditWait bool
@@ -134,7 +135,7 @@ func (s *sock) notifyAbort(reason string) {
 	if len(s.queue) > 0 && (s.queue[0].hoff > 0 || s.queue[0].doff > 0) {
 		return // mid-slice: a notice would garble the stream
 	}
-	s.err = errAborted // nothing more goes out after the notice
+	s.setErr(errAborted) // nothing more goes out after the notice
 	if len(reason) > wire.MaxString {
 		reason = reason[:wire.MaxString]
 	}
@@ -285,6 +286,13 @@ func (s *sock) push(j job) error {
 	return err
 }
 
+// setErr makes err the socket's sticky write error; the caller holds
+// wmu.
+func (s *sock) setErr(err error) {
+	s.err = err
+	s.failed.Store(true)
+}
+
 // pending reports how many slices wait and the sticky write error.
 func (s *sock) pending() (int, error) {
 	s.wmu.Lock()
@@ -306,7 +314,7 @@ func (s *sock) pumpLocked() {
 		return
 	}
 	if err := s.enter(); err != nil {
-		s.err = err
+		s.setErr(err)
 		return
 	}
 	defer s.exit()
@@ -319,7 +327,7 @@ func (s *sock) pumpLocked() {
 		if j.credit > 0 && j.hoff == 0 && j.doff == 0 {
 			ok, err := s.c.room(j.credit)
 			if err != nil {
-				s.err = err
+				s.setErr(err)
 				return
 			}
 			if !ok {
@@ -334,7 +342,7 @@ func (s *sock) pumpLocked() {
 		if j.lend {
 			done, err := s.lend(j)
 			if err != nil {
-				s.err = err
+				s.setErr(err)
 				return
 			}
 			if !done {
@@ -359,7 +367,7 @@ func (s *sock) pumpLocked() {
 		case err == unix.EAGAIN:
 			return
 		case err != nil:
-			s.err = err
+			s.setErr(err)
 			return
 		}
 		if j.hoff == len(j.hdr) && j.doff == len(j.data) {

@@ -646,7 +646,7 @@ func (c *conn) notifyClose() {
 		}
 	}
 	for _, s := range c.socks {
-		s.err = net.ErrClosed // nothing more goes out after the notice
+		s.setErr(net.ErrClosed) // nothing more goes out after the notice
 		s.writeNoticeLocked(wire.CloseOp, "")
 	}
 }
@@ -811,10 +811,12 @@ func (c *conn) push(tag transport.Tag, data []byte, slot int) error {
 		// follow, since lending the last slice of an operation would
 		// have Flush wait for the receiver to read all of it.
 		j.lend, j.held = true, true
-		c.held = s
 	}
 	if err := s.push(j); err != nil {
-		return c.peerErr("send", err)
+		return c.peerErr("send", err) // the connection has failed: nothing is held
+	}
+	if j.held {
+		c.held = s
 	}
 	return nil
 }
@@ -901,6 +903,10 @@ func (c *conn) letGo(lend bool) {
 	}
 	c.held = nil
 	s.wmu.Lock()
+	if len(s.queue) == 0 || !s.queue[len(s.queue)-1].held {
+		s.wmu.Unlock() // not where push left it: nothing to let go
+		return
+	}
 	j := &s.queue[len(s.queue)-1]
 	j.held = false
 	if lend {
@@ -947,7 +953,8 @@ func (c *conn) flushQueued(ctx context.Context) error {
 
 // flushed reports, without a lock, that none of the connection's sockets
 // (data or control) has a slice waiting, the last slice lent has been
-// credited and the channel has met no write error. A socket with a slice left in its queue is in the channel's
+// credited, and neither the channel nor a data socket has met a write
+// error. A socket with a slice left in its queue is in the channel's
 // outbox (listed) until a pump empties it, so this may only say no
 // where the locked check would say yes. Flush runs after every
 // operation on each of its connections: the locked check there, a lock
@@ -959,7 +966,7 @@ func (c *conn) flushed() bool {
 		return false
 	}
 	for _, s := range c.socks {
-		if s.listed {
+		if s.listed || s.failed.Load() {
 			return false
 		}
 	}
