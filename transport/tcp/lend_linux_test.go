@@ -203,9 +203,13 @@ func TestNoLendingWithTLS(t *testing.T) {
 // all-gathers (lands) below lendAutoMax2 on 2 ranks and from lendAutoMin
 // on more; LendOn in everything; and Flush ends an operation's choice.
 func TestLendAutoPicksTheMeasuredCases(t *testing.T) {
-	eps := endpoints(t, 2, func(r int, o *Options) { o.Lend = LendAuto })
-	a, _ := connectPair(t, eps[0], eps[1], 0)
-	c := a.(*conn)
+	// lendingConn is one end of a new pair whose endpoints lend by mode.
+	lendingConn := func(mode LendMode) *conn {
+		eps := endpoints(t, 2, func(_ int, o *Options) { o.Lend = mode })
+		a, _ := connectPair(t, eps[0], eps[1], 0)
+		return a.(*conn)
+	}
+	c := lendingConn(LendAuto)
 	require.True(t, c.lends)
 	for _, k := range []struct {
 		bytes int64
@@ -229,17 +233,13 @@ func TestLendAutoPicksTheMeasuredCases(t *testing.T) {
 	require.NoError(t, c.Flush(context.Background()))
 	require.False(t, c.lendOp, "Flush ends the operation's choice")
 
-	eps = endpoints(t, 2, func(r int, o *Options) { o.Lend = LendOn })
-	a, _ = connectPair(t, eps[0], eps[1], 0)
-	c = a.(*conn)
+	c = lendingConn(LendOn)
 	c.LendFor(1<<20, 4, false)
 	require.True(t, c.lendOp, "on: every operation lends")
 	require.NoError(t, c.Flush(context.Background()))
 	require.True(t, c.lendOp, "on: and the next, without being asked")
 
-	eps = endpoints(t, 2, func(r int, o *Options) { o.Lend = LendOff })
-	a, _ = connectPair(t, eps[0], eps[1], 0)
-	c = a.(*conn)
+	c = lendingConn(LendOff)
 	c.LendFor(1<<20, 2, true)
 	require.False(t, c.lendOp, "off: never")
 }

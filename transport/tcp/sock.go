@@ -341,19 +341,18 @@ func (s *sock) pumpLocked() {
 		}
 		if j.lend {
 			done, err := s.lend(j)
-			if err != nil {
+			switch {
+			case err != nil:
 				s.setErr(err)
 				return
+			case done:
+				*j = job{}
+				s.queue = s.queue[1:]
+				continue
+			case j.lend:
+				return // the socket takes no more for now
 			}
-			if !done {
-				if j.lend {
-					return
-				}
-				continue // not lent after all: copied below
-			}
-			*j = job{}
-			s.queue = s.queue[1:]
-			continue
+			// Not lent after all: the rest is copied below.
 		}
 		n, err := sysWritev(s.fd, j.hdr[j.hoff:], j.data[j.doff:])
 		if n > 0 {
