@@ -53,7 +53,7 @@ type Comm struct {
 	// it, without the context's lock.
 	ended atomic.Bool
 
-	mu     sync.Mutex // guards closed, tail, lanes, seq, cseq, flight
+	mu     opMutex // guards closed, tail, lanes, seq, cseq, flight, pending, op (oplock.go)
 	closed bool
 	tail   *Request // the last operation issued (but host point-to-point)
 	// lanes: the last host send to, and receive from, each peer issued
@@ -591,6 +591,13 @@ func (c *Comm) doneChan(r *Request) <-chan struct{} {
 
 func (c *Comm) finish(r *Request, err error) {
 	c.mu.Lock()
+	c.finishLocked(r, err)
+	c.mu.Unlock()
+}
+
+// finishLocked records r's end; the caller holds the records (c.mu, or
+// a fast operation's window).
+func (c *Comm) finishLocked(r *Request, err error) {
 	if c.pending--; c.pending == 0 && c.idle != nil {
 		close(c.idle)
 		c.idle = nil
@@ -610,7 +617,6 @@ func (c *Comm) finish(r *Request, err error) {
 		delete(c.lanes, *r.lane)
 	}
 	r.finishNs = c.since()
-	c.mu.Unlock()
 }
 
 // Done returns a channel that is closed when the operation has completed.
@@ -662,6 +668,11 @@ func (c *Comm) argError(name, format string, args ...any) error {
 // once its predecessor is done. k does not escape, so a blocking
 // operation allocates only its Request.
 func (c *Comm) run(ctx context.Context, k *call) error {
+	if r := c.issueFast(ctx, k); r != nil {
+		err := c.exec(ctx, k, r, nil)
+		c.finishFast(r, err)
+		return err
+	}
 	r, prev, err := c.issue(ctx, k, false)
 	if err != nil {
 		return err
@@ -669,6 +680,39 @@ func (c *Comm) run(ctx context.Context, k *call) error {
 	err = c.exec(ctx, k, r, prev)
 	c.finish(r, err)
 	return err
+}
+
+// issueFast issues a blocking operation without c.mu when nothing else is
+// in flight and no goroutine holds the lock (opMutex), or returns nil:
+// then issue does it under the lock.
+func (c *Comm) issueFast(ctx context.Context, k *call) *Request {
+	if ctx == nil || laneOf(k) != nil {
+		return nil
+	}
+	issued := c.since()
+	if !c.mu.enter() {
+		return nil
+	}
+	if c.closed || c.tail != nil || len(c.lanes) > 0 || len(c.held) > 0 {
+		c.mu.idle()
+		return nil
+	}
+	r, _ := c.issueLocked(k, false, issued, nil)
+	c.mu.running()
+	return r
+}
+
+// finishFast finishes what issueFast issued.
+func (c *Comm) finishFast(r *Request, err error) {
+	if c.mu.finishing() {
+		c.finishLocked(r, err)
+		c.mu.idle()
+		return
+	}
+	c.mu.Lock()
+	c.finishLocked(r, err)
+	c.mu.idle()
+	c.mu.Unlock()
 }
 
 // start issues an asynchronous operation and runs it in a goroutine. In
@@ -721,6 +765,16 @@ func (c *Comm) issue(ctx context.Context, k *call, async bool) (r, prev *Request
 		c.mu.Unlock()
 		return nil, nil, &ArgError{Rank: c.rank, Op: name, Err: ErrClosed}
 	}
+	r, prev = c.issueLocked(k, async, issued, done)
+	c.mu.Unlock()
+	return r, prev, nil
+}
+
+// issueLocked gives k the communicator's next sequence number and its
+// place in the flight recorder and the order; the caller holds the
+// records (c.mu, or a fast operation's window) and has checked closed.
+func (c *Comm) issueLocked(k *call, async bool, issued int64, done chan struct{}) (r, prev *Request) {
+	name := k.name
 	// A blocking operation reuses the Request the recorder is about to
 	// drop, when nothing is in flight: then no operation holds it as its
 	// predecessor, and blocking Requests are never handed out. This keeps
@@ -778,8 +832,7 @@ func (c *Comm) issue(ctx context.Context, k *call, async bool) (r, prev *Request
 	if async {
 		c.wg.Add(1)
 	}
-	c.mu.Unlock()
-	return r, prev, nil
+	return r, prev
 }
 
 // endCause returns why the communicator ended (closed or aborted), or nil.

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/goccl/goccl/internal/fence"
 	"github.com/goccl/goccl/internal/wire"
 	"github.com/goccl/goccl/transport"
 )
@@ -95,6 +96,11 @@ const (
 
 	flagGone    = 1
 	flagAborted = 2
+	// flagBarrier: the member's process is registered for
+	// fence.SharedHeavy, and the member runs one before it sleeps on the
+	// board, so a post may publish its entry with a plain store when
+	// every member has it (Post).
+	flagBarrier = 4
 
 	boardReasonLen = 512
 )
@@ -116,6 +122,16 @@ type board struct {
 	// collectives' own (they run one at a time).
 	held   bool
 	pinned bool
+	// plain: every member has flagBarrier (it stays set), so Post
+	// publishes with a plain store; until then a sequentially consistent
+	// one.
+	plain bool
+	// barrier: this member has flagBarrier and runs fence.SharedHeavy
+	// before it sleeps.
+	barrier bool
+	// slice: the longest it sleeps at a time (sleepSlice; tests lengthen
+	// it to make a missed wake-up show).
+	slice time.Duration
 
 	sleeps atomic.Int32 // futex sleeps so far (tests look)
 	// waiting is the member a post or read waits for, plus one (0: none),
@@ -242,7 +258,18 @@ func (b *board) Post(ctx context.Context, seq uint64, sig uint32, data []byte) e
 	binary.LittleEndian.PutUint32(e[entrySig:], sig)
 	binary.LittleEndian.PutUint32(e[entrySize:], uint32(len(data)))
 	copy(e[entryData:], data)
-	(*atomic.Uint64)(unsafe.Pointer(&e[entrySeq])).Store(seq + 1)
+	if b.plain || b.allBarrier() {
+		// Readers poll this line: a locked instruction here (or at the
+		// next one the caller runs) waits for it to come back from their
+		// cores, a third of an 8-byte broadcast's time on 2 ranks
+		// (docs/performance.md). A plain store is ordered after the
+		// entry's contents all the same (x86-TSO, or a release store
+		// elsewhere), and a member that would sleep first runs a barrier
+		// that makes it visible, or makes wakeSleepers see the sleeper.
+		fence.Store64((*uint64)(unsafe.Pointer(&e[entrySeq])), seq+1)
+	} else {
+		(*atomic.Uint64)(unsafe.Pointer(&e[entrySeq])).Store(seq + 1)
+	}
 	b.wakeSleepers()
 	// The next post's entry was read by the others boardEntries-1
 	// collectives ago: have its first line taken from their caches now,
@@ -251,6 +278,18 @@ func (b *board) Post(ctx context.Context, seq uint64, sig uint32, data []byte) e
 		prefetchw(unsafe.Pointer(&b.entry(b.me, seq+1)[entrySeq]))
 	}
 	return nil
+}
+
+// allBarrier reports whether every member has flagBarrier, and from then
+// on says so without looking (the flag is never cleared).
+func (b *board) allBarrier() bool {
+	for m := range b.n {
+		if b.u32(m, memberFlags).Load()&flagBarrier == 0 {
+			return false
+		}
+	}
+	b.plain = true
+	return true
 }
 
 // Mark implements transport.Board.
@@ -276,8 +315,10 @@ func (b *board) setLast(seq uint64, sig uint32) {
 }
 
 // wakeSleepers wakes the members sleeping on the board, if any, after a
-// sequentially consistent store (Post's entry, setLast's last): either a
-// member going to sleep sees that store, or this sees the sleeper.
+// sequentially consistent store (setLast's last, Post's entry until every
+// member has flagBarrier), or Post's plain store that the sleeper's
+// barrier backs: either a member going to sleep sees that store, or this
+// sees the sleeper.
 func (b *board) wakeSleepers() {
 	if b.sleepers().Load() != 0 {
 		b.wake().Add(1)
@@ -377,6 +418,12 @@ func (b *board) wait(ctx context.Context, r int, ready func() bool) error {
 	}
 	for {
 		b.sleepers().Add(1)
+		if b.barrier {
+			// Posts may be plain stores still in their cores' store
+			// buffers: after this, either this sees them, or their
+			// posters' reads of sleepers see this one (fence).
+			fence.SharedHeavy()
+		}
 		v := b.wake().Load()
 		if ready() {
 			b.sleepers().Add(^uint32(0))
@@ -387,7 +434,7 @@ func (b *board) wait(ctx context.Context, r int, ready func() bool) error {
 			return err
 		}
 		b.sleeps.Add(1)
-		futexWait(b.wake(), v, sleepSlice)
+		futexWait(b.wake(), v, b.slice)
 		b.sleepers().Add(^uint32(0))
 	}
 }
@@ -552,7 +599,13 @@ func (e *Endpoint) joinBoard(ctx context.Context) (*board, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shm: board: %w", err)
 	}
-	b := &board{e: e, seg: seg, me: e.o.Rank, n: e.o.NRanks, seen: make([]uint64, e.o.NRanks)}
+	b := &board{e: e, seg: seg, me: e.o.Rank, n: e.o.NRanks, seen: make([]uint64, e.o.NRanks), slice: sleepSlice}
+	if fence.SharedReady() {
+		// Set before anything is posted here: the member barriers from its
+		// first sleep on.
+		b.barrier = true
+		b.u32(b.me, memberFlags).Or(flagBarrier)
+	}
 	e.mu.Lock()
 	closed, cause, twice := e.closed, e.cause, e.board != nil
 	if !closed && !twice {

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/goccl/goccl/internal/fence"
 	"github.com/goccl/goccl/internal/handshake"
 	"github.com/goccl/goccl/internal/wire"
 	"github.com/goccl/goccl/transport"
@@ -379,4 +380,59 @@ func TestBoardPinnedAcrossCollectives(t *testing.T) {
 	require.False(t, faults(mem), "pinned: closing the endpoint leaves private pages in place")
 	b.(transport.BoardPinner).Unpin()
 	require.True(t, faults(mem), "unpinned: the board is unmapped")
+}
+
+// TestBoardPlainPostsWakeSleepers has rank 0 post with plain stores
+// (every member has flagBarrier) every 6-13 µs while rank 1 reads each
+// entry, polling for about 10 µs and then sleeping on the futex, so that
+// posts come around the time it goes to sleep; the sleep is long enough
+// that a missed wake-up (a post still in its core's store buffer when
+// the poster looked for sleepers and the sleeper looked for the post)
+// shows as a read that takes seconds. The window is some tens of
+// nanoseconds: runs without the sleeper's barrier did not hit it here
+// (internal/fence's test shows the barrier's need in one process).
+func TestBoardPlainPostsWakeSleepers(t *testing.T) {
+	if !fence.SharedReady() {
+		t.Skip("membarrier's global expedited barrier is not available here: posts use locked stores, which need no test of this")
+	}
+	_, bs := boards(t, 2, func(_ int, o *Options) { o.SpinFor = -1 })
+	b0, b1 := bs[0].(held).Board.(*board), bs[1].(held).Board.(*board)
+	b1.slice = 20 * time.Second
+	rounds := uint64(10000)
+	if testing.Short() {
+		rounds = 3000
+	}
+	ctx := context.Background()
+	errc := make(chan error, 1)
+	go func() {
+		for seq := range rounds {
+			// 6-13 µs between posts: rank 1 polls for about 10 µs
+			// before it sleeps, so the posts come around the time it
+			// goes to sleep.
+			for t0, gap := time.Now(), time.Duration(6+seq%8)*time.Microsecond; time.Since(t0) < gap; {
+			}
+			if err := bs[0].Post(ctx, seq, 0, []byte{byte(seq)}); err != nil {
+				errc <- err
+				return
+			}
+		}
+		errc <- nil
+	}()
+	var slowest time.Duration
+	for seq := range rounds {
+		start := time.Now()
+		_, data, posted, err := bs[1].Read(ctx, 0, seq)
+		require.NoError(t, err)
+		require.True(t, posted)
+		require.Equal(t, []byte{byte(seq)}, data, "seq %d", seq)
+		slowest = max(slowest, time.Since(start))
+		if seq%markEvery == markEvery-1 {
+			b1.Mark(seq, 0)
+		}
+	}
+	require.NoError(t, <-errc)
+	require.True(t, b0.plain, "rank 0 posted with plain stores")
+	require.Positive(t, b1.sleeps.Load(), "rank 1 slept")
+	require.Less(t, slowest, 5*time.Second, "a read waited out most of a sleep: a post's wake-up was missed")
+	t.Logf("%d rounds, %d sleeps, the slowest read %v", rounds, b1.sleeps.Load(), slowest)
 }
