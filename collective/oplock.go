@@ -45,7 +45,9 @@ import (
 // it meets an operation past fastIdle: the watchdog once a second during
 // a long operation, and a goroutine that issues beside another's
 // blocking call. Where fence.Ready is false, the fast path is off and
-// this is a sync.Mutex with two atomic adds.
+// this is a sync.Mutex with two atomic adds; if the kernel refuses a
+// barrier later, the holder waits for the operation to end instead, and
+// the fast path goes off.
 type opMutex struct {
 	mu   sync.Mutex
 	fast uint32       // fastIdle, fastIssuing, fastRunning, fastFinishing (atomic)
@@ -60,30 +62,53 @@ const (
 )
 
 // fastOps: whether blocking operations may take the records without the
-// lock (fence.Ready, checked once; tests turn it off to compare).
-var fastOps = fence.Ready()
+// lock: fence.Ready, checked once, and off for good if a barrier is ever
+// refused (tests turn it off to compare).
+var fastOps atomic.Bool
+
+func init() { fastOps.Store(fence.Ready()) }
+
+// heavy is fence.Heavy (tests make it fail).
+var heavy = fence.Heavy
 
 // Lock locks m, waiting for a fast operation's window to close.
 func (m *opMutex) Lock() {
 	m.mu.Lock()
 	m.slow.Add(1)
-	if !fastOps || atomic.LoadUint32(&m.fast) == fastIdle {
+	if atomic.LoadUint32(&m.fast) == fastIdle {
 		// An operation that enters from here on does so with a locked
 		// instruction, and then sees slow.
 		return
 	}
-	fence.Heavy()
+	if !heavy() {
+		// Refused since fence.Ready (a seccomp filter installed later):
+		// no more fast operations, and this one must end before the
+		// records are safe, since its finish may not see slow. It may
+		// need the lock to finish: wait without it (slow keeps others
+		// out of the fast path meanwhile).
+		fastOps.Store(false)
+		m.mu.Unlock()
+		for i := 0; atomic.LoadUint32(&m.fast) != fastIdle; i++ {
+			backoff(i)
+		}
+		m.mu.Lock()
+		return
+	}
 	for i := 0; ; i++ {
 		if f := atomic.LoadUint32(&m.fast); f == fastIdle || f == fastRunning {
 			return
 		}
-		// A window is a few dozen instructions; its goroutine may have
-		// been preempted in it.
-		if i < 64 {
-			runtime.Gosched()
-		} else {
-			time.Sleep(time.Microsecond)
-		}
+		backoff(i)
+	}
+}
+
+// backoff is the i-th wait for a window to close: a window is a few dozen
+// instructions, but its goroutine may have been preempted in it.
+func backoff(i int) {
+	if i < 64 {
+		runtime.Gosched()
+	} else {
+		time.Sleep(time.Microsecond)
 	}
 }
 
@@ -96,7 +121,7 @@ func (m *opMutex) Unlock() {
 // enter opens the issue window of a blocking operation: true when the
 // caller may write the records without the lock until running.
 func (m *opMutex) enter() bool {
-	if !fastOps || !atomic.CompareAndSwapUint32(&m.fast, fastIdle, fastIssuing) {
+	if !fastOps.Load() || !atomic.CompareAndSwapUint32(&m.fast, fastIdle, fastIssuing) {
 		return false
 	}
 	if m.slow.Load() != 0 {

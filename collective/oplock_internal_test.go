@@ -16,6 +16,23 @@ import (
 // the race detector, which sees the handshake's stores as synchronising,
 // reports it).
 func TestOpMutexExcludes(t *testing.T) {
+	t.Run("barrier", func(t *testing.T) { testOpMutexExcludes(t, false) })
+	// A kernel that refuses the barrier after fence.Ready said yes: the
+	// first holder to meet an operation waits for it to end, and turns
+	// the fast path off.
+	t.Run("refused", func(t *testing.T) { testOpMutexExcludes(t, true) })
+}
+
+func testOpMutexExcludes(t *testing.T, refuse bool) {
+	if !fastOps.Load() {
+		t.Skip("the fast path is off here (fence.Ready is false)")
+	}
+	defer fastOps.Store(true)
+	if refuse {
+		old := heavy
+		heavy = func() bool { return false }
+		defer func() { heavy = old }()
+	}
 	var m opMutex
 	var count int // written only by whoever holds the records
 	var want, fast, slowFinish, inside, overlaps atomic.Int64
@@ -72,7 +89,7 @@ func TestOpMutexExcludes(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if fastOps && fast.Load() == 0 {
+	if fast.Load() == 0 {
 		t.Fatal("no operation took the fast path: the test shows nothing about it")
 	}
 	if n := overlaps.Load(); n != 0 {
@@ -84,8 +101,11 @@ func TestOpMutexExcludes(t *testing.T) {
 	if f := atomic.LoadUint32(&m.fast); f != fastIdle {
 		t.Fatalf("fast = %d at the end, want idle", f)
 	}
-	t.Logf("fast path on: %v; %d fast operations (%d finished under the lock), %d entries in all",
-		fastOps, fast.Load(), slowFinish.Load(), want.Load())
+	if refuse && fastOps.Load() {
+		t.Fatal("the barrier was refused, and the fast path is still on")
+	}
+	t.Logf("%d fast operations (%d finished under the lock), %d entries in all",
+		fast.Load(), slowFinish.Load(), want.Load())
 }
 
 // TestBlockingOpsBesideReaders runs blocking all-reduces on every rank of
@@ -100,12 +120,12 @@ func TestBlockingOpsBesideReaders(t *testing.T) {
 			name = "locked"
 		}
 		t.Run(name, func(t *testing.T) {
-			if on && !fastOps {
+			if on && !fastOps.Load() {
 				t.Skip("the fast path is off here (fence.Ready is false)")
 			}
-			old := fastOps
-			fastOps = on
-			defer func() { fastOps = old }()
+			old := fastOps.Load()
+			fastOps.Store(on)
+			defer fastOps.Store(old)
 			const n, rounds = 3, 300
 			comms, err := NewLocalGroup(n)
 			if err != nil {

@@ -48,8 +48,11 @@ func Store64(p *uint64, v uint64) { store64(p, v) }
 // the call visible to the caller's loads after it, and every load that a
 // thread makes after the call see the caller's stores before it. It is
 // expensive (an interprocessor interrupt to each CPU running one of this
-// process's threads): for the cold side only. Call it only when Ready.
-func Heavy() { heavy() }
+// process's threads): for the cold side only. Call it only when Ready. It
+// returns false if the kernel refused it after all (a seccomp filter
+// installed since Ready): then it made no such promise, and the caller
+// must do without.
+func Heavy() bool { return heavy() }
 
 // SharedReady registers this process for SharedHeavy's barriers and
 // reports whether Store and SharedHeavy pair across processes: a Store
@@ -60,5 +63,5 @@ func SharedReady() bool { return sharedReady() }
 
 // SharedHeavy is Heavy across processes: it covers the threads of every
 // process for which SharedReady returned true. Call it only when
-// SharedReady.
-func SharedHeavy() { sharedHeavy() }
+// SharedReady; false as for Heavy.
+func SharedHeavy() bool { return sharedHeavy() }

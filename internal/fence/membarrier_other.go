@@ -4,8 +4,8 @@ package fence
 
 func ready() bool { return !plainStore }
 
-func heavy() {}
+func heavy() bool { return !plainStore }
 
 func sharedReady() bool { return !plainStore }
 
-func sharedHeavy() {}
+func sharedHeavy() bool { return !plainStore }

@@ -418,11 +418,14 @@ func (b *board) wait(ctx context.Context, r int, ready func() bool) error {
 	}
 	for {
 		b.sleepers().Add(1)
-		if b.barrier {
+		if b.barrier && !fence.SharedHeavy() {
 			// Posts may be plain stores still in their cores' store
-			// buffers: after this, either this sees them, or their
-			// posters' reads of sleepers see this one (fence).
-			fence.SharedHeavy()
+			// buffers: the barrier makes this see them, or their posters'
+			// reads of sleepers see this one (fence). Refused since the
+			// board was joined (a seccomp filter installed later), a
+			// wake-up may be missed: the sleep slice bounds what that
+			// costs.
+			b.barrier = false
 		}
 		v := b.wake().Load()
 		if ready() {
