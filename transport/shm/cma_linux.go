@@ -98,6 +98,18 @@ const (
 	// user-space copy's at which the single copy pays (see above).
 	cmaWorthIt = 0.5
 
+	// cmaSliceMin is the smallest operation whose slot-sized slices go by
+	// the receiver's copy under CMAAuto, where the kernel copies fast
+	// enough at all. The kernel's copy costs a system call and pins pages
+	// per slice, and a chain's middle rank passes a slice on only once it
+	// is read: with the probe at 0.55, 3- and 4-rank broadcasts of 64 and
+	// 128 KiB took 1.3-2.0 times as long by reference as through the
+	// slots, at 192 and 256 KiB they were level, at 512 KiB faster
+	// (0.7-0.8); all-gathers were level at 128 KiB and faster from 192 KiB
+	// (0.8-0.85; docs/performance.md, thirteenth session). Blocks (2
+	// ranks) have their own, measured choice.
+	cmaSliceMin = 192 << 10
+
 	// DefaultCMAMin and DefaultCMAMax bound the operations whose slices
 	// go by the receiver's copy (Options.CMAMin, CMAMax); measured in
 	// docs/performance.md ("Single-copy broadcast and all-gather").
@@ -230,10 +242,11 @@ func (c *conn) PeerMaps(opBytes int64, send bool) bool {
 }
 
 // PeerCopies implements transport.PeerCopier: slot-sized slices go by
-// reference only where the reader found that they pay (cmaYes); blocks
-// have their own choice (BlockSlice).
+// reference only where the reader found that they pay (cmaYes) and,
+// unless Options.CMA forces it, in operations of cmaSliceMin bytes or
+// more; blocks have their own choice (BlockSlice).
 func (c *conn) PeerCopies(opBytes int64, send bool) bool {
-	return c.byRefFits(opBytes, c.e.o.CMAMax) && c.cma(c.reader(send)) == cmaYes
+	return c.byRefFits(opBytes, c.e.o.CMAMax) && (c.e.o.CMA == CMAOn || opBytes >= cmaSliceMin) && c.cma(c.reader(send)) == cmaYes
 }
 
 // byRefFits reports whether an operation of opBytes may send its slices
