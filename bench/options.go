@@ -200,6 +200,9 @@ type Options struct {
 	// the ranks of one host map (goccl-perf -R 1, after nccl-tests' -R
 	// for NCCL's registered buffers).
 	Shared bool
+	// Registered makes the host buffers ordinary Go memory registered with
+	// collective.Register (goccl-perf -R 2).
+	Registered bool
 }
 
 func (o *Options) defaults() {

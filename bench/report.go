@@ -48,6 +48,8 @@ type Params struct {
 	Device    string  `json:"device,omitempty"` // "gpu": buffers in device memory
 	// Shared: host buffers from collective.MemAlloc (goccl-perf -R 1).
 	Shared bool `json:"sharedBuffers,omitempty"`
+	// Registered: Go buffers registered with collective.Register (-R 2).
+	Registered bool `json:"registeredBuffers,omitempty"`
 }
 
 // ParamsOf fills Params from o (the transport and tuning fields are the
@@ -55,7 +57,7 @@ type Params struct {
 func ParamsOf(o Options) Params {
 	o.defaults()
 	p := Params{MinBytes: o.MinBytes, MaxBytes: o.MaxBytes, Iters: o.Iters, Warmup: o.Warmup, TargetSec: o.Target.Seconds(),
-		Check: o.Check, Blocking: o.Blocking, Agg: o.Agg.String(), Shared: o.Shared}
+		Check: o.Check, Blocking: o.Blocking, Agg: o.Agg.String(), Shared: o.Shared, Registered: o.Registered}
 	if o.Factor > 1 {
 		p.Factor = o.Factor
 	} else {
@@ -150,6 +152,9 @@ func (Table) Header(w io.Writer, rep *Report) {
 	}
 	if p.Shared {
 		fmt.Fprintln(w, "# buffers: collective.MemAlloc (peers on this host map them; -R 1)")
+	}
+	if p.Registered {
+		fmt.Fprintln(w, "# buffers: Go memory registered with collective.Register (peers on this host map their whole pages; -R 2)")
 	}
 	fmt.Fprintln(w, "#")
 	fmt.Fprintln(w, "# Using ranks")

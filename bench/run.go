@@ -172,6 +172,18 @@ func sweepType[T collective.Number](ctx context.Context, c *collective.Comm, o O
 		s.send, s.recv = send[:sendLen], recv[:recvLen]
 	} else {
 		s.send, s.recv = make([]T, sendLen), make([]T, recvLen)
+		if o.Registered {
+			for _, b := range [][]T{s.send, s.recv} {
+				if len(b) == 0 {
+					continue
+				}
+				reg, err := collective.Register(b)
+				if err != nil {
+					return rows, err
+				}
+				defer reg.Deregister()
+			}
+		}
 	}
 	if o.Stream != nil {
 		ds, err := newDevSide(o.Stream, len(s.send)*dt.Size(), len(s.recv)*dt.Size())

@@ -248,6 +248,18 @@
 // works as ordinary memory for anything else; MemFree gives it back.
 // goccl-perf -R 1 runs on it.
 //
+// Register (NCCL's ncclCommRegister) does the same for a buffer the
+// caller already has, Go memory included: the whole pages inside it move
+// into a memfd mapped at the same addresses, with their contents (mremap
+// puts the new mapping in the old one's place in one step), and slices in
+// those pages go as MemAlloc's do; the part-pages at either end go the
+// ordinary way. Registering the same pages again is counted, not
+// repeated. Deregister moves the pages back into private memory. Only
+// private anonymous read-write memory is moved (a file's mapping would be
+// cut off from its file), and nothing may write the buffer or run an
+// operation on it while either runs. goccl-perf -R 2 runs on registered
+// Go memory.
+//
 // # Arithmetic
 //
 // Integer Sum and Prod wrap around; Avg divides the sum by Size() (integers

@@ -1,6 +1,7 @@
 package collective
 
 import (
+	"errors"
 	"fmt"
 	"unsafe"
 
@@ -38,6 +39,62 @@ func MemAlloc[T Number](n int) ([]T, error) {
 func MemFree[T Number](s []T) error {
 	if err := memory.FreeShared(asBytes(s)); err != nil {
 		return fmt.Errorf("goccl: MemFree: %w", err)
+	}
+	return nil
+}
+
+// Registration is a buffer registered with Register.
+type Registration struct {
+	r *memory.SharedRegistration
+}
+
+// Register makes an existing host buffer shareable with the other ranks
+// on this host in place, for every communicator of the process (NCCL's
+// ncclCommRegister): the whole pages inside buf move into memory the
+// ranks can map, with their contents, at the same addresses, so that
+// operations on buf go as they do on MemAlloc's buffers (their slices in
+// those pages with one copy over shared memory; the part-pages at either
+// end the ordinary way). buf must be Go memory or other private
+// anonymous memory (a file's mapping or shared memory is refused), and
+// nothing may write it or run an operation on it while Register or
+// Deregister runs. Registering the same pages again returns a counted
+// registration of them; a buffer inside a MemAlloc allocation needs none
+// and gets one that moves nothing. Deregister before buf's memory is
+// used for anything else: until then the registration keeps it alive.
+// Linux only: elsewhere it returns an error.
+func Register[T Number](buf []T) (*Registration, error) {
+	if len(buf) == 0 {
+		return nil, errors.New("goccl: Register of an empty buffer")
+	}
+	r, err := memory.RegisterShared(asBytes(buf))
+	if err != nil {
+		return nil, fmt.Errorf("goccl: Register: %w", err)
+	}
+	return &Registration{r: r}, nil
+}
+
+// Bytes returns how many of the buffer's bytes the ranks on this host can
+// map: its whole pages (0 for a buffer within one page or two), or all of
+// a buffer inside a MemAlloc allocation.
+func (r *Registration) Bytes() int {
+	if r == nil || r.r == nil {
+		return 0
+	}
+	return r.r.Bytes()
+}
+
+// Deregister ends the registration (NCCL's ncclCommDeregister): the last
+// of a buffer's registrations moves its pages back into private memory,
+// with their contents. No operation on the buffer may be running, and
+// nothing may write it meanwhile. A second Deregister is an error.
+func (r *Registration) Deregister() error {
+	if r == nil || r.r == nil {
+		return errors.New("goccl: Deregister of a registration that is not one, or deregistered already")
+	}
+	reg := r.r
+	r.r = nil
+	if err := reg.Release(); err != nil {
+		return fmt.Errorf("goccl: Deregister: %w", err)
 	}
 	return nil
 }

@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 
@@ -236,9 +237,9 @@ func TestMultiProcessRootReusesItsBuffer(t *testing.T) {
 	}
 }
 
-// Buffers from MemAlloc: over shared memory, the receivers of
-// all-gathers (and of broadcasts on 3 ranks or more) copy the slices
-// straight out of the senders' buffers (with the kernel's copy off, that
+// Buffers from MemAlloc, or Go buffers registered in place: over shared
+// memory, the receivers of all-gathers (and of broadcasts on 3 ranks or
+// more) copy the slices straight out of the senders' buffers (with the kernel's copy off, that
 // is the only way a slice goes by reference), and every result is right.
 func TestMultiProcessSharedAllocations(t *testing.T) {
 	if runtime.GOOS != "linux" {
@@ -247,8 +248,14 @@ func TestMultiProcessSharedAllocations(t *testing.T) {
 	for _, c := range []struct {
 		n   int
 		pin string // "": unbound; "one": every rank bound to CPU 0; "own": rank r to CPU r (taskset)
-	}{{2, ""}, {3, ""}, {2, "one"}, {2, "own"}} {
-		t.Run(fmt.Sprintf("nranks=%d/pin=%q", c.n, c.pin), func(t *testing.T) {
+		// reg: Go buffers registered in place (Register), not MemAlloc's.
+		reg bool
+	}{{2, "", false}, {3, "", false}, {2, "one", false}, {2, "own", false}, {2, "", true}, {3, "", true}} {
+		name := fmt.Sprintf("nranks=%d/pin=%q", c.n, c.pin)
+		if c.reg {
+			name += "/registered"
+		}
+		t.Run(name, func(t *testing.T) {
 			var wrap func(int) []string
 			cpus := runtime.NumCPU()
 			if c.pin != "" {
@@ -276,7 +283,11 @@ func TestMultiProcessSharedAllocations(t *testing.T) {
 					cpus = c.n
 				}
 			}
-			res := spawn(t, "shared", gocclEnvs(t, c.n, "GOCCL_TRANSPORT=shm", "GOCCL_SHM_CMA=off"), wrap)
+			env := []string{"GOCCL_TRANSPORT=shm", "GOCCL_SHM_CMA=off"}
+			if c.reg {
+				env = append(env, "GOCCL_TEST_REGISTER=1")
+			}
+			res := spawn(t, "shared", gocclEnvs(t, c.n, env...), wrap)
 			requireAllOK(t, res)
 			count := func(r procResult, what string) int {
 				i := strings.LastIndex(r.output, what)
@@ -729,7 +740,7 @@ func childMain(scenario string) int {
 		before := shm.SharedSlicesReceived()
 		send, recv, err := sharedGather(ctx, c, 1<<20)
 		if send != nil {
-			err = errors.Join(err, collective.MemFree(send), collective.MemFree(recv))
+			err = errors.Join(err, freeShared(send), freeShared(recv))
 		}
 		if err != nil {
 			return fail("%v", err)
@@ -1019,11 +1030,8 @@ func sharedVal(q, i int) float32 { return float32(q*1_000_003+i) * 0.5 }
 // caller to use further and free.
 func sharedGather(ctx context.Context, c *collective.Comm, k int) (send, recv []float32, err error) {
 	n, r := c.Size(), c.Rank()
-	if send, err = collective.MemAlloc[float32](k); err != nil {
+	if send, recv, err = sharedBufs(k, n); err != nil {
 		return nil, nil, err
-	}
-	if recv, err = collective.MemAlloc[float32](n * k); err != nil {
-		return nil, nil, errors.Join(err, collective.MemFree(send))
 	}
 	for i := range send {
 		send[i] = sharedVal(r, i)
@@ -1039,8 +1047,60 @@ func sharedGather(ctx context.Context, c *collective.Comm, k int) (send, recv []
 	return send, recv, nil
 }
 
+// registering: the "shared" child's buffers are Go memory registered in
+// place (GOCCL_TEST_REGISTER=1), not MemAlloc's.
+var registering = os.Getenv("GOCCL_TEST_REGISTER") == "1"
+
+// sharedRegs holds the registrations of sharedBufs's buffers, by their
+// first element, until freeShared.
+var sharedRegs = map[*float32]*collective.Registration{}
+
+// sharedBufs returns k and n*k float32s that the ranks of the host map:
+// MemAlloc's or, registering, Go memory registered in place, starting
+// 100 bytes into a page (so that the part-pages at either end go the
+// ordinary way).
+func sharedBufs(k, n int) (send, recv []float32, err error) {
+	if !registering {
+		if send, err = collective.MemAlloc[float32](k); err != nil {
+			return nil, nil, err
+		}
+		if recv, err = collective.MemAlloc[float32](n * k); err != nil {
+			return nil, nil, errors.Join(err, collective.MemFree(send))
+		}
+		return send, recv, nil
+	}
+	get := func(m int) ([]float32, error) {
+		backing := make([]float32, m+2048)
+		off := (4096 - int(uintptr(unsafe.Pointer(&backing[0]))%4096) + 100) % 4096 / 4
+		b := backing[off : off+m : off+m]
+		reg, err := collective.Register(b)
+		if err != nil {
+			return nil, err
+		}
+		sharedRegs[&b[0]] = reg
+		return b, nil
+	}
+	if send, err = get(k); err != nil {
+		return nil, nil, err
+	}
+	if recv, err = get(n * k); err != nil {
+		return nil, nil, errors.Join(err, freeShared(send))
+	}
+	return send, recv, nil
+}
+
+// freeShared frees what sharedBufs returned.
+func freeShared(b []float32) error {
+	if !registering {
+		return collective.MemFree(b)
+	}
+	reg := sharedRegs[&b[0]]
+	delete(sharedRegs, &b[0])
+	return reg.Deregister()
+}
+
 // childShared runs all-gathers, broadcasts and all-reduces on buffers
-// from MemAlloc, checks every result, and frees them.
+// from sharedBufs, checks every result, and frees them.
 func childShared(ctx context.Context, c *collective.Comm) error {
 	n, r := c.Size(), c.Rank()
 	for _, k := range []int{1, 37, 70_001, 300_000} {
@@ -1139,7 +1199,7 @@ func childShared(ctx context.Context, c *collective.Comm) error {
 				return fmt.Errorf("all-reduce in place of %d: element %d = %v, want %v", k, i, v, want)
 			}
 		}
-		if err := errors.Join(collective.MemFree(send), collective.MemFree(recv)); err != nil {
+		if err := errors.Join(freeShared(send), freeShared(recv)); err != nil {
 			return err
 		}
 	}

@@ -6,7 +6,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -52,9 +55,15 @@ type SharedRef struct {
 
 type sharedAlloc struct {
 	base, n uintptr // the caller's bytes
-	mem     []byte  // the whole mapping, header included
+	mem     []byte  // the whole mapping, header included (AllocShared's; nil for a registration)
 	fd      int
 	nonce   uint64
+	// registered counts a registration's holders (RegisterShared); 0 for
+	// AllocShared's allocations. pages are a registration's pages (which
+	// this reference keeps from the garbage collector until the last
+	// Release).
+	registered int
+	pages      []byte
 }
 
 var shared struct {
@@ -133,6 +142,10 @@ func FreeShared(b []byte) error {
 		return errors.New("memory: FreeShared of memory that AllocShared did not return (or freed already)")
 	}
 	a := shared.allocs[i]
+	if a.registered > 0 {
+		shared.mu.Unlock()
+		return errors.New("memory: FreeShared of registered memory (RegisterShared): release the registration instead")
+	}
 	shared.allocs = slices.Delete(shared.allocs, i, i+1)
 	shared.count.Store(int32(len(shared.allocs)))
 	shared.mu.Unlock()
@@ -187,6 +200,21 @@ func IsShared(buf Buffer) bool {
 	}
 	_, ok := lookupShared(uintptr(buf.host), uintptr(buf.n))
 	return ok
+}
+
+// SharesAny reports whether some of buf is host memory in a shared
+// allocation (AllocShared's, or a registration's whole pages): its
+// slices there can go by reference (SharedOf), the rest the ordinary way.
+func SharesAny(buf Buffer) bool {
+	if buf.at.kind != Host || buf.n == 0 || shared.count.Load() == 0 {
+		return false
+	}
+	p, n := uintptr(buf.host), uintptr(buf.n)
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	// The last allocation that starts before the buffer's end.
+	i, _ := slices.BinarySearchFunc(shared.allocs, p+n, func(x *sharedAlloc, e uintptr) int { return cmp.Compare(x.base, e) })
+	return i > 0 && shared.allocs[i-1].base+shared.allocs[i-1].n > p
 }
 
 // PeerShared is a peer's shared allocation, mapped read-only here.
@@ -248,4 +276,233 @@ func (p *PeerShared) Close() error {
 	err := unix.Munmap(p.mem)
 	p.mem = nil
 	return err
+}
+
+// Registered memory (issue 17; NCCL's ncclCommRegister). A buffer the
+// caller already has, Go memory or any private anonymous mapping, is
+// made shareable in place: the whole pages inside it move into a memfd
+// of their own, laid out as AllocShared's (a header page, then the
+// bytes), and that memfd is mapped over the very addresses they had,
+// with their contents. From then on they are a shared allocation like
+// any other (SharedOf, MapPeerShared); the part-pages at either end stay
+// where they were, and slices that touch them go the ordinary way.
+// Release moves the pages back into private anonymous memory.
+//
+// The move: the pages are copied into the memfd through a mapping of it
+// elsewhere, and mremap(2) then puts that mapping in the buffer's place
+// in one step (MREMAP_FIXED), so a reader of the buffer sees the old
+// pages or the new, with the same bytes; Release does the reverse with
+// an anonymous mapping. A write to the buffer from another goroutine
+// while either runs may be lost: the caller must not write it then (as
+// NCCL asks that a buffer not be in use when it is registered).
+//
+// Only private anonymous read-write memory is moved (checked against
+// /proc/self/maps): moving a file's mapping would cut the buffer off from
+// its file, and shared or read-only memory is not the caller's to move.
+// Go's heap is private anonymous memory that the runtime never moves or
+// unmaps while an object lives in it; the pages hold only the buffer
+// (they lie wholly inside it), so no other object is copied under a
+// writer. The garbage collector does not look inside a []T of numbers.
+
+// SharedRegistration is a registration of existing memory (RegisterShared).
+type SharedRegistration struct {
+	a      *sharedAlloc // nil: nothing was moved (no whole page, or already shared)
+	shared int
+}
+
+// Bytes returns how many of the buffer's bytes are shared: its whole
+// pages, or all of it if it already lay in a shared allocation.
+func (r *SharedRegistration) Bytes() int { return r.shared }
+
+var pageSize = unix.Getpagesize()
+
+// RegisterShared makes the whole pages of b shareable with peers on this
+// host, in place (see above). Registering the same pages again returns
+// the same registration, counted: each Release drops one count, and the
+// last moves the pages back. A buffer inside a shared allocation
+// (AllocShared, or registered) needs nothing and gets a registration
+// that moves nothing; one whose pages overlap a registration of other
+// pages is refused.
+func RegisterShared(b []byte) (*SharedRegistration, error) {
+	if len(b) == 0 {
+		return nil, errors.New("memory: registering an empty buffer")
+	}
+	if pageSize != sharedPage {
+		return nil, fmt.Errorf("memory: registration needs %d-byte pages; this system's are %d bytes", sharedPage, pageSize)
+	}
+	p := uintptr(unsafe.Pointer(&b[0]))
+	if _, ok := lookupShared(p, uintptr(len(b))); ok {
+		return &SharedRegistration{shared: len(b)}, nil
+	}
+	start := (p + sharedPage - 1) &^ (sharedPage - 1)
+	end := (p + uintptr(len(b))) &^ (sharedPage - 1)
+	if end <= start {
+		return &SharedRegistration{}, nil // no whole page: nothing to share
+	}
+	n := end - start
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	i, found := findShared(start)
+	if found {
+		a := shared.allocs[i]
+		if a.registered > 0 && a.n == n {
+			a.registered++
+			return &SharedRegistration{a: a, shared: int(n)}, nil
+		}
+	}
+	// Any overlap with another allocation: the one before start reaching
+	// past it, or one starting inside [start, end).
+	if i > 0 && shared.allocs[i-1].base+shared.allocs[i-1].n > start || i < len(shared.allocs) && shared.allocs[i].base < end {
+		return nil, fmt.Errorf("memory: the pages of %d bytes at %#x overlap a shared allocation or registration of other pages", len(b), p)
+	}
+	if err := privateAnonymous(start, end); err != nil {
+		return nil, err
+	}
+	a, err := moveToMemfd(b[start-p : end-p : end-p])
+	if err != nil {
+		return nil, err
+	}
+	shared.allocs = slices.Insert(shared.allocs, i, a)
+	shared.count.Store(int32(len(shared.allocs)))
+	return &SharedRegistration{a: a, shared: int(n)}, nil
+}
+
+// moveToMemfd moves whole pages into a new memfd, in place.
+func moveToMemfd(pages []byte) (*sharedAlloc, error) {
+	n := len(pages)
+	size := SharedHeader + n
+	fd, err := unix.MemfdCreate("goccl-registered", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, fmt.Errorf("memory: registering %d bytes: memfd_create: %w", n, err)
+	}
+	fail := func(what string, err error) (*sharedAlloc, error) {
+		unix.Close(fd)
+		return nil, fmt.Errorf("memory: registering %d bytes: %s: %w", n, what, err)
+	}
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		return fail("sizing the memfd", err)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, sharedSeals); err != nil {
+		return fail("sealing the memfd", err)
+	}
+	var hdr [24]byte
+	var nb [8]byte
+	if _, err := rand.Read(nb[:]); err != nil {
+		return fail("a nonce", err)
+	}
+	nonce := binary.LittleEndian.Uint64(nb[:]) | 1
+	binary.LittleEndian.PutUint64(hdr[0:], sharedMagic)
+	binary.LittleEndian.PutUint64(hdr[8:], nonce)
+	binary.LittleEndian.PutUint64(hdr[16:], uint64(n))
+	if _, err := unix.Pwrite(fd, hdr[:], 0); err != nil {
+		return fail("writing the header", err)
+	}
+	tmp, err := mapTemp(fd, SharedHeader, n, unix.MAP_SHARED)
+	if err != nil {
+		return fail("mapping it", err)
+	}
+	copy(tmp, pages)
+	if err := replace(tmp, pages); err != nil {
+		unix.MunmapPtr(unsafe.Pointer(&tmp[0]), uintptr(n))
+		return fail("mapping it in the buffer's place", err)
+	}
+	return &sharedAlloc{base: uintptr(unsafe.Pointer(&pages[0])), n: uintptr(n), fd: fd, nonce: nonce, registered: 1, pages: pages}, nil
+}
+
+// mapTemp maps n read-write bytes of fd from off (or anonymous memory,
+// fd -1) wherever the kernel puts them, for replace to move: not through
+// unix.Mmap, whose record of its mappings would keep one that replace
+// has moved away.
+func mapTemp(fd int, off int64, n int, flags int) ([]byte, error) {
+	p, err := unix.MmapPtr(fd, off, nil, uintptr(n), unix.PROT_READ|unix.PROT_WRITE, flags)
+	if err != nil {
+		return nil, err
+	}
+	return unsafe.Slice((*byte)(p), n), nil
+}
+
+// replace moves the mapping m over the pages at, which it is the size
+// of, in one step.
+func replace(m, at []byte) error {
+	_, _, errno := unix.Syscall6(unix.SYS_MREMAP, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(len(m)),
+		unix.MREMAP_MAYMOVE|unix.MREMAP_FIXED, uintptr(unsafe.Pointer(&at[0])), 0)
+	if errno != 0 {
+		return errno
+	}
+	return nil
+}
+
+// Release drops one count of the registration; the last moves the pages
+// back into private anonymous memory, with their contents, and closes
+// the memfd (peers that mapped it keep a copy nobody writes). No
+// operation on the buffer may be running, nor any write to it.
+func (r *SharedRegistration) Release() error {
+	if r == nil || r.a == nil {
+		return nil
+	}
+	a := r.a
+	r.a = nil
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	if a.registered <= 0 {
+		return errors.New("memory: releasing a registration released already")
+	}
+	if a.registered--; a.registered > 0 {
+		return nil
+	}
+	tmp, err := mapTemp(-1, 0, len(a.pages), unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err == nil {
+		copy(tmp, a.pages)
+		if err = replace(tmp, a.pages); err != nil {
+			unix.MunmapPtr(unsafe.Pointer(&tmp[0]), uintptr(len(tmp)))
+		}
+	}
+	if err != nil {
+		a.registered++ // still in place, still shared
+		return fmt.Errorf("memory: moving %d registered bytes back to private memory: %w", a.n, err)
+	}
+	if i, found := findShared(a.base); found && shared.allocs[i] == a {
+		shared.allocs = slices.Delete(shared.allocs, i, i+1)
+		shared.count.Store(int32(len(shared.allocs)))
+	}
+	unix.Close(a.fd)
+	a.pages = nil
+	return nil
+}
+
+// privateAnonymous checks that [start, end) lies in private anonymous
+// read-write mappings (/proc/self/maps).
+func privateAnonymous(start, end uintptr) error {
+	maps, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		return fmt.Errorf("memory: registering: reading /proc/self/maps: %w", err)
+	}
+	at := start
+	for line := range strings.Lines(string(maps)) {
+		// lo-hi perms offset dev inode [path]
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		lo, hi, ok := strings.Cut(f[0], "-")
+		if !ok {
+			continue
+		}
+		l, err1 := strconv.ParseUint(lo, 16, 64)
+		h, err2 := strconv.ParseUint(hi, 16, 64)
+		if err1 != nil || err2 != nil || uintptr(h) <= at || uintptr(l) > at {
+			continue
+		}
+		path := ""
+		if len(f) > 5 {
+			path = f[5]
+		}
+		if f[1] != "rw-p" || f[4] != "0" || path != "" && !strings.HasPrefix(path, "[heap]") && !strings.HasPrefix(path, "[anon") {
+			return fmt.Errorf("memory: the buffer at %#x lies in a mapping that is not private anonymous read-write memory (%s %s %s), which registration would cut off from what backs it", start, f[0], f[1], path)
+		}
+		if at = uintptr(h); at >= end {
+			return nil
+		}
+	}
+	return fmt.Errorf("memory: the buffer's pages from %#x are not all mapped", at)
 }

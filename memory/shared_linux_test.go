@@ -2,6 +2,7 @@ package memory
 
 import (
 	"os"
+	"runtime"
 	"testing"
 	"unsafe"
 
@@ -77,4 +78,146 @@ func TestSharedAllocationsAreFoundAmongSeveral(t *testing.T) {
 	require.Error(t, err)
 	_, err = MapPeerShared(os.Getpid(), 0, 1) // stdin: not a memfd
 	require.Error(t, err)
+}
+
+// A Go buffer registered in place: its whole pages become a shared
+// allocation that a peer maps (the same pages, not a copy), with the
+// contents it had; the part-pages at the ends stay private; Release
+// moves the pages back with their contents, after which a peer's
+// mapping no longer sees the buffer's writes.
+func TestRegisteredGoMemoryIsMappedByAPeer(t *testing.T) {
+	backing := make([]byte, 3<<20)
+	b := backing[1000 : 1000+2<<20] // starts and ends inside a page
+	for i := range b {
+		b[i] = byte(i * 13)
+	}
+	reg, err := RegisterShared(b)
+	require.NoError(t, err)
+	start := (4096 - (uintptr(unsafe.Pointer(&b[0])) % 4096)) % 4096
+	require.Equal(t, len(b)-int(start)-int((uintptr(unsafe.Pointer(&b[0]))+uintptr(len(b)))%4096), reg.Bytes())
+	for i := range b {
+		if b[i] != byte(i*13) {
+			t.Fatalf("byte %d changed by the registration: %d", i, b[i])
+		}
+	}
+	require.True(t, SharesAny(HostBuffer(b)))
+	require.False(t, IsShared(HostBuffer(b)), "the part-pages at the ends are not shared")
+	_, ok := SharedOf(b[:10])
+	require.Equal(t, start == 0, ok, "the first part-page")
+	mid := b[8192 : 8192+100000]
+	ref, ok := SharedOf(mid)
+	require.True(t, ok)
+	p, err := MapPeerShared(os.Getpid(), ref.FD, ref.Nonce)
+	require.NoError(t, err)
+	got, ok := p.Bytes(ref.Off, ref.Len)
+	require.True(t, ok)
+	require.Equal(t, mid, got)
+	mid[5] = 99
+	require.Equal(t, byte(99), got[5], "the peer maps the buffer's own pages")
+
+	again, err := RegisterShared(b)
+	require.NoError(t, err)
+	require.Equal(t, reg.Bytes(), again.Bytes())
+	require.NoError(t, again.Release())
+	_, ok = SharedOf(mid)
+	require.True(t, ok, "still registered once")
+	require.ErrorContains(t, FreeShared(b[start:]), "registered")
+
+	require.NoError(t, reg.Release())
+	require.NoError(t, reg.Release(), "a released registration releases nothing")
+	_, ok = SharedOf(mid)
+	require.False(t, ok)
+	require.False(t, SharesAny(HostBuffer(b)))
+	require.Equal(t, byte(99), mid[5], "the contents came back")
+	for i := range b {
+		if i != 8192+5 && b[i] != byte(i*13) {
+			t.Fatalf("byte %d after Release: %d", i, b[i])
+		}
+	}
+	mid[6] = 77
+	require.NotEqual(t, byte(77), got[6], "private again: the peer's old mapping does not see new writes")
+	require.NoError(t, p.Close())
+}
+
+func TestRegisteringWhatCannotBeMoved(t *testing.T) {
+	// Within one page: nothing to share, nothing moved.
+	small := make([]byte, 100)
+	reg, err := RegisterShared(small)
+	require.NoError(t, err)
+	require.Zero(t, reg.Bytes())
+	require.NoError(t, reg.Release())
+
+	// Inside a shared allocation already: nothing moved.
+	sb, err := AllocShared(1 << 16)
+	require.NoError(t, err)
+	reg, err = RegisterShared(sb[100:5000])
+	require.NoError(t, err)
+	require.Equal(t, 4900, reg.Bytes())
+	require.NoError(t, reg.Release())
+	_, ok := SharedOf(sb[100:5000])
+	require.True(t, ok, "the allocation is untouched")
+	require.NoError(t, FreeShared(sb))
+
+	// A file's mapping would be cut off from its file.
+	f, err := os.CreateTemp(t.TempDir(), "mapped")
+	require.NoError(t, err)
+	require.NoError(t, f.Truncate(1<<16))
+	fm, err := unix.Mmap(int(f.Fd()), 0, 1<<16, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	require.NoError(t, err)
+	defer unix.Munmap(fm)
+	_, err = RegisterShared(fm)
+	require.ErrorContains(t, err, "not private anonymous")
+
+	// Read-only memory is not the caller's to move.
+	ro, err := unix.Mmap(-1, 0, 1<<16, unix.PROT_READ, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	require.NoError(t, err)
+	defer unix.Munmap(ro)
+	_, err = RegisterShared(ro)
+	require.ErrorContains(t, err, "not private anonymous")
+
+	// Overlapping another registration's pages, but not the same pages.
+	backing := make([]byte, 1<<20)
+	reg, err = RegisterShared(backing[:1<<19])
+	require.NoError(t, err)
+	_, err = RegisterShared(backing[1<<18:])
+	require.ErrorContains(t, err, "overlap")
+	require.NoError(t, reg.Release())
+
+	_, err = RegisterShared(nil)
+	require.Error(t, err)
+}
+
+// A registered buffer lives through collections and a heap that churns
+// around it, with its contents.
+func TestRegisteredMemoryThroughCollections(t *testing.T) {
+	b := make([]uint64, 1<<17)
+	for i := range b {
+		b[i] = uint64(i) * 0x9e3779b97f4a7c15
+	}
+	bytes := unsafe.Slice((*byte)(unsafe.Pointer(&b[0])), len(b)*8)
+	reg, err := RegisterShared(bytes)
+	require.NoError(t, err)
+	require.Positive(t, reg.Bytes())
+	var junk [][]byte
+	for i := range 200 {
+		junk = append(junk, make([]byte, 1<<(10+i%10)))
+		if i%50 == 0 {
+			runtime.GC()
+		}
+	}
+	runtime.GC()
+	for i := range b {
+		if b[i] != uint64(i)*0x9e3779b97f4a7c15 {
+			t.Fatalf("element %d: %#x", i, b[i])
+		}
+		b[i]++
+	}
+	require.NoError(t, reg.Release())
+	runtime.GC()
+	for i := range b {
+		if b[i] != uint64(i)*0x9e3779b97f4a7c15+1 {
+			t.Fatalf("element %d after Release: %#x", i, b[i])
+		}
+	}
+	runtime.KeepAlive(junk)
 }

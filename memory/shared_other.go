@@ -28,3 +28,19 @@ func SharedOf(b []byte) (SharedRef, bool) { return SharedRef{}, false }
 
 // IsShared reports false: there are no shared allocations here.
 func IsShared(buf Buffer) bool { return false }
+
+// SharesAny reports false: there are no shared allocations here.
+func SharesAny(buf Buffer) bool { return false }
+
+// SharedRegistration is a registration of existing memory; there are
+// none here.
+type SharedRegistration struct{}
+
+// Bytes returns 0.
+func (r *SharedRegistration) Bytes() int { return 0 }
+
+// Release does nothing.
+func (r *SharedRegistration) Release() error { return nil }
+
+// RegisterShared needs Linux.
+func RegisterShared(b []byte) (*SharedRegistration, error) { return nil, errNoShared }

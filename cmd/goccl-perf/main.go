@@ -98,7 +98,7 @@ func run(args []string) int {
 		chunk    = fs.String("chunk", "", "force the pipelining chunk size (K, M suffixes)")
 		oop      = fs.Bool("out-of-place-only", false, "skip the in-place runs (their columns print N/A)")
 		cpuProf  = fs.String("cpuprofile", "", "write each rank's CPU profile to this file with .RANK appended (go tool pprof reads it)")
-		regF     = fs.Int("R", 0, "1: host buffers from collective.MemAlloc, which the ranks of a host map (one copy over shared memory; as nccl-tests' -R registers NCCL's); 0: Go memory")
+		regF     = fs.Int("R", 0, "1: host buffers from collective.MemAlloc, which the ranks of a host map (one copy over shared memory; as nccl-tests' -R registers NCCL's); 2: Go memory registered with collective.Register (its whole pages mapped alike); 0: Go memory")
 		devF     = fs.String("device", "host", "where the buffers live: host, or gpu (CUDA device memory, rank r on GPU r modulo their count; results checked on the host after a copy back)")
 	)
 	if err := fs.Parse(args); err != nil {
@@ -158,12 +158,13 @@ func run(args []string) int {
 	o.Blocking = *blocking == 1
 	o.OutOfPlaceOnly = *oop
 	switch {
-	case *regF != 0 && *regF != 1:
-		return fail(fmt.Errorf("-R %d: want 0 or 1", *regF))
-	case *regF == 1 && cfg.gpu:
-		return fail(errors.New("-R 1 allocates host buffers: drop --device gpu"))
+	case *regF < 0 || *regF > 2:
+		return fail(fmt.Errorf("-R %d: want 0, 1 or 2", *regF))
+	case *regF != 0 && cfg.gpu:
+		return fail(fmt.Errorf("-R %d shares host buffers: drop --device gpu", *regF))
 	}
 	o.Shared = *regF == 1
+	o.Registered = *regF == 2
 	o.Agg = bench.Aggregation(*agg)
 	cfg.params = bench.ParamsOf(*o)
 	if *timeout < 0 {

@@ -124,13 +124,21 @@ func TestTransportAndAlgorithmFlags(t *testing.T) {
 }
 
 // TestSharedBuffers: -R 1 runs every collective on collective.MemAlloc
-// buffers, which the ranks map over shared memory, with every result
-// checked, and says so in the header.
+// buffers, which the ranks map over shared memory, and -R 2 on Go buffers
+// registered with collective.Register, with every result checked, and
+// says so in the header.
 func TestSharedBuffers(t *testing.T) {
-	for _, coll := range []string{"all_gather", "broadcast", "all_reduce"} {
-		out, errs, code := perf(t, coll, "-np", "3", "--transport", "shm", "-R", "1", "-b", "3K", "-e", "3M", "-f", "32", "-c", "1", "-T", "60")
+	for _, c := range []struct{ coll, r, says string }{
+		{"all_gather", "1", "collective.MemAlloc"},
+		{"broadcast", "1", "collective.MemAlloc"},
+		{"all_reduce", "1", "collective.MemAlloc"},
+		{"all_gather", "2", "Go memory registered with collective.Register"},
+		{"reduce", "2", "Go memory registered with collective.Register"},
+	} {
+		coll := c.coll
+		out, errs, code := perf(t, coll, "-np", "3", "--transport", "shm", "-R", c.r, "-b", "3K", "-e", "3M", "-f", "32", "-c", "1", "-T", "60")
 		require.Equal(t, 0, code, "%s: stdout:\n%s\nstderr:\n%s", coll, out, errs)
-		require.Contains(t, out, "# buffers: collective.MemAlloc", coll)
+		require.Contains(t, out, "# buffers: "+c.says, coll)
 		rs := rows(out)
 		require.Len(t, rs, 3, "%s: 3 KiB, 96 KiB, 3 MiB:\n%s", coll, out)
 		for _, f := range rs {
@@ -151,8 +159,8 @@ func TestBadArgumentsSayWhatIsWrong(t *testing.T) {
 		{[]string{"-np", "2", "-z", "7"}, "-z 7"},
 		{[]string{"-np", "2", "--transport", "carrier-pigeon"}, "carrier-pigeon"},
 		{[]string{"plot"}, "usage: goccl-perf plot"},
-		{[]string{"-np", "2", "-R", "2"}, "-R 2: want 0 or 1"},
-		{[]string{"-np", "2", "-R", "1", "--device", "gpu"}, "-R 1 allocates host buffers"},
+		{[]string{"-np", "2", "-R", "3"}, "-R 3: want 0, 1 or 2"},
+		{[]string{"-np", "2", "-R", "1", "--device", "gpu"}, "-R 1 shares host buffers"},
 	} {
 		out, errs, code := perf(t, c.args...)
 		require.NotEqual(t, 0, code, "%v: stdout:\n%s", c.args, out)

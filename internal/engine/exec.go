@@ -54,8 +54,10 @@ type chanRun struct {
 	// in-place reduction reads.
 	blockOp blockOp
 	scratch []byte
-	// sharedIn, sharedOut: the operation's buffers are shared allocations
-	// (memory.AllocShared), which a transport.PeerMapper's receiver maps;
+	// sharedIn, sharedOut: the operation's buffers lie, wholly or in
+	// part, in shared allocations (memory.AllocShared, or a registration's
+	// whole pages), which a transport.PeerMapper's receiver maps (a slice
+	// outside them goes the ordinary way: PostFrom decides per slice);
 	// landsShared: every receive lands in the output (all-gather,
 	// broadcast), where the receiver copies straight into it.
 	sharedIn, sharedOut, landsShared bool
@@ -162,8 +164,8 @@ func (x *chanRun) setup(e *Engine, op *Op, pl *Plan, c int, dev bool) {
 	x.sharedIn, x.sharedOut, x.landsShared = false, false, false
 	if !dev {
 		x.landsShared = op.Coll == algorithms.CollAllGather || op.Coll == algorithms.CollBroadcast
-		x.sharedIn = memory.IsShared(op.In)
-		x.sharedOut = memory.IsShared(op.Out)
+		x.sharedIn = memory.SharesAny(op.In)
+		x.sharedOut = memory.SharesAny(op.Out)
 	}
 	x.opBytes = op.Bytes(e.nranks)
 	x.nranks = e.nranks
