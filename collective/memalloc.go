@@ -57,9 +57,10 @@ type Registration struct {
 // end the ordinary way). buf must be Go memory or other private
 // anonymous memory (a file's mapping or shared memory is refused), and
 // nothing may write it or run an operation on it while Register or
-// Deregister runs. Registering the same pages again returns a counted
-// registration of them; a buffer inside a MemAlloc allocation needs none
-// and gets one that moves nothing. Deregister before buf's memory is
+// Deregister runs. Registering the same pages again, or a buffer inside
+// registered pages, holds them once more (they stay shared until every
+// registration is deregistered); a buffer inside a MemAlloc allocation
+// needs none and gets one that moves nothing. Deregister before buf's memory is
 // used for anything else: until then the registration keeps it alive.
 // Linux only: elsewhere it returns an error.
 func Register[T Number](buf []T) (*Registration, error) {

@@ -46,8 +46,10 @@ import (
 // a long operation, and a goroutine that issues beside another's
 // blocking call. Where fence.Ready is false, the fast path is off and
 // this is a sync.Mutex with two atomic adds; if the kernel refuses a
-// barrier later, the holder waits for the operation to end instead, and
-// the fast path goes off.
+// barrier later, the holder stops the world instead (see Lock), and the
+// fast path goes off. Lock never waits for an operation to end, only for
+// its windows, so the operation's own goroutine may lock it (an abort on
+// a failure path) and the watchdog may while it runs.
 type opMutex struct {
 	mu   sync.Mutex
 	fast uint32       // fastIdle, fastIssuing, fastRunning, fastFinishing (atomic)
@@ -82,17 +84,16 @@ func (m *opMutex) Lock() {
 	}
 	if !heavy() {
 		// Refused since fence.Ready (a seccomp filter installed later):
-		// no more fast operations, and this one must end before the
-		// records are safe, since its finish may not see slow. It may
-		// need the lock to finish: wait without it (slow keeps others
-		// out of the fast path meanwhile).
+		// no more fast operations, and a stop of the world for this one.
+		// The runtime stops every goroutine that runs Go code with a
+		// locked instruction (its status's compare-and-swap) at a safe
+		// point, and one in a system call passed one on the way in and
+		// passes one on the way out: so the operation's plain store is
+		// visible once the stop is over, or its later read of slow comes
+		// after one of those and sees this holder, as with the barrier.
 		fastOps.Store(false)
-		m.mu.Unlock()
-		for i := 0; atomic.LoadUint32(&m.fast) != fastIdle; i++ {
-			backoff(i)
-		}
-		m.mu.Lock()
-		return
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms) // stops the world
 	}
 	for i := 0; ; i++ {
 		if f := atomic.LoadUint32(&m.fast); f == fastIdle || f == fastRunning {

@@ -58,13 +58,18 @@ type sharedAlloc struct {
 	mem     []byte  // the whole mapping, header included (AllocShared's; nil for a registration)
 	fd      int
 	nonce   uint64
-	// registered counts a registration's holders (RegisterShared); 0 for
-	// AllocShared's allocations. pages are a registration's pages (which
-	// this reference keeps from the garbage collector until the last
-	// Release).
-	registered int
+	// A registration's (RegisterShared; nil pages for AllocShared's
+	// allocations): its pages (which this reference keeps from the
+	// garbage collector until the last Release), its holders, and whether
+	// it is being moved in or out (then lookups pass it by, and other
+	// registrations of its pages are refused).
 	pages      []byte
+	registered int
+	moving     bool
 }
+
+// reg reports whether a is a registration.
+func (a *sharedAlloc) reg() bool { return a.pages != nil }
 
 var shared struct {
 	mu     sync.Mutex
@@ -142,7 +147,7 @@ func FreeShared(b []byte) error {
 		return errors.New("memory: FreeShared of memory that AllocShared did not return (or freed already)")
 	}
 	a := shared.allocs[i]
-	if a.registered > 0 {
+	if a.reg() {
 		shared.mu.Unlock()
 		return errors.New("memory: FreeShared of registered memory (RegisterShared): release the registration instead")
 	}
@@ -164,6 +169,12 @@ func lookupShared(p, n uintptr) (*sharedAlloc, bool) {
 	}
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
+	return lookupLocked(p, n)
+}
+
+// lookupLocked is lookupShared; the caller holds shared.mu. A
+// registration being moved holds nothing.
+func lookupLocked(p, n uintptr) (*sharedAlloc, bool) {
 	i, found := findShared(p)
 	if !found {
 		i-- // the last allocation that starts before p
@@ -172,7 +183,7 @@ func lookupShared(p, n uintptr) (*sharedAlloc, bool) {
 		return nil, false
 	}
 	a := shared.allocs[i]
-	if p < a.base || p-a.base+n > a.n || p-a.base+n < n {
+	if a.moving || p < a.base || p-a.base+n > a.n || p-a.base+n < n {
 		return nil, false
 	}
 	return a, true
@@ -214,7 +225,7 @@ func SharesAny(buf Buffer) bool {
 	defer shared.mu.Unlock()
 	// The last allocation that starts before the buffer's end.
 	i, _ := slices.BinarySearchFunc(shared.allocs, p+n, func(x *sharedAlloc, e uintptr) int { return cmp.Compare(x.base, e) })
-	return i > 0 && shared.allocs[i-1].base+shared.allocs[i-1].n > p
+	return i > 0 && !shared.allocs[i-1].moving && shared.allocs[i-1].base+shared.allocs[i-1].n > p
 }
 
 // PeerShared is a peer's shared allocation, mapped read-only here.
@@ -317,12 +328,14 @@ func (r *SharedRegistration) Bytes() int { return r.shared }
 var pageSize = unix.Getpagesize()
 
 // RegisterShared makes the whole pages of b shareable with peers on this
-// host, in place (see above). Registering the same pages again returns
-// the same registration, counted: each Release drops one count, and the
-// last moves the pages back. A buffer inside a shared allocation
-// (AllocShared, or registered) needs nothing and gets a registration
-// that moves nothing; one whose pages overlap a registration of other
-// pages is refused.
+// host, in place (see above). Registering the same pages again, or a
+// buffer that lies inside registered pages, returns the same
+// registration, counted: each Release drops one count, and the last
+// moves the pages back. A buffer inside an AllocShared allocation needs
+// nothing and gets a registration that moves nothing; one whose pages
+// overlap other shared pages, or pages being registered or released by
+// another goroutine, is refused. The pages are copied outside the
+// allocations' lock.
 func RegisterShared(b []byte) (*SharedRegistration, error) {
 	if len(b) == 0 {
 		return nil, errors.New("memory: registering an empty buffer")
@@ -331,53 +344,82 @@ func RegisterShared(b []byte) (*SharedRegistration, error) {
 		return nil, fmt.Errorf("memory: registration needs %d-byte pages; this system's are %d bytes", sharedPage, pageSize)
 	}
 	p := uintptr(unsafe.Pointer(&b[0]))
-	if _, ok := lookupShared(p, uintptr(len(b))); ok {
-		return &SharedRegistration{shared: len(b)}, nil
-	}
 	start := (p + sharedPage - 1) &^ (sharedPage - 1)
 	end := (p + uintptr(len(b))) &^ (sharedPage - 1)
+	shared.mu.Lock()
+	if a, ok := lookupLocked(p, uintptr(len(b))); ok {
+		// Inside shared memory already: an allocation needs nothing; a
+		// registration's pages are held once more, so that they stay
+		// shared until this one is released too.
+		r := &SharedRegistration{shared: len(b)}
+		if a.reg() {
+			a.registered++
+			r.a = a
+		}
+		shared.mu.Unlock()
+		return r, nil
+	}
 	if end <= start {
+		shared.mu.Unlock()
 		return &SharedRegistration{}, nil // no whole page: nothing to share
 	}
 	n := end - start
-	shared.mu.Lock()
-	defer shared.mu.Unlock()
 	i, found := findShared(start)
 	if found {
-		a := shared.allocs[i]
-		if a.registered > 0 && a.n == n {
-			a.registered++
+		if a := shared.allocs[i]; a.reg() && !a.moving && a.n == n {
+			a.registered++ // the same pages, in a buffer with other part-pages
+			shared.mu.Unlock()
 			return &SharedRegistration{a: a, shared: int(n)}, nil
 		}
 	}
 	// Any overlap with another allocation: the one before start reaching
 	// past it, or one starting inside [start, end).
 	if i > 0 && shared.allocs[i-1].base+shared.allocs[i-1].n > start || i < len(shared.allocs) && shared.allocs[i].base < end {
-		return nil, fmt.Errorf("memory: the pages of %d bytes at %#x overlap a shared allocation or registration of other pages", len(b), p)
+		shared.mu.Unlock()
+		return nil, fmt.Errorf("memory: the pages of %d bytes at %#x overlap a shared allocation or registration of other pages (or one being made or released)", len(b), p)
 	}
-	if err := privateAnonymous(start, end); err != nil {
-		return nil, err
-	}
-	a, err := moveToMemfd(b[start-p : end-p : end-p])
-	if err != nil {
-		return nil, err
-	}
+	// Held in the list while it is moved, outside the lock (the copy may
+	// take long): lookups pass it by, other registrations of its pages
+	// are refused.
+	a := &sharedAlloc{base: start, n: n, pages: b[start-p : end-p : end-p], moving: true}
 	shared.allocs = slices.Insert(shared.allocs, i, a)
 	shared.count.Store(int32(len(shared.allocs)))
+	shared.mu.Unlock()
+	err := privateAnonymous(start, end)
+	if err == nil {
+		a.fd, a.nonce, err = moveToMemfd(a.pages)
+	}
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	a.moving = false
+	if err != nil {
+		dropLocked(a)
+		return nil, err
+	}
+	a.registered = 1
 	return &SharedRegistration{a: a, shared: int(n)}, nil
 }
 
-// moveToMemfd moves whole pages into a new memfd, in place.
-func moveToMemfd(pages []byte) (*sharedAlloc, error) {
+// dropLocked takes a out of the list; the caller holds shared.mu.
+func dropLocked(a *sharedAlloc) {
+	if i, found := findShared(a.base); found && shared.allocs[i] == a {
+		shared.allocs = slices.Delete(shared.allocs, i, i+1)
+		shared.count.Store(int32(len(shared.allocs)))
+	}
+}
+
+// moveToMemfd moves whole pages into a new memfd, in place, and returns
+// its descriptor and nonce.
+func moveToMemfd(pages []byte) (int, uint64, error) {
 	n := len(pages)
 	size := SharedHeader + n
 	fd, err := unix.MemfdCreate("goccl-registered", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
-		return nil, fmt.Errorf("memory: registering %d bytes: memfd_create: %w", n, err)
+		return -1, 0, fmt.Errorf("memory: registering %d bytes: memfd_create: %w", n, err)
 	}
-	fail := func(what string, err error) (*sharedAlloc, error) {
+	fail := func(what string, err error) (int, uint64, error) {
 		unix.Close(fd)
-		return nil, fmt.Errorf("memory: registering %d bytes: %s: %w", n, what, err)
+		return -1, 0, fmt.Errorf("memory: registering %d bytes: %s: %w", n, what, err)
 	}
 	if err := unix.Ftruncate(fd, int64(size)); err != nil {
 		return fail("sizing the memfd", err)
@@ -403,10 +445,32 @@ func moveToMemfd(pages []byte) (*sharedAlloc, error) {
 	}
 	copy(tmp, pages)
 	if err := replace(tmp, pages); err != nil {
+		// mremap unmaps the destination before it moves the mapping: put
+		// private memory with the contents back in case it got that far.
+		if rerr := restore(pages, -1, tmp); rerr != nil {
+			err = fmt.Errorf("%w; and putting the buffer's pages back failed too, so they are unmapped: %v", err, rerr)
+		}
 		unix.MunmapPtr(unsafe.Pointer(&tmp[0]), uintptr(n))
 		return fail("mapping it in the buffer's place", err)
 	}
-	return &sharedAlloc{base: uintptr(unsafe.Pointer(&pages[0])), n: uintptr(n), fd: fd, nonce: nonce, registered: 1, pages: pages}, nil
+	return fd, nonce, nil
+}
+
+// restore maps memory over pages again after a failed replace: the
+// memfd fd's bytes after its header, or (fd -1) private anonymous memory
+// with the contents of from.
+func restore(pages []byte, fd int, from []byte) error {
+	flags, off := unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_FIXED, int64(0)
+	if fd >= 0 {
+		flags, off = unix.MAP_SHARED|unix.MAP_FIXED, SharedHeader
+	}
+	if _, err := unix.MmapPtr(fd, off, unsafe.Pointer(&pages[0]), uintptr(len(pages)), unix.PROT_READ|unix.PROT_WRITE, flags); err != nil {
+		return err
+	}
+	if fd < 0 {
+		copy(pages, from)
+	}
+	return nil
 }
 
 // mapTemp maps n read-write bytes of fd from off (or anonymous memory,
@@ -441,32 +505,45 @@ func (r *SharedRegistration) Release() error {
 		return nil
 	}
 	a := r.a
-	r.a = nil
 	shared.mu.Lock()
-	defer shared.mu.Unlock()
-	if a.registered <= 0 {
+	switch {
+	case a.moving:
+		shared.mu.Unlock()
+		return errors.New("memory: releasing a registration whose pages another goroutine is moving")
+	case a.registered <= 0:
+		shared.mu.Unlock()
 		return errors.New("memory: releasing a registration released already")
-	}
-	if a.registered--; a.registered > 0 {
+	case a.registered > 1:
+		a.registered--
+		r.a = nil
+		shared.mu.Unlock()
 		return nil
 	}
+	a.moving = true // lookups pass it by from here on
+	shared.mu.Unlock()
 	tmp, err := mapTemp(-1, 0, len(a.pages), unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err == nil {
 		copy(tmp, a.pages)
 		if err = replace(tmp, a.pages); err != nil {
+			if rerr := restore(a.pages, a.fd, nil); rerr != nil {
+				err = fmt.Errorf("%w; and mapping the registered pages back failed too, so they are unmapped: %v", err, rerr)
+			}
 			unix.MunmapPtr(unsafe.Pointer(&tmp[0]), uintptr(len(tmp)))
 		}
 	}
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	a.moving = false
 	if err != nil {
-		a.registered++ // still in place, still shared
-		return fmt.Errorf("memory: moving %d registered bytes back to private memory: %w", a.n, err)
+		// Still registered, and r still holds it: Release may be tried
+		// again.
+		return fmt.Errorf("memory: moving %d registered bytes back to private memory: %w", len(a.pages), err)
 	}
-	if i, found := findShared(a.base); found && shared.allocs[i] == a {
-		shared.allocs = slices.Delete(shared.allocs, i, i+1)
-		shared.count.Store(int32(len(shared.allocs)))
-	}
+	a.registered = 0
+	dropLocked(a)
 	unix.Close(a.fd)
 	a.pages = nil
+	r.a = nil
 	return nil
 }
 

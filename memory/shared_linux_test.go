@@ -221,3 +221,32 @@ func TestRegisteredMemoryThroughCollections(t *testing.T) {
 	}
 	runtime.KeepAlive(junk)
 }
+
+// A buffer that lies wholly in registered pages (registered again, or a
+// part of one) holds a count of that registration: the pages stay shared
+// until every holder has released them.
+func TestRegistrationsInsideRegisteredPagesAreCounted(t *testing.T) {
+	b := make([]byte, 1<<20)
+	if uintptr(unsafe.Pointer(&b[0]))%4096 != 0 {
+		t.Skip("the runtime did not give a page-aligned 1 MiB buffer here")
+	}
+	first, err := RegisterShared(b)
+	require.NoError(t, err)
+	require.Equal(t, len(b), first.Bytes())
+	second, err := RegisterShared(b)
+	require.NoError(t, err)
+	part, err := RegisterShared(b[5000:9000])
+	require.NoError(t, err)
+	require.Equal(t, 4000, part.Bytes())
+
+	require.NoError(t, first.Release())
+	_, ok := SharedOf(b)
+	require.True(t, ok, "two holders left")
+	require.NoError(t, second.Release())
+	_, ok = SharedOf(b[5000:9000])
+	require.True(t, ok, "the part still holds the pages")
+	require.NoError(t, part.Release())
+	_, ok = SharedOf(b)
+	require.False(t, ok, "released by every holder")
+	require.False(t, SharesAny(HostBuffer(b)))
+}
