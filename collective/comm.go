@@ -806,7 +806,7 @@ func (c *Comm) issueLocked(k *call, async bool, issued int64, done chan struct{}
 		r.cseq = r.seq
 	}
 	*slot = r
-	c.pending++ // under c.mu, before closed can be set: Close waits for it
+	c.pending++ // with the records held, before closed can be set: Close waits for it
 	r.lane = nil
 	if l := laneOf(k); l != nil {
 		// Host point-to-point: after the last operation of its lane only.

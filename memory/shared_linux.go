@@ -317,7 +317,7 @@ func (p *PeerShared) Close() error {
 
 // SharedRegistration is a registration of existing memory (RegisterShared).
 type SharedRegistration struct {
-	a      *sharedAlloc // nil: nothing was moved (no whole page, or already shared)
+	a      *sharedAlloc // the registration held; nil: none (no whole page, or in an AllocShared allocation)
 	shared int
 }
 
