@@ -60,9 +60,9 @@ type Registration struct {
 // Deregister runs. Registering the same pages again, or a buffer inside
 // registered pages, holds them once more (they stay shared until every
 // registration is deregistered); a buffer inside a MemAlloc allocation
-// needs none and gets one that moves nothing. Deregister before buf's memory is
-// used for anything else: until then the registration keeps it alive.
-// Linux only: elsewhere it returns an error.
+// needs none and gets one that moves nothing. Deregister before buf's
+// memory is used for anything else: until then the registration keeps
+// it alive. Linux only: elsewhere it returns an error.
 func Register[T Number](buf []T) (*Registration, error) {
 	if len(buf) == 0 {
 		return nil, errors.New("goccl: Register of an empty buffer")
@@ -75,8 +75,9 @@ func Register[T Number](buf []T) (*Registration, error) {
 }
 
 // Bytes returns how many of the buffer's bytes the ranks on this host can
-// map: its whole pages (0 for a buffer within one page or two), or all of
-// a buffer inside a MemAlloc allocation.
+// map: those in its whole pages (0 for a buffer with no whole page in
+// it), or all of a buffer inside a MemAlloc allocation or registered
+// pages.
 func (r *Registration) Bytes() int {
 	if r == nil || r.r == nil {
 		return 0
@@ -87,15 +88,15 @@ func (r *Registration) Bytes() int {
 // Deregister ends the registration (NCCL's ncclCommDeregister): the last
 // of a buffer's registrations moves its pages back into private memory,
 // with their contents. No operation on the buffer may be running, and
-// nothing may write it meanwhile. A second Deregister is an error.
+// nothing may write it meanwhile. A second Deregister is an error; one
+// that failed (the kernel refused to move the pages) may be tried again.
 func (r *Registration) Deregister() error {
 	if r == nil || r.r == nil {
 		return errors.New("goccl: Deregister of a registration that is not one, or deregistered already")
 	}
-	reg := r.r
-	r.r = nil
-	if err := reg.Release(); err != nil {
+	if err := r.r.Release(); err != nil {
 		return fmt.Errorf("goccl: Deregister: %w", err)
 	}
+	r.r = nil
 	return nil
 }
