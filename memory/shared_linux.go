@@ -88,33 +88,16 @@ func AllocShared(n int) ([]byte, error) {
 	if size < n {
 		return nil, fmt.Errorf("memory: a shared allocation of %d bytes is too large", n)
 	}
-	fd, err := unix.MemfdCreate("goccl-shared", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	fd, nonce, err := newSharedMemfd("goccl-shared", size, n)
 	if err != nil {
-		return nil, fmt.Errorf("memory: memfd_create: %w", err)
-	}
-	fail := func(what string, err error) ([]byte, error) {
-		unix.Close(fd)
-		return nil, fmt.Errorf("memory: shared allocation of %d bytes: %s: %w", n, what, err)
-	}
-	if err := unix.Ftruncate(fd, int64(size)); err != nil {
-		return fail("sizing the memfd", err)
-	}
-	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, sharedSeals); err != nil {
-		return fail("sealing the memfd", err)
+		return nil, fmt.Errorf("memory: shared allocation of %d bytes: %w", n, err)
 	}
 	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
-		return fail("mapping it", err)
+		unix.Close(fd)
+		return nil, fmt.Errorf("memory: shared allocation of %d bytes: mapping it: %w", n, err)
 	}
-	var nb [8]byte
-	if _, err := rand.Read(nb[:]); err != nil {
-		unix.Munmap(mem)
-		return fail("a nonce", err)
-	}
-	a := &sharedAlloc{mem: mem, fd: fd, nonce: binary.LittleEndian.Uint64(nb[:]) | 1}
-	binary.LittleEndian.PutUint64(mem[0:], sharedMagic)
-	binary.LittleEndian.PutUint64(mem[8:], a.nonce)
-	binary.LittleEndian.PutUint64(mem[16:], uint64(n))
+	a := &sharedAlloc{mem: mem, fd: fd, nonce: nonce}
 	user := mem[SharedHeader : SharedHeader+n : SharedHeader+n]
 	a.base, a.n = uintptr(unsafe.Pointer(&user[0])), uintptr(n)
 	shared.mu.Lock()
@@ -123,6 +106,38 @@ func AllocShared(n int) ([]byte, error) {
 	shared.count.Store(int32(len(shared.allocs)))
 	shared.mu.Unlock()
 	return user, nil
+}
+
+// newSharedMemfd makes a shared allocation's memfd of size bytes, sealed
+// against growing and shrinking, with the header (magic, a fresh nonce,
+// n: the caller's bytes) written, and returns it and the nonce.
+func newSharedMemfd(name string, size, n int) (int, uint64, error) {
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return -1, 0, fmt.Errorf("memfd_create: %w", err)
+	}
+	fail := func(what string, err error) (int, uint64, error) {
+		unix.Close(fd)
+		return -1, 0, fmt.Errorf("%s: %w", what, err)
+	}
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		return fail("sizing the memfd", err)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, sharedSeals); err != nil {
+		return fail("sealing the memfd", err)
+	}
+	var hdr [24]byte
+	if _, err := rand.Read(hdr[8:16]); err != nil {
+		return fail("a nonce", err)
+	}
+	nonce := binary.LittleEndian.Uint64(hdr[8:]) | 1
+	binary.LittleEndian.PutUint64(hdr[0:], sharedMagic)
+	binary.LittleEndian.PutUint64(hdr[8:], nonce)
+	binary.LittleEndian.PutUint64(hdr[16:], uint64(n))
+	if _, err := unix.Pwrite(fd, hdr[:], 0); err != nil {
+		return fail("writing the header", err)
+	}
+	return fd, nonce, nil
 }
 
 // findShared is where an allocation starting at p is, or would go, in
@@ -412,32 +427,13 @@ func dropLocked(a *sharedAlloc) {
 // its descriptor and nonce.
 func moveToMemfd(pages []byte) (int, uint64, error) {
 	n := len(pages)
-	size := SharedHeader + n
-	fd, err := unix.MemfdCreate("goccl-registered", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	fd, nonce, err := newSharedMemfd("goccl-registered", SharedHeader+n, n)
 	if err != nil {
-		return -1, 0, fmt.Errorf("memory: registering %d bytes: memfd_create: %w", n, err)
+		return -1, 0, fmt.Errorf("memory: registering %d bytes: %w", n, err)
 	}
 	fail := func(what string, err error) (int, uint64, error) {
 		unix.Close(fd)
 		return -1, 0, fmt.Errorf("memory: registering %d bytes: %s: %w", n, what, err)
-	}
-	if err := unix.Ftruncate(fd, int64(size)); err != nil {
-		return fail("sizing the memfd", err)
-	}
-	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, sharedSeals); err != nil {
-		return fail("sealing the memfd", err)
-	}
-	var hdr [24]byte
-	var nb [8]byte
-	if _, err := rand.Read(nb[:]); err != nil {
-		return fail("a nonce", err)
-	}
-	nonce := binary.LittleEndian.Uint64(nb[:]) | 1
-	binary.LittleEndian.PutUint64(hdr[0:], sharedMagic)
-	binary.LittleEndian.PutUint64(hdr[8:], nonce)
-	binary.LittleEndian.PutUint64(hdr[16:], uint64(n))
-	if _, err := unix.Pwrite(fd, hdr[:], 0); err != nil {
-		return fail("writing the header", err)
 	}
 	tmp, err := mapTemp(fd, SharedHeader, n, unix.MAP_SHARED)
 	if err != nil {

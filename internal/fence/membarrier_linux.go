@@ -15,10 +15,47 @@ const (
 	membarrierRegisterPrivateExpedited = 1 << 4
 )
 
+// barrier is one kind of expedited barrier: the command that runs it and
+// the one that registers the process for it, checked once.
+type barrier struct {
+	cmd, register int
+	once          sync.Once
+	ok            bool
+}
+
 var (
-	once, sharedOnce sync.Once
-	ok, sharedOK     bool
+	private = barrier{cmd: membarrierPrivateExpedited, register: membarrierRegisterPrivateExpedited}
+	global  = barrier{cmd: membarrierGlobalExpedited, register: membarrierRegisterGlobalExpedited}
 )
+
+// ready asks the kernel, once, whether it has the barrier, registers
+// the process for it (expedited barriers fail with EPERM before that),
+// and runs one.
+func (b *barrier) ready() bool {
+	if !plainStore {
+		return true
+	}
+	b.once.Do(func() {
+		cmds, err := membarrier(membarrierQuery)
+		if err != nil || cmds&b.cmd == 0 {
+			return
+		}
+		if _, err := membarrier(b.register); err != nil {
+			return
+		}
+		_, err = membarrier(b.cmd)
+		b.ok = err == nil
+	})
+	return b.ok
+}
+
+func (b *barrier) run() bool {
+	if !plainStore {
+		return true
+	}
+	_, err := membarrier(b.cmd)
+	return err == nil
+}
 
 func membarrier(cmd int) (int, error) {
 	r, _, errno := unix.Syscall(unix.SYS_MEMBARRIER, uintptr(cmd), 0, 0)
@@ -28,56 +65,10 @@ func membarrier(cmd int) (int, error) {
 	return int(r), nil
 }
 
-func ready() bool {
-	if !plainStore {
-		return true
-	}
-	once.Do(func() {
-		cmds, err := membarrier(membarrierQuery)
-		if err != nil || cmds&membarrierPrivateExpedited == 0 {
-			return
-		}
-		// The process registers once; expedited barriers fail with
-		// EPERM before that.
-		if _, err := membarrier(membarrierRegisterPrivateExpedited); err != nil {
-			return
-		}
-		_, err = membarrier(membarrierPrivateExpedited)
-		ok = err == nil
-	})
-	return ok
-}
+func ready() bool { return private.ready() }
 
-func heavy() bool {
-	if !plainStore {
-		return true
-	}
-	_, err := membarrier(membarrierPrivateExpedited)
-	return err == nil
-}
+func heavy() bool { return private.run() }
 
-func sharedReady() bool {
-	if !plainStore {
-		return true
-	}
-	sharedOnce.Do(func() {
-		cmds, err := membarrier(membarrierQuery)
-		if err != nil || cmds&membarrierGlobalExpedited == 0 {
-			return
-		}
-		if _, err := membarrier(membarrierRegisterGlobalExpedited); err != nil {
-			return
-		}
-		_, err = membarrier(membarrierGlobalExpedited)
-		sharedOK = err == nil
-	})
-	return sharedOK
-}
+func sharedReady() bool { return global.ready() }
 
-func sharedHeavy() bool {
-	if !plainStore {
-		return true
-	}
-	_, err := membarrier(membarrierGlobalExpedited)
-	return err == nil
-}
+func sharedHeavy() bool { return global.run() }
