@@ -275,6 +275,19 @@ type BlockCopier interface {
 	Received(opBytes int64, reduces bool, blocks, steps int, took time.Duration)
 }
 
+// SplitCopier is implemented by BlockCopier connections whose receiver
+// shares a block's copy with its sender: the sender writes part of the
+// block into the receiver's output while it waits on the connection
+// (shm: split_linux.go). A sender that has work of its own after posting
+// (its copy of the block into its own output) says so first, and its
+// receiver then copies those blocks alone: a share the sender would take
+// only once that work is done comes too late to pay.
+type SplitCopier interface {
+	// BusyAfterPosts says whether this side has work of its own after
+	// the blocks it posts from now on.
+	BusyAfterPosts(busy bool)
+}
+
 // PeerMapper is implemented by connections whose receiver can map the
 // sender's shared allocations (memory.AllocShared) and copy a slice
 // straight out of them with a plain copy: PostFrom sends a slice that

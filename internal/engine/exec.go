@@ -549,6 +549,9 @@ func (x *chanRun) lockSlice(ctx context.Context, io *lockIO, sl uint32, nb int, 
 		// this rank's own copy of it into the output, so that the peer's
 		// copy runs beside that one instead of after it.
 		tag := transport.Tag{Op: x.seq, Sig: x.sig, Msg: x.sent[io.speer], Slice: sl}
+		if sc, ok := io.bc.(transport.SplitCopier); ok {
+			sc.BusyAfterPosts(st.Kind == algorithms.CopySend && !dst.SameStart(*src))
+		}
 		if err := io.bc.PostBlock(ctx, *src, tag, io.block); err != nil {
 			return x.fail(st, io.speer, err)
 		}

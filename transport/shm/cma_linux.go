@@ -75,6 +75,10 @@ const (
 	// the sender cut the step into (transport.BlockCopier; 0: slot-sized
 	// slices), at most MaxBlockSize.
 	refBlock = 20
+	// refBusy, in refBlock's word, says that the sender has work of its
+	// own after the post (its copy into its output) and would take a
+	// share of the block's copy late (split_linux.go).
+	refBusy = 1 << 31
 
 	// DefaultBlockSize is Options.BlockSize's default. Measured on these
 	// VMs (docs/performance.md, "Blocks by reference"): process_vm_readv
@@ -326,7 +330,7 @@ func (c *conn) PeekBlock(ctx context.Context) (int, error) {
 	if err != nil || !byRef || c.rx.refKind(c.head) != refCMA {
 		return 0, err
 	}
-	return int(binary.LittleEndian.Uint32(c.rx.descOf(c.head)[descInline+refBlock:])), nil
+	return int(binary.LittleEndian.Uint32(c.rx.descOf(c.head)[descInline+refBlock:]) &^ refBusy), nil
 }
 
 // postFrom is PostFrom for a step cut into blocks of block bytes (0: into
@@ -383,7 +387,12 @@ func (c *conn) postRef(ctx context.Context, b []byte, tag transport.Tag, block i
 	binary.LittleEndian.PutUint64(d[descInline:], uint64(addr))
 	binary.LittleEndian.PutUint64(d[descInline+8:], uint64(n))
 	binary.LittleEndian.PutUint32(d[descInline+refKind:], refCMA)
-	binary.LittleEndian.PutUint32(d[descInline+refBlock:], uint32(block))
+	v := uint32(block)
+	if c.busyAfter {
+		v |= refBusy
+	}
+	binary.LittleEndian.PutUint32(d[descInline+refBlock:], v)
+	c.recordRef(b)
 	c.lastRef, c.hasRef = c.tail, true
 	c.byRef.Add(1)
 	c.publish(tag, uint32(n)|refFlag)
@@ -400,28 +409,39 @@ func (c *conn) Flush(ctx context.Context) error {
 		return c.fail("send", c.e.closedErr())
 	}
 	defer c.seg.release()
-	done := func() bool { return int32(c.tx.head.Load()-(c.lastRef+1)) >= 0 }
+	done := func() bool {
+		c.serveSplit()
+		return int32(c.tx.head.Load()-(c.lastRef+1)) >= 0
+	}
 	if !done() {
 		if err := c.await(ctx, "send", c.tx.head, c.tx.swait, done); err != nil {
 			return err
 		}
 	}
 	c.hasRef = false
+	clear(c.sent) // the caller's buffers are its own again
 	return nil
 }
 
 // fetch copies a slice posted by reference (descriptor d, n bytes) into
 // dst, and checks that the sender was still in its operation when the
 // copy ended.
-func (c *conn) fetch(d []byte, dst []byte) error {
+func (c *conn) fetch(ctx context.Context, d []byte, dst []byte) error {
 	if err := c.refLen(d, len(dst)); err != nil {
 		return err
 	}
 	var err error
 	switch kind := binary.LittleEndian.Uint32(d[descInline+refKind:]); kind {
 	case refCMA:
-		err = readPeer(c.pid, dst, binary.LittleEndian.Uint64(d[descInline:]))
-		if err == nil && binary.LittleEndian.Uint32(d[descInline+refBlock:]) != 0 {
+		addr := binary.LittleEndian.Uint64(d[descInline:])
+		v := binary.LittleEndian.Uint32(d[descInline+refBlock:])
+		block := v &^ refBusy
+		if block != 0 && v&refBusy == 0 && c.splits(len(dst)) {
+			err = c.fetchSplit(ctx, dst, addr)
+		} else {
+			err = readPeer(c.pid, dst, addr)
+		}
+		if err == nil && block != 0 {
 			blocksReceived.Add(1)
 		}
 	case refShared:
@@ -494,7 +514,7 @@ func (c *conn) WaitInto(ctx context.Context, dst memory.Buffer) (transport.Tag, 
 	}
 	out := dst.Bytes()
 	if byRef {
-		if err := c.fetch(c.rx.descOf(c.head), out); err != nil {
+		if err := c.fetch(ctx, c.rx.descOf(c.head), out); err != nil {
 			return tag, n, err
 		}
 	} else {

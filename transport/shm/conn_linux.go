@@ -58,6 +58,17 @@ type conn struct {
 	hasRef     bool
 	byRef      atomic.Int64 // slices posted by reference so far (tests look)
 
+	// Split copies (split_linux.go): what this side posted by reference,
+	// by slot; noSplit, once the kernel refused a write or the peer asked
+	// for what this side did not post; and counts of the chunks the peer
+	// wrote for this side (splitBy) and this side for the peer (splitFor).
+	// helpGen numbers this side's requests.
+	sent              []sentRef
+	noSplit           bool
+	helpGen           uint32
+	busyAfter         bool // transport.SplitCopier: this side's next blocks say refBusy
+	splitBy, splitFor atomic.Int64
+
 	closeCtl sync.Once
 	sleeps   atomic.Int32 // futex sleeps so far (tests look)
 
@@ -85,6 +96,7 @@ var (
 	_ transport.DirectReceiver = (*conn)(nil)
 	_ transport.Flusher        = (*conn)(nil)
 	_ transport.PeerCopier     = (*conn)(nil)
+	_ transport.SplitCopier    = (*conn)(nil)
 )
 
 func newConn(e *Endpoint, peer, ch int, seg *segment, ctl int) *conn {
@@ -138,6 +150,7 @@ func (c *conn) Reserve(ctx context.Context, n int) (memory.Buffer, error) {
 	}
 	if c.tail-c.headSeen >= c.tx.slots {
 		err := c.await(ctx, "send", c.tx.head, c.tx.swait, func() bool {
+			c.serveSplit()
 			c.headSeen = c.tx.head.Load()
 			return c.tail-c.headSeen < c.tx.slots
 		})
@@ -224,7 +237,7 @@ func (c *conn) Wait(ctx context.Context) (memory.Buffer, transport.Tag, error) {
 		// Sent by reference (PostFrom): copied into the slot here, for a
 		// caller that reads it from there.
 		b = c.rx.slot(c.head)[:n]
-		if err := c.fetch(c.rx.descOf(c.head), b); err != nil {
+		if err := c.fetch(ctx, c.rx.descOf(c.head), b); err != nil {
 			c.seg.release()
 			return memory.Buffer{}, transport.Tag{}, err
 		}

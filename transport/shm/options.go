@@ -106,6 +106,11 @@ type Options struct {
 	// the receiving side measured them faster than the slots, as the
 	// operations run: blocks_linux.go), CMAOn or CMAOff regardless.
 	CMA CMAMode
+	// NoSplit keeps a block's copy on its receiver's core: by default a
+	// receiver asks its sender, idle in the meantime, to write the
+	// block's second half into the output while it reads the first
+	// (split_linux.go).
+	NoSplit bool
 	// SharedMax bounds the operations, in bytes, whose slices go by
 	// reference where the sender's buffers are shared allocations
 	// (memory.AllocShared; shared_linux.go), from CMAMin on: 0 means
