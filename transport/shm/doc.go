@@ -117,7 +117,11 @@
 // per size class and per kind of operation, by the receiving side, which
 // asks the sender for one or the other in the segment's header
 // (blocks_linux.go): on these VMs the answer flips with the machine's
-// cross-core state.
+// cross-core state. A block's copy is shared with its sender, which
+// otherwise only waits: it writes the second half into the receiver's
+// output (process_vm_writev) while the receiver reads the first, unless
+// it said in the post that it has a copy of its own to make (out of
+// place) or the kernel refused it once (split_linux.go).
 //
 // Where the sender's slice lies in a shared allocation
 // (memory.AllocShared, which collective.MemAlloc returns), the reference

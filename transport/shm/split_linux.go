@@ -25,7 +25,7 @@ import (
 // (scripts/split-copy.c on these VMs: a MiB of source and a MiB of
 // destination overflow one core's 2 MiB L2, half of each does not; above
 // that each core has its own stream to memory). Measured end to end in
-// docs/performance.md ("Split copies").
+// docs/performance.md ("The kernel's copy on both cores").
 //
 // A block is cut into chunks (halves, at least splitChunkMin each)
 // that either side claims, one at a time, from a counter in the
