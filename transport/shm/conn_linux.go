@@ -59,8 +59,8 @@ type conn struct {
 	byRef      atomic.Int64 // slices posted by reference so far (tests look)
 
 	// Split copies (split_linux.go): what this side posted by reference,
-	// by slot; noSplit, once the kernel refused a write or the peer asked
-	// for what this side did not post; and counts of the chunks the peer
+	// by slot; noSplit, once a write into the peer was refused (by this
+	// side's kernel, or the peer's, as its sender said); counts of the chunks the peer
 	// wrote for this side (splitBy) and this side for the peer (splitFor).
 	// helpGen numbers this side's requests.
 	sent              []sentRef
