@@ -59,10 +59,10 @@ type conn struct {
 	byRef      atomic.Int64 // slices posted by reference so far (tests look)
 
 	// Split copies (split_linux.go): what this side posted by reference,
-	// by slot; noSplit, once a write into the peer was refused (by this
-	// side's kernel, or the peer's, as its sender said); counts of the chunks the peer
-	// wrote for this side (splitBy) and this side for the peer (splitFor).
-	// helpGen numbers this side's requests.
+	// by slot; noSplit, set once a chunk's write was refused (on the side
+	// that wrote it, and on its receiver, told by helpFailed); counts of
+	// the chunks the peer wrote for this side (splitBy) and this side for
+	// the peer (splitFor); helpGen numbers this side's requests.
 	sent              []sentRef
 	noSplit           bool
 	helpGen           uint32
