@@ -128,6 +128,9 @@ func (c *conn) fetchSplit(ctx context.Context, dst []byte, addr uint64) error {
 	done.Store(0)
 	failed.Store(0)
 	w.Store(g)
+	if splitAsked != nil {
+		splitAsked(w)
+	}
 	var mine, claims uint32
 	var err error
 	for {
@@ -246,8 +249,13 @@ func (c *conn) recordRef(b []byte) {
 	}
 }
 
-// splitWrite is writePeer; tests make it fail.
-var splitWrite = writePeer
+// splitWrite is writePeer; tests make it fail. splitAsked, if set, runs
+// when a receiver has published a request (tests hold the receiver there
+// until the sender has claimed a chunk, whatever the machine's load).
+var (
+	splitWrite = writePeer
+	splitAsked func(w *atomic.Uint64)
+)
 
 // writePeer copies src into process pid's memory at addr.
 func writePeer(pid int, src []byte, addr uint64) error {
