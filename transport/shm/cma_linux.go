@@ -132,22 +132,31 @@ func (s *segment) publishBase() {
 }
 
 // readPeer copies len(dst) bytes at addr in process pid's memory into dst.
-func readPeer(pid int, dst []byte, addr uint64) error {
-	for len(dst) > 0 {
-		local := []unix.Iovec{{Base: &dst[0]}}
-		local[0].SetLen(len(dst))
-		remote := []unix.RemoteIovec{{Base: uintptr(addr), Len: len(dst)}}
-		n, err := unix.ProcessVMReadv(pid, local, remote, 0)
+func readPeer(pid int, dst []byte, addr uint64) error { return movePeer(pid, dst, addr, false) }
+
+// movePeer copies between b in this process and addr in process pid's
+// memory: into b (process_vm_readv), or out of it with write
+// (process_vm_writev), going on after a partial copy or an interrupt.
+func movePeer(pid int, b []byte, addr uint64, write bool) error {
+	call, name, dir, short := unix.ProcessVMReadv, "process_vm_readv", "from", io.ErrUnexpectedEOF
+	if write {
+		call, name, dir, short = unix.ProcessVMWritev, "process_vm_writev", "to", io.ErrShortWrite
+	}
+	for len(b) > 0 {
+		local := []unix.Iovec{{Base: &b[0]}}
+		local[0].SetLen(len(b))
+		remote := []unix.RemoteIovec{{Base: uintptr(addr), Len: len(b)}}
+		n, err := call(pid, local, remote, 0)
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("process_vm_readv of %d bytes from pid %d: %w", len(dst), pid, err)
+			return fmt.Errorf("%s of %d bytes %s pid %d: %w", name, len(b), dir, pid, err)
 		}
 		if n <= 0 {
-			return fmt.Errorf("process_vm_readv from pid %d: %w", pid, io.ErrUnexpectedEOF)
+			return fmt.Errorf("%s %s pid %d: %w", name, dir, pid, short)
 		}
-		dst, addr = dst[n:], addr+uint64(n)
+		b, addr = b[n:], addr+uint64(n)
 	}
 	return nil
 }

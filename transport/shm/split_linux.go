@@ -2,14 +2,9 @@ package shm
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"io"
 	"sync/atomic"
 	"time"
 	"unsafe"
-
-	"golang.org/x/sys/unix"
 )
 
 // Split copies: a block's receiver shares the copy with its sender, which
@@ -201,9 +196,12 @@ func (c *conn) awaitHelp(ctx context.Context, done *atomic.Uint32, want uint32) 
 func (c *conn) serveSplit() {
 	peer := 1 - c.seg.side
 	w := c.helpWord(peer)
+	if c.noSplit || len(c.sent) == 0 {
+		return // nothing posted by reference: no line of the peer's to read
+	}
 	for {
 		v := w.Load()
-		if uint32(v) == helpClosed || c.noSplit || len(c.sent) == 0 {
+		if uint32(v) == helpClosed || c.noSplit {
 			return
 		}
 		slice := c.helpU32(peer, helpSlice).Load()
@@ -258,22 +256,4 @@ var (
 )
 
 // writePeer copies src into process pid's memory at addr.
-func writePeer(pid int, src []byte, addr uint64) error {
-	for len(src) > 0 {
-		local := []unix.Iovec{{Base: &src[0]}}
-		local[0].SetLen(len(src))
-		remote := []unix.RemoteIovec{{Base: uintptr(addr), Len: len(src)}}
-		n, err := unix.ProcessVMWritev(pid, local, remote, 0)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("process_vm_writev of %d bytes to pid %d: %w", len(src), pid, err)
-		}
-		if n <= 0 {
-			return fmt.Errorf("process_vm_writev to pid %d: %w", pid, io.ErrShortWrite)
-		}
-		src, addr = src[n:], addr+uint64(n)
-	}
-	return nil
-}
+func writePeer(pid int, src []byte, addr uint64) error { return movePeer(pid, src, addr, true) }
