@@ -114,6 +114,16 @@ const (
 	// ranks) have their own, measured choice.
 	cmaSliceMin = 192 << 10
 
+	// cmaSliceMax is the largest operation whose slot-sized slices go by
+	// the receiver's copy under CMAAuto. Above it the kernel's copy, out
+	// of a peer's whole buffer rather than a ring that stays in cache,
+	// loses to the slots' two copies: on 3 and 4 ranks broadcasts of 16
+	// and 32 MiB took 1.3-1.6 times as long by reference, all-gathers of
+	// 32 MiB 1.25-1.4 times; at 8 MiB all-gathers were faster by
+	// reference (0.8-0.9) and broadcasts level (docs/performance.md,
+	// fifteenth session).
+	cmaSliceMax = 8 << 20
+
 	// DefaultCMAMin and DefaultCMAMax bound the operations whose slices
 	// go by the receiver's copy (Options.CMAMin, CMAMax); measured in
 	// docs/performance.md ("Single-copy broadcast and all-gather").
@@ -256,10 +266,10 @@ func (c *conn) PeerMaps(opBytes int64, send bool) bool {
 
 // PeerCopies implements transport.PeerCopier: slot-sized slices go by
 // reference only where the reader found that they pay (cmaYes) and,
-// unless Options.CMA forces it, in operations of cmaSliceMin bytes or
-// more; blocks have their own choice (BlockSlice).
+// unless Options.CMA forces it, in operations of cmaSliceMin to
+// cmaSliceMax bytes; blocks have their own choice (BlockSlice).
 func (c *conn) PeerCopies(opBytes int64, send bool) bool {
-	return c.byRefFits(opBytes, c.e.o.CMAMax) && (c.e.o.CMA == CMAOn || opBytes >= cmaSliceMin) && c.cma(c.reader(send)) == cmaYes
+	return c.byRefFits(opBytes, c.e.o.CMAMax) && (c.e.o.CMA == CMAOn || opBytes >= cmaSliceMin && opBytes <= cmaSliceMax) && c.cma(c.reader(send)) == cmaYes
 }
 
 // byRefFits reports whether an operation of opBytes may send its slices

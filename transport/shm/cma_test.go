@@ -147,7 +147,7 @@ func TestPeerCopyAbortedSender(t *testing.T) {
 
 // By default a receiver offers the single copy only where this host's
 // kernel copies at least half as fast as user space (cmaWorthIt), and
-// slot-sized slices go that way only from cmaSliceMin on.
+// slot-sized slices go that way only from cmaSliceMin to cmaSliceMax.
 func TestPeerCopyAutoFollowsTheMeasuredSpeed(t *testing.T) {
 	ratio := kernelCopySpeed()
 	require.Greater(t, ratio, 0.0, "process_vm_readv on this process works")
@@ -156,9 +156,12 @@ func TestPeerCopyAutoFollowsTheMeasuredSpeed(t *testing.T) {
 	t.Logf("kernel copy at %.2f of a user-space copy's speed", ratio)
 	require.Equal(t, ratio >= cmaWorthIt, a.PeerCopies(1<<20, true))
 	require.False(t, a.PeerCopies(cmaSliceMin-1, true), "below cmaSliceMin the slots carry slot-sized slices")
+	require.Equal(t, ratio >= cmaWorthIt, a.PeerCopies(cmaSliceMax, true), "up to cmaSliceMax they go by reference")
+	require.False(t, a.PeerCopies(cmaSliceMax+1, true), "above cmaSliceMax the slots carry slot-sized slices")
 	a, b = cmaPair(t, func(_ int, o *Options) { o.CMA = CMAOn })
 	sendRefs(t, a, b, 2, 40<<10)
 	require.True(t, a.PeerCopies(DefaultCMAMin, true), "CMAOn: from CMAMin on, whatever the size")
+	require.True(t, a.PeerCopies(4*cmaSliceMax, true), "CMAOn: above cmaSliceMax too")
 	a, b = cmaPair(t, func(_ int, o *Options) { o.CMA = CMAOff })
 	sendRefs(t, a, b, 2, 40<<10)
 	require.False(t, a.PeerCopies(1<<20, true), "CMAOff")

@@ -105,7 +105,10 @@
 // is instead of copying it, and the receiver has the kernel copy it
 // straight out of the sender's memory (process_vm_readv). It is probed
 // per connection and, by default, used in slot-sized slices only where
-// this host's kernel copies at least half as fast as user space;
+// this host's kernel copies at least half as fast as user space, and
+// only in operations of 192 KiB to 8 MiB: below, a system call per slice
+// costs more than the copy it saves; above, the kernel's copy out of a
+// peer's whole buffer loses to the slots' ring, which stays in cache.
 // cma_linux.go has the details.
 //
 // On two ranks, where a broadcast's, all-gather's, reduce's and
