@@ -65,6 +65,15 @@ func TestTCPLendFromEnvironment(t *testing.T) {
 	require.ErrorContains(t, err, "TCPLend")
 }
 
+func TestTCPGatherDisableFromEnvironment(t *testing.T) {
+	for v, want := range map[string]bool{"1": true, "yes": true, "0": false, "": false} {
+		comms, err := collective.NewLocalGroup(1, env(map[string]string{"GOCCL_TCP_GATHER_DISABLE": v}))
+		require.NoError(t, err, v)
+		require.Equal(t, want, comms[0].Config().TCPGatherDisable, v)
+		comms[0].Close()
+	}
+}
+
 // A congestion control the kernel does not know fails Init with its name,
 // where the TCP listener is made.
 func TestUnknownTCPCongestionFailsInit(t *testing.T) {

@@ -158,14 +158,19 @@
 // all-gathers, where it was measured to pay, the TCP sockets send large
 // slices out of the caller's own pages instead of copying them
 // (GOCCL_TCP_LEND; transport/tcp/lend_linux.go), and a sender's operation
-// ends once its receivers have read them.
+// ends once its receivers have read them. A channel that has only sent
+// small slices for several operations in a row, each soon after the last
+// (a stream of reduces seen from a non-root rank, or of broadcasts from
+// the root), gathers them and writes up to 16 in one system call; they
+// go out at the rank's next wait, or within 50 µs when it makes no
+// further call (GOCCL_TCP_GATHER_DISABLE; transport/tcp/gather.go).
 //
 // # Configuration
 //
 // Config, set with Options, has a zero value meaning defaults. The
 // environment variables GOCCL_ALGO, GOCCL_NCHANNELS, GOCCL_MAX_NCHANNELS,
 // GOCCL_CHUNK_SIZE, GOCCL_TIMEOUT, GOCCL_INIT_TIMEOUT, GOCCL_NSOCKS,
-// GOCCL_TCP_WINDOW, GOCCL_TCP_CONGESTION, GOCCL_TCP_LEND, GOCCL_SOCKET_IFNAME, GOCCL_HOSTID, GOCCL_SPIN, GOCCL_SHM_CMA, GOCCL_SHM_BLOCK, GOCCL_SHM_SPLIT_DISABLE, GOCCL_P2P_DISABLE, GOCCL_TRANSPORT,
+// GOCCL_TCP_WINDOW, GOCCL_TCP_CONGESTION, GOCCL_TCP_LEND, GOCCL_TCP_GATHER_DISABLE, GOCCL_SOCKET_IFNAME, GOCCL_HOSTID, GOCCL_SPIN, GOCCL_SHM_CMA, GOCCL_SHM_BLOCK, GOCCL_SHM_SPLIT_DISABLE, GOCCL_P2P_DISABLE, GOCCL_TRANSPORT,
 // GOCCL_DEBUG, GOCCL_DEBUG_SUBSYS, GOCCL_DEBUG_DUMP and GOCCL_TLS_CERT,
 // GOCCL_TLS_KEY, GOCCL_TLS_CA are read once, when a communicator is made;
 // options override them; an invalid value is an error. The launchers'

@@ -502,7 +502,7 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		to := tcp.Options{Rank: rank, ListenersUp: true, NRanks: nranks, Peers: tcpPeers, Secret: id.secret[:], Listener: ln,
 			Listeners: nicLns, PeerNICs: tcpNICs,
 			NSocks: cfg.NSocks, Window: cfg.TCPWindow, Congestion: cfg.TCPCongestion, Slots: slots, SlotSize: slotSize, SpinFor: cfg.Spin, TLS: cfg.tls,
-			YieldWhenIdle: busy, Lend: tcpLendModes[cfg.TCPLend]}
+			YieldWhenIdle: busy, Lend: tcpLendModes[cfg.TCPLend], NoGather: cfg.TCPGatherDisable}
 		if reg, ok := dev.(device.Registrar); ok {
 			// Device operations stage their slices in registered memory.
 			to.Device = reg

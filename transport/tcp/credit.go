@@ -214,6 +214,7 @@ var errBadCredit = errors.New("protocol error on the control socket")
 // for a slice whose pages the peer lent (wire.SliceLent): it waits for
 // that credit to reuse them.
 func (c *conn) read(n int, lent bool) {
+	c.ob.oneWay = 0 // the channel receives: not a one-way stream (gather.go)
 	if !c.countable(n) {
 		return
 	}

@@ -85,6 +85,11 @@ type Options struct {
 	// Flush waits for the credit of the last slice lent, since the
 	// kernel reads the pages until then. Ranks may differ.
 	Lend LendMode
+	// NoGather writes every small slice of a one-way stream at once, in a
+	// system call of its own; by default a connection that only sends
+	// small slices, one close after another, gathers them and writes
+	// several in one call (gather.go).
+	NoGather bool
 	// Congestion chooses the TCP congestion control of the data sockets
 	// ("": Reno where the system's would be BBR, which paces, and the
 	// system's otherwise; CongestionSystem: the system's; a name: that

@@ -74,6 +74,12 @@ type sock struct {
 	quiet  bool
 	sealed []byte // TLS: the records of the slice at the head of the queue, kept for reuse
 	lp     lender // the pipe that lent slices go through (lend_linux.go), under wmu
+	// Gathered small slices (gather.go), under wmu: their headers and
+	// payloads, and how many. Only while the queue is empty.
+	gathered  []byte
+	ngathered int
+	// gatherListed: in the outbox's gather list (under its mutex).
+	gatherListed bool
 }
 
 // job is a slice waiting to be written: its header, its payload (a
@@ -90,6 +96,9 @@ type job struct {
 	// until the connection knows whether it is its operation's last
 	// (conn.letGo).
 	held bool
+	// gathered: the bytes of slices a socket gathered (gather.go), headers
+	// in them; its array goes back to the socket once written.
+	gathered bool
 }
 
 // pollSlice bounds one parked poll(2), so that a parked call notices its
@@ -132,7 +141,7 @@ func newSock(c *conn, l link) (*sock, error) {
 func (s *sock) notifyAbort(reason string) {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
-	if len(s.queue) > 0 && (s.queue[0].hoff > 0 || s.queue[0].doff > 0) {
+	if len(s.queue) > 0 && (s.queue[0].doff > 0 || s.queue[0].hoff > 0 && !s.queue[0].gathered) {
 		return // mid-slice: a notice would garble the stream
 	}
 	s.setErr(errAborted) // nothing more goes out after the notice
@@ -271,11 +280,8 @@ func (s *sock) push(j job) error {
 		s.wmu.Unlock()
 		return err
 	}
-	full := len(s.queue) == cap(s.queue)
-	s.queue = append(s.queue, j)
-	if full {
-		s.qbuf = s.queue[:0] // a new array, which append fills from its start
-	}
+	s.queueGatheredLocked() // slices gathered on this socket go first (gather.go)
+	s.enqueueLocked(j)
 	s.pumpLocked()
 	more, err := len(s.queue) > 0, s.err
 	s.wmu.Unlock()
@@ -284,6 +290,15 @@ func (s *sock) push(j job) error {
 		s.listed = true
 	}
 	return err
+}
+
+// enqueueLocked appends j to the queue; the caller holds wmu.
+func (s *sock) enqueueLocked(j job) {
+	full := len(s.queue) == cap(s.queue)
+	s.queue = append(s.queue, j)
+	if full {
+		s.qbuf = s.queue[:0] // a new array, which append fills from its start
+	}
 }
 
 // setErr makes err the socket's sticky write error; the caller holds
@@ -372,6 +387,9 @@ func (s *sock) pumpLocked() {
 		if j.hoff == len(j.hdr) && j.doff == len(j.data) {
 			if j.slot >= 0 {
 				s.c.free = append(s.c.free, j.slot)
+			}
+			if j.gathered && s.gathered == nil {
+				s.gathered = j.data[:0]
 			}
 			if j.sealed {
 				s.sealed = j.data[:0]
@@ -639,10 +657,22 @@ func (s *sock) readWith(ctx context.Context, rd func() (int, error)) (int, error
 type outbox struct {
 	pending []*sock
 	err     error // the first write error, naming its peer
+	// gather lists the sockets with gathered slices (gather.go); its
+	// timer's goroutine touches it too.
+	gather gatherList
+	// oneWay counts the small slices the channel sent since it last
+	// received a slice or sent a large one, lastSmall is when it sent the
+	// last (clock.Now; gather.go).
+	oneWay    int
+	lastSmall int64
 }
 
-// progress writes what it can of every pending socket's queue.
+// progress writes what it can of every pending socket's queue, and what
+// the channel's sockets have gathered.
 func (ob *outbox) progress() {
+	if ob.gather.n.Load() > 0 {
+		ob.flushGathering()
+	}
 	kept := ob.pending[:0]
 	for _, s := range ob.pending {
 		if s.c.held == s {

@@ -364,6 +364,10 @@ func (e *Endpoint) Connect(ctx context.Context, peer, ch int) (transport.Conn, e
 	if err != nil {
 		return nil, &transport.PeerError{Peer: peer, Op: "connect", Err: err}
 	}
+	// Gathering (gather.go) is for the collective channels of host
+	// operations: a point-to-point connection is driven by a goroutine of
+	// its own that may never wait on anything that would flush it.
+	c.gathers = !e.o.NoGather && e.o.TLS == nil && !transport.Independent(ch) && ch < transport.DeviceChannels
 	if ch >= transport.DeviceChannels {
 		if err := c.stage(); err != nil {
 			c.release()
@@ -491,6 +495,10 @@ func (e *Endpoint) Close(cause error) error {
 	for _, c := range e.conns {
 		conns = append(conns, c)
 	}
+	obs := make([]*outbox, 0, len(e.outboxes))
+	for _, ob := range e.outboxes {
+		obs = append(obs, ob)
+	}
 	for _, a := range e.arriving {
 		for _, s := range a.socks {
 			if s.c != nil {
@@ -506,11 +514,19 @@ func (e *Endpoint) Close(cause error) error {
 		}
 	}
 	// Operations flush their connections before they return, so a
-	// graceful close has nothing left to send but a notice that nothing
-	// more comes: the peers' receivers tell it from a lost connection
-	// (ErrPeerClosed). An abort tells the peers why first: a rank that
-	// fails because another died then passes the name of the dead rank
-	// on, instead of only its own lost connection.
+	// graceful close has nothing left to send but what the channels
+	// gathered (gather.go) and a notice that nothing more comes: the
+	// peers' receivers tell it from a lost connection (ErrPeerClosed). An
+	// abort tells the peers why first: a rank that fails because another
+	// died then passes the name of the dead rank on, instead of only its
+	// own lost connection.
+	for _, ob := range obs {
+		if cause == nil {
+			ob.stopGathering()
+		} else {
+			ob.takeGathering()
+		}
+	}
 	for _, c := range conns {
 		if cause != nil {
 			for _, s := range c.socks {
@@ -545,7 +561,7 @@ func (e *Endpoint) Progress(ch int) (pending bool, err error) {
 	if ob == nil {
 		return false, nil
 	}
-	if len(ob.pending) > 0 {
+	if len(ob.pending) > 0 || ob.gather.n.Load() > 0 {
 		ob.progress()
 	}
 	return len(ob.pending) > 0, ob.firstErr()
@@ -564,6 +580,7 @@ type conn struct {
 	held   *sock   // the socket whose last job is held back (letGo), or nil
 
 	// Send side.
+	gathers bool     // may gather small slices (gather.go)
 	bufs    [][]byte // staging slots
 	free    []int    // free staging slots
 	cur     int      // reserved slot, -1 if none
@@ -641,7 +658,7 @@ func (c *conn) notifyClose() {
 		defer s.wmu.Unlock()
 	}
 	for _, s := range c.socks {
-		if len(s.queue) > 0 || s.err != nil {
+		if len(s.queue) > 0 || s.ngathered > 0 || s.err != nil {
 			return
 		}
 	}
@@ -805,6 +822,33 @@ func (c *conn) push(tag transport.Tag, data []byte, slot int) error {
 	c.sendSeq++
 	// A slice held back was not its operation's last: it goes, lent.
 	c.letGo(true)
+	if c.mayGather(len(data)) {
+		taken, first, wrote := s.gather(j.hdr[:], data)
+		if taken {
+			if slot >= 0 {
+				c.free = append(c.free, slot) // copied
+			}
+			switch {
+			case wrote:
+				c.ob.dropGathering(s)
+				if n, err := s.pending(); err != nil {
+					return c.peerErr("send", err)
+				} else if n > 0 && !s.listed {
+					c.ob.pending = append(c.ob.pending, s)
+					s.listed = true
+				}
+			case first:
+				c.ob.addGathering(s)
+			}
+			return nil
+		}
+	}
+	if c.ob.gather.n.Load() > 0 {
+		// Slices gathered on the channel's other sockets go now too: the
+		// receiver reads a connection's sockets in turn, and this one's
+		// would wait behind them.
+		c.ob.flushGathering()
+	}
 	if c.lendOp && slot < 0 && j.credit > 0 && c.mapped.Len() == 0 && s.lendReady() {
 		// The caller's memory, counted: its pages may go out themselves.
 		// It is held back until the connection knows whether more

@@ -1,0 +1,263 @@
+//go:build unix
+
+package tcp
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/goccl/goccl/internal/clock"
+	"github.com/goccl/goccl/internal/wire"
+)
+
+// Gathering: small slices of a one-way stream, written several at a time.
+//
+// Every slice a sender writes is one writev(2), and on loopback one
+// segment, whose transmit and receive both run on the sender's core: for
+// an 8-byte slice that is nearly all of the operation's CPU. A stream of
+// operations in which a rank only sends (the other ranks of a stream of
+// reduces, a broadcast's root) pays it once a slice, where Open MPI's
+// senders, their receiver behind, find their sockets full and write
+// what piled up in one call: 4 ranks on 2 cores reduced 8 bytes in 3.4-4.4
+// µs an operation against Open MPI's 1.9-2.6 (docs/performance.md,
+// "The 4-rank 8-byte reduce over TCP"). A sender cannot tell from its
+// socket that its receiver is behind (SIOCOUTQ reads non-zero under
+// delayed ACKs whether it is or not: "the receiver's window, tried and
+// not kept"), so the sender judges by its own traffic instead:
+//
+//   - a channel gathers once it has sent more than gatherAfter small
+//     slices (up to gatherSlice bytes) in a row, each within gatherGap of
+//     the one before, with no slice received from any peer in between:
+//     a one-way stream, which no operation of this rank waits on;
+//   - a gathered slice is copied (its operation returns, and the caller's
+//     buffer or the staging slot is free again) into its socket's gather
+//     buffer, and the buffer goes out in one write once it holds
+//     gatherMax slices;
+//   - and, whatever comes next, within gatherFor: the channel's next wait
+//     of any kind (every wait moves the channel's outgoing data first,
+//     outbox.progress, as another transport's wait does through
+//     Endpoint.Progress), any slice that is not gathered (written after
+//     the gathered ones, in order), a graceful Close, or else a timer.
+//
+// So a rank never waits on anything while slices it gathered are still
+// with it, and no slice waits more than gatherFor for a rank that makes
+// no further call. The receiver sees the same stream of slices as ever.
+// Operations that receive anything on the channel (all-reduce,
+// all-gather, a chain's middle ranks) reset the count at every slice they
+// read and never gather; a stream of one-way sends slower than one per
+// gatherGap never does either, nor do the point-to-point channels (each
+// connection there has a goroutine of its own, which may never wait on
+// anything that would flush it), TLS connections or device ones.
+const (
+	gatherSlice = 512
+	gatherAfter = 4
+	gatherMax   = 16
+)
+
+// gatherGap and gatherFor are variables for the tests' sake only.
+var (
+	gatherGap = 50 * time.Microsecond
+	gatherFor = 50 * time.Microsecond
+)
+
+// slicesGathered counts the slices this process has gathered.
+var slicesGathered atomic.Int64
+
+// SlicesGathered returns how many small slices this process has gathered
+// to write several at a time, for tests and diagnostics.
+func SlicesGathered() int64 { return slicesGathered.Load() }
+
+// mayGather counts a slice of n bytes about to be sent and reports
+// whether it may be gathered (see above). Channel goroutine only.
+func (c *conn) mayGather(n int) bool {
+	if !c.gathers {
+		return false
+	}
+	ob := c.ob
+	if n > gatherSlice {
+		ob.oneWay = 0
+		return false
+	}
+	now := clock.Now()
+	gap := now - ob.lastSmall
+	ob.lastSmall = now
+	ob.oneWay++
+	return ob.oneWay > gatherAfter && gap < int64(gatherGap)
+}
+
+// gather copies a slice into the socket's gather buffer, unless the socket
+// has slices queued (which go first) or has failed, and writes the buffer
+// once it is full. It reports whether the slice was taken, and whether it
+// is the first the buffer holds (the caller registers the socket with its
+// outbox) or it filled the buffer (the caller takes it off). A write that
+// the kernel did not take whole leaves the rest queued, listed by the
+// caller.
+func (s *sock) gather(hdr, data []byte) (taken, first, wrote bool) {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	if s.err != nil || len(s.queue) > 0 {
+		return false, false, false
+	}
+	first = s.ngathered == 0
+	s.gathered = append(append(s.gathered, hdr...), data...)
+	s.ngathered++
+	slicesGathered.Add(1)
+	if s.ngathered >= gatherMax {
+		s.queueGatheredLocked()
+		s.pumpLocked()
+		wrote = true
+	}
+	return true, first, wrote
+}
+
+// queueGatheredLocked moves the gathered slices into the queue as one job
+// of their bytes, which the queue must write before anything pushed
+// after; the caller holds wmu. The buffer is reused once written.
+func (s *sock) queueGatheredLocked() {
+	if s.ngathered == 0 {
+		return
+	}
+	j := job{hoff: wire.SliceHeaderLen, data: s.gathered, slot: -1, gathered: true}
+	s.gathered, s.ngathered = nil, 0 // pumpLocked hands the array back once written
+	s.enqueueLocked(j)
+}
+
+// flushGathered queues and writes what the socket has gathered, and
+// reports whether anything is left to write. Any goroutine may call it.
+func (s *sock) flushGathered() (more bool) {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	if s.ngathered > 0 {
+		s.queueGatheredLocked()
+		s.pumpLocked()
+	}
+	return len(s.queue) > 0 && s.err == nil
+}
+
+// gatherList is a channel's sockets that have gathered slices, for its
+// waits and its timer.
+type gatherList struct {
+	mu    sync.Mutex
+	socks []*sock // under mu; a socket may be listed after its slices went
+	n     atomic.Int32
+	timer *time.Timer // fires gatherFor after the list stops being empty
+}
+
+// add lists s, whose gather buffer has just taken its first slice.
+// Channel goroutine only.
+func (ob *outbox) addGathering(s *sock) {
+	g := &ob.gather
+	g.mu.Lock()
+	if !s.gatherListed {
+		s.gatherListed = true
+		g.socks = append(g.socks, s)
+		g.n.Store(int32(len(g.socks)))
+		if len(g.socks) == 1 {
+			if g.timer == nil {
+				g.timer = time.AfterFunc(gatherFor, ob.gatherExpired)
+			} else {
+				g.timer.Reset(gatherFor)
+			}
+		}
+	}
+	g.mu.Unlock()
+}
+
+// dropGathering takes s off the list once its buffer went out full.
+// Channel goroutine only.
+func (ob *outbox) dropGathering(s *sock) {
+	g := &ob.gather
+	g.mu.Lock()
+	if s.gatherListed {
+		s.gatherListed = false
+		for i, t := range g.socks {
+			if t == s {
+				last := len(g.socks) - 1
+				g.socks[i], g.socks[last] = g.socks[last], nil
+				g.socks = g.socks[:last]
+				break
+			}
+		}
+		g.n.Store(int32(len(g.socks)))
+		if len(g.socks) == 0 {
+			g.timer.Stop()
+		}
+	}
+	g.mu.Unlock()
+}
+
+// takeGathering empties the list and returns what it held.
+func (ob *outbox) takeGathering() []*sock {
+	g := &ob.gather
+	g.mu.Lock()
+	socks := g.socks
+	g.socks = nil
+	g.n.Store(0)
+	for _, s := range socks {
+		s.gatherListed = false
+	}
+	if g.timer != nil {
+		g.timer.Stop()
+	}
+	g.mu.Unlock()
+	return socks
+}
+
+// flushGathering writes what the channel's sockets have gathered, listing
+// those the kernel did not take whole as pending. Channel goroutine only:
+// every wait calls it first (outbox.progress).
+func (ob *outbox) flushGathering() {
+	for _, s := range ob.takeGathering() {
+		if s.flushGathered() && !s.listed {
+			ob.pending = append(ob.pending, s)
+			s.listed = true
+		}
+	}
+}
+
+// gatherExpired is the timer's: the channel made no call for gatherFor
+// with slices gathered. It writes them from the timer's goroutine, and
+// since it may not list a socket as pending (the channel's goroutine owns
+// the outbox), it waits for the kernel to take all of it, or for the
+// socket to fail or close.
+func (ob *outbox) gatherExpired() {
+	for _, s := range ob.takeGathering() {
+		s.drainGathered(time.Time{})
+	}
+}
+
+// stopGathering ends the channel's timer and writes what its sockets have
+// gathered, for a graceful Close: what the kernel takes at once and then
+// whatever it takes within closeFlush, so that the close notice, which
+// goes out only after every slice, can follow.
+func (ob *outbox) stopGathering() {
+	deadline := time.Now().Add(closeFlush)
+	for _, s := range ob.takeGathering() {
+		s.drainGathered(deadline)
+	}
+}
+
+// drainGathered writes what the socket gathered and waits for the kernel
+// to take the rest of its queue, until the socket fails or closes or the
+// deadline (if any) passes.
+func (s *sock) drainGathered(deadline time.Time) {
+	for s.flushGathered() && (deadline.IsZero() || time.Now().Before(deadline)) {
+		if s.enter() != nil {
+			return
+		}
+		fds := []unix.PollFd{{Fd: int32(s.fd), Events: unix.POLLOUT}}
+		_, err := unix.Poll(fds, int(pollSlice/time.Millisecond))
+		s.exit()
+		if err != nil && err != unix.EINTR {
+			return
+		}
+		s.pump()
+	}
+}
+
+// closeFlush bounds how long a graceful Close waits for gathered slices
+// to go out.
+const closeFlush = time.Second

@@ -1,0 +1,197 @@
+//go:build unix
+
+package tcp
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goccl/goccl/memory"
+	"github.com/goccl/goccl/transport"
+)
+
+// gatherTimes sets gatherGap and gatherFor for one test: a gap no
+// scheduler reaches, so that every slice after the first gatherAfter is
+// gathered, and the timer's wait.
+func gatherTimes(t *testing.T, forTimer time.Duration) {
+	gap, f := gatherGap, gatherFor
+	gatherGap, gatherFor = time.Hour, forTimer
+	t.Cleanup(func() { gatherGap, gatherFor = gap, f })
+}
+
+// sendSmall sends n small slices, numbered from first, each from a buffer
+// that is overwritten once its operation has flushed (a gathered slice
+// must have been copied), each its own operation.
+func sendSmall(ctx context.Context, c transport.Conn, first, n int) error {
+	ds, fl := c.(transport.DirectSender), c.(transport.Flusher)
+	buf := make([]byte, gatherSlice)
+	for i := first; i < first+n; i++ {
+		size := (i * 37) % (gatherSlice + 1)
+		for j := range size {
+			buf[j] = byte(i*7 + j)
+		}
+		if err := ds.PostFrom(ctx, memory.HostBuffer(buf[:size]), transport.Tag{Op: uint64(i), Sig: 3, Msg: 1}); err != nil {
+			return err
+		}
+		if err := fl.Flush(ctx); err != nil {
+			return err
+		}
+		for j := range size {
+			buf[j] = 0xee
+		}
+	}
+	return nil
+}
+
+// recvSmall receives what sendSmall sent and checks every byte.
+func recvSmall(ctx context.Context, c transport.Conn, first, n int) error {
+	for i := first; i < first+n; i++ {
+		buf, tag, err := c.Wait(ctx)
+		if err != nil {
+			return fmt.Errorf("slice %d: %w", i, err)
+		}
+		if want := (transport.Tag{Op: uint64(i), Sig: 3, Msg: 1}); tag != want {
+			return fmt.Errorf("slice %d: tag %v, want %v", i, tag, want)
+		}
+		size := (i * 37) % (gatherSlice + 1)
+		if buf.Len() != size {
+			return fmt.Errorf("slice %d: %d bytes, want %d", i, buf.Len(), size)
+		}
+		for j, b := range buf.Bytes() {
+			if b != byte(i*7+j) {
+				return fmt.Errorf("slice %d: byte %d is %#x, want %#x", i, j, b, byte(i*7+j))
+			}
+		}
+		if err := c.Release(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// A one-way stream of small slices is gathered from its gatherAfter+1-th
+// slice on, every byte arrives as sent (the caller's buffer is reused
+// after each operation), and a large slice posted after gathered ones
+// arrives after them.
+func TestGatheredSlicesArriveInOrder(t *testing.T) {
+	gatherTimes(t, time.Hour) // by count, waits and order alone
+	eps := endpoints(t, 2, func(_ int, o *Options) { o.NSocks = 2 })
+	a, b := connectPair(t, eps[0], eps[1], 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	before := SlicesGathered()
+	const n = 5 * gatherMax
+	errc := make(chan error, 1)
+	go func() { errc <- recvSmall(ctx, b, 0, n) }()
+	require.NoError(t, sendSmall(ctx, a, 0, n))
+	// The stream ends with a large slice: the gathered ones go first.
+	large := make([]byte, 3*gatherSlice)
+	for i := range large {
+		large[i] = byte(i)
+	}
+	require.NoError(t, a.(transport.DirectSender).PostFrom(ctx, memory.HostBuffer(large), transport.Tag{Op: 9999}))
+	require.NoError(t, a.(transport.Flusher).Flush(ctx))
+	require.NoError(t, <-errc)
+	buf, tag, err := b.Wait(ctx)
+	require.NoError(t, err)
+	require.Equal(t, transport.Tag{Op: 9999}, tag)
+	require.Equal(t, large, buf.Bytes())
+	require.NoError(t, b.Release())
+	require.EqualValues(t, n-gatherAfter, SlicesGathered()-before, "every slice after the first gatherAfter of the stream is gathered")
+}
+
+// Slices gathered by a rank that then makes no further call go out within
+// gatherFor, on the timer: the receiver gets them all.
+func TestGatheredSlicesGoOnTheTimer(t *testing.T) {
+	gatherTimes(t, 100*time.Microsecond)
+	eps := endpoints(t, 2, nil)
+	a, b := connectPair(t, eps[0], eps[1], 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	before := SlicesGathered()
+	const n = gatherAfter + 3 // 3 gathered, fewer than gatherMax
+	require.NoError(t, sendSmall(ctx, a, 0, n))
+	require.EqualValues(t, 3, SlicesGathered()-before)
+	require.NoError(t, recvSmall(ctx, b, 0, n))
+}
+
+// A rank that waits writes what it gathered first: with the timer out of
+// the way, a reply that needs the gathered slices still comes.
+func TestAWaitWritesWhatWasGathered(t *testing.T) {
+	gatherTimes(t, time.Hour)
+	eps := endpoints(t, 2, nil)
+	a, b := connectPair(t, eps[0], eps[1], 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	before := SlicesGathered()
+	const n = gatherAfter + 3
+	errc := make(chan error, 1)
+	go func() {
+		if err := recvSmall(ctx, b, 0, n); err != nil {
+			errc <- err
+			return
+		}
+		errc <- sendSmall(ctx, b, 100, 1) // the reply
+	}()
+	require.NoError(t, sendSmall(ctx, a, 0, n))
+	require.EqualValues(t, 3, SlicesGathered()-before)
+	require.NoError(t, recvSmall(ctx, a, 100, 1), "the wait for the reply wrote the gathered slices")
+	require.NoError(t, <-errc)
+}
+
+// A graceful Close writes what was gathered before its notice: the
+// receiver reads every slice, then the close.
+func TestCloseWritesWhatWasGathered(t *testing.T) {
+	gatherTimes(t, time.Hour)
+	eps := endpoints(t, 2, nil)
+	a, b := connectPair(t, eps[0], eps[1], 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const n = gatherAfter + 3
+	require.NoError(t, sendSmall(ctx, a, 0, n))
+	require.NoError(t, eps[0].Close(nil))
+	require.NoError(t, recvSmall(ctx, b, 0, n))
+	_, _, err := b.Wait(ctx)
+	require.ErrorIs(t, err, transport.ErrPeerClosed)
+}
+
+// Nothing is gathered with NoGather, on a point-to-point channel, or
+// where the channel receives between its sends.
+func TestWhereNothingIsGathered(t *testing.T) {
+	gatherTimes(t, time.Hour)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const n = 3 * gatherMax
+	t.Run("NoGather", func(t *testing.T) {
+		eps := endpoints(t, 2, func(_ int, o *Options) { o.NoGather = true })
+		a, b := connectPair(t, eps[0], eps[1], 0)
+		before := SlicesGathered()
+		require.NoError(t, sendSmall(ctx, a, 0, n))
+		require.NoError(t, recvSmall(ctx, b, 0, n))
+		require.Equal(t, before, SlicesGathered())
+	})
+	t.Run("point-to-point", func(t *testing.T) {
+		eps := endpoints(t, 2, nil)
+		a, b := connectPair(t, eps[0], eps[1], transport.P2PChannel)
+		before := SlicesGathered()
+		require.NoError(t, sendSmall(ctx, a, 0, n))
+		require.NoError(t, recvSmall(ctx, b, 0, n))
+		require.Equal(t, before, SlicesGathered())
+	})
+	t.Run("receiving", func(t *testing.T) {
+		eps := endpoints(t, 2, nil)
+		a, b := connectPair(t, eps[0], eps[1], 0)
+		before := SlicesGathered()
+		for i := range n {
+			require.NoError(t, sendSmall(ctx, a, i, 1))
+			require.NoError(t, recvSmall(ctx, b, i, 1))
+			require.NoError(t, sendSmall(ctx, b, i, 1))
+			require.NoError(t, recvSmall(ctx, a, i, 1))
+		}
+		require.Equal(t, before, SlicesGathered())
+	})
+}
