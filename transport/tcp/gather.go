@@ -222,7 +222,7 @@ func (ob *outbox) flushGathering() {
 // with slices gathered. It writes them from the timer's goroutine, and
 // since it may not list a socket as pending (the channel's goroutine owns
 // the outbox), it waits for the kernel to take all of it, or for the
-// socket to fail or close.
+// socket to fail or close, or for the channel's goroutine to take over.
 func (ob *outbox) gatherExpired() {
 	for _, s := range ob.takeGathering() {
 		s.drainGathered(time.Time{})
@@ -240,12 +240,19 @@ func (ob *outbox) stopGathering() {
 	}
 }
 
-// drainGathered writes what the socket gathered and waits for the kernel
-// to take the rest of its queue, until the socket fails or closes or the
-// deadline (if any) passes.
+// drainGathered writes what the socket gathered, waiting for the kernel
+// to take it, until it is all out, the socket fails or closes, the
+// deadline (if any) passes, or the queue's head is another job: the
+// channel's goroutine then writes the rest, before that job. Goroutines
+// other than the channel's may call it.
 func (s *sock) drainGathered(deadline time.Time) {
-	for s.flushGathered() && (deadline.IsZero() || time.Now().Before(deadline)) {
-		if s.enter() != nil {
+	for {
+		s.wmu.Lock()
+		s.queueGatheredLocked()
+		s.pumpGatheredLocked()
+		more := s.err == nil && len(s.queue) > 0 && s.queue[0].gathered
+		s.wmu.Unlock()
+		if !more || !deadline.IsZero() && time.Now().After(deadline) || s.enter() != nil {
 			return
 		}
 		fds := []unix.PollFd{{Fd: int32(s.fd), Events: unix.POLLOUT}}
@@ -254,7 +261,47 @@ func (s *sock) drainGathered(deadline time.Time) {
 		if err != nil && err != unix.EINTR {
 			return
 		}
-		s.pump()
+	}
+}
+
+// pumpGatheredLocked writes the gathered jobs at the head of the queue and
+// nothing else, so that goroutines other than the channel's may call it:
+// another job's completion touches the channel's own state (its staging
+// slots, its credits). The caller holds wmu.
+func (s *sock) pumpGatheredLocked() {
+	if s.err != nil || len(s.queue) == 0 || !s.queue[0].gathered {
+		return
+	}
+	if err := s.enter(); err != nil {
+		s.setErr(err)
+		return
+	}
+	defer s.exit()
+	for len(s.queue) > 0 && s.queue[0].gathered {
+		j := &s.queue[0]
+		n, err := sysWritev(s.fd, j.data[j.doff:], nil)
+		if n > 0 {
+			j.doff += n
+		}
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			return
+		case err != nil:
+			s.setErr(err)
+			return
+		}
+		if j.doff == len(j.data) {
+			if s.gathered == nil {
+				s.gathered = j.data[:0]
+			}
+			*j = job{}
+			s.queue = s.queue[1:]
+		}
+	}
+	if len(s.queue) == 0 {
+		s.queue = s.qbuf[:0]
 	}
 }
 
