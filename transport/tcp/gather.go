@@ -40,14 +40,19 @@ import (
 //     of any kind (every wait moves the channel's outgoing data first,
 //     outbox.progress, as another transport's wait does through
 //     Endpoint.Progress), any slice that is not gathered (written after
-//     the gathered ones, in order), a graceful Close, or else a timer.
+//     the gathered ones, in order), a graceful Close (which waits up to
+//     closeFlush for the kernel to take them), or else a timer, which
+//     writes what the kernel takes at once and leaves the rest to the
+//     channel's next wait or its own next try, so that a peer that reads
+//     nothing holds up no other peer's slices.
 //
 // So a rank never waits on anything while slices it gathered are still
 // with it, and no slice waits more than gatherFor for a rank that makes
 // no further call. The receiver sees the same stream of slices as ever.
 // Operations that receive anything on the channel (all-reduce,
-// all-gather, a chain's middle ranks) reset the count at every slice they
-// read and never gather; a stream of one-way sends slower than one per
+// all-gather, a chain's middle ranks; over this transport or, in a
+// communicator that mixes them, another) reset the count at every slice
+// they read and never gather; a stream of one-way sends slower than one per
 // gatherGap never does either, nor do the point-to-point channels (each
 // connection there has a goroutine of its own, which may never wait on
 // anything that would flush it), TLS connections or device ones.
@@ -98,7 +103,7 @@ func (c *conn) mayGather(n int) bool {
 func (s *sock) gather(hdr, data []byte) (taken, first, wrote bool) {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
-	if s.err != nil || len(s.queue) > 0 {
+	if s.err != nil || len(s.queue) > 0 || s.closed.Load() {
 		return false, false, false
 	}
 	first = s.ngathered == 0
@@ -126,15 +131,14 @@ func (s *sock) queueGatheredLocked() {
 }
 
 // flushGathered queues and writes what the socket has gathered, and
-// reports whether anything is left to write. Any goroutine may call it.
-func (s *sock) flushGathered() (more bool) {
+// reports whether anything is left to write or the socket has failed.
+// Channel goroutine only.
+func (s *sock) flushGathered() (pending bool) {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
-	if s.ngathered > 0 {
-		s.queueGatheredLocked()
-		s.pumpLocked()
-	}
-	return len(s.queue) > 0 && s.err == nil
+	s.queueGatheredLocked()
+	s.pumpLocked()
+	return len(s.queue) > 0 || s.err != nil
 }
 
 // gatherList is a channel's sockets that have gathered slices, for its
@@ -207,8 +211,9 @@ func (ob *outbox) takeGathering() []*sock {
 }
 
 // flushGathering writes what the channel's sockets have gathered, listing
-// those the kernel did not take whole as pending. Channel goroutine only:
-// every wait calls it first (outbox.progress).
+// those the kernel did not take whole, or that failed, as pending (where
+// progress writes the rest, or takes the error as the channel's).
+// Channel goroutine only: every wait calls it first (outbox.progress).
 func (ob *outbox) flushGathering() {
 	for _, s := range ob.takeGathering() {
 		if s.flushGathered() && !s.listed {
@@ -219,32 +224,50 @@ func (ob *outbox) flushGathering() {
 }
 
 // gatherExpired is the timer's: the channel made no call for gatherFor
-// with slices gathered. It writes them from the timer's goroutine, and
-// since it may not list a socket as pending (the channel's goroutine owns
-// the outbox), it waits for the kernel to take all of it, or for the
-// socket to fail or close, or for the channel's goroutine to take over.
+// with slices gathered. It writes them from the timer's goroutine,
+// without blocking (a peer that reads nothing must not hold up the
+// others' slices), and puts a socket it could not finish, or that
+// failed, back on the list, with the timer set again: the channel's next
+// wait then takes it over (and its error), or the timer tries again.
 func (ob *outbox) gatherExpired() {
+	var left []*sock
 	for _, s := range ob.takeGathering() {
-		s.drainGathered(time.Time{})
+		s.wmu.Lock()
+		s.queueGatheredLocked()
+		s.pumpGatheredLocked()
+		if s.err != nil || len(s.queue) > 0 && s.queue[0].gathered {
+			left = append(left, s)
+		}
+		s.wmu.Unlock()
 	}
+	if len(left) == 0 {
+		return
+	}
+	g := &ob.gather
+	g.mu.Lock()
+	for _, s := range left {
+		if !s.gatherListed && !s.closed.Load() {
+			s.gatherListed = true
+			g.socks = append(g.socks, s)
+		}
+	}
+	g.n.Store(int32(len(g.socks)))
+	if len(g.socks) > 0 {
+		g.timer.Reset(gatherRetry)
+	}
+	g.mu.Unlock()
 }
 
-// stopGathering ends the channel's timer and writes what its sockets have
-// gathered, for a graceful Close: what the kernel takes at once and then
-// whatever it takes within closeFlush, so that the close notice, which
-// goes out only after every slice, can follow.
-func (ob *outbox) stopGathering() {
-	deadline := time.Now().Add(closeFlush)
-	for _, s := range ob.takeGathering() {
-		s.drainGathered(deadline)
-	}
-}
+// gatherRetry is how soon the timer tries again where the kernel did not
+// take everything a socket gathered.
+const gatherRetry = time.Millisecond
 
 // drainGathered writes what the socket gathered, waiting for the kernel
 // to take it, until it is all out, the socket fails or closes, the
-// deadline (if any) passes, or the queue's head is another job: the
-// channel's goroutine then writes the rest, before that job. Goroutines
-// other than the channel's may call it.
+// deadline passes, or the queue's head is another job (the channel's
+// goroutine then writes the rest, before that job). For a graceful
+// Close, on every socket whether listed or not (the timer may have taken
+// it off the list).
 func (s *sock) drainGathered(deadline time.Time) {
 	for {
 		s.wmu.Lock()
@@ -252,7 +275,7 @@ func (s *sock) drainGathered(deadline time.Time) {
 		s.pumpGatheredLocked()
 		more := s.err == nil && len(s.queue) > 0 && s.queue[0].gathered
 		s.wmu.Unlock()
-		if !more || !deadline.IsZero() && time.Now().After(deadline) || s.enter() != nil {
+		if !more || time.Now().After(deadline) || s.enter() != nil {
 			return
 		}
 		fds := []unix.PollFd{{Fd: int32(s.fd), Events: unix.POLLOUT}}
@@ -305,6 +328,7 @@ func (s *sock) pumpGatheredLocked() {
 	}
 }
 
-// closeFlush bounds how long a graceful Close waits for gathered slices
-// to go out.
-const closeFlush = time.Second
+// closeFlush bounds how long a graceful Close waits, over all its
+// sockets, for gathered slices to go out: a peer that reads nothing for
+// that long loses them, and sees the connection lost rather than closed.
+const closeFlush = 10 * time.Second

@@ -4,12 +4,15 @@ package tcp
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
+	"github.com/goccl/goccl/internal/wire"
 	"github.com/goccl/goccl/memory"
 	"github.com/goccl/goccl/transport"
 )
@@ -194,4 +197,128 @@ func TestWhereNothingIsGathered(t *testing.T) {
 		}
 		require.Equal(t, before, SlicesGathered())
 	})
+}
+
+// fillSock writes header-only slices (Op from first, Sig 3, Msg 1)
+// straight into s until the kernel has taken nothing for 300 ms, and
+// returns how many; a slice the kernel took part of has its rest put at
+// the head of the gather buffer, where the next gathered slices follow it.
+func fillSock(t *testing.T, s *sock, first int) int {
+	t.Helper()
+	n := 0
+	idle := time.Now()
+	var rest []byte
+	for time.Since(idle) < 300*time.Millisecond {
+		b := rest
+		if b == nil {
+			h := wire.SliceHeader{Op: uint64(first + n), Sig: 3, Msg: 1}
+			b = h.Append(nil)
+		}
+		m, err := unix.Write(s.fd, b)
+		if err == unix.EAGAIN {
+			time.Sleep(time.Millisecond)
+			continue
+		}
+		require.NoError(t, err)
+		idle = time.Now()
+		if rest == nil {
+			n++
+		}
+		rest = nil
+		if m != len(b) {
+			rest = b[m:]
+		}
+	}
+	if rest != nil {
+		s.wmu.Lock()
+		s.gathered = append(s.gathered[:0], rest...)
+		s.wmu.Unlock()
+	}
+	return n
+}
+
+// smallBuffers makes a connection's socket buffers small, so that a
+// receiver that reads nothing fills them soon.
+func smallBuffers(t *testing.T, send, recv transport.Conn) *sock {
+	s := send.(*conn).socks[0]
+	require.NoError(t, unix.SetsockoptInt(s.fd, unix.SOL_SOCKET, unix.SO_SNDBUF, 8192))
+	require.NoError(t, unix.SetsockoptInt(recv.(*conn).socks[0].fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 8192))
+	return s
+}
+
+// A graceful Close while the timer's write waits on a full socket still
+// delivers every gathered slice, then the close notice.
+func TestCloseWhileTheTimerWrites(t *testing.T) {
+	gatherTimes(t, time.Hour)
+	eps := endpoints(t, 2, func(_ int, o *Options) { o.NSocks = 1 })
+	a, b := connectPair(t, eps[0], eps[1], 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, sendSmall(ctx, a, 0, gatherAfter))
+	s := smallBuffers(t, a, b)
+	nfill := fillSock(t, s, gatherAfter)
+	before := SlicesGathered()
+	require.NoError(t, sendSmall(ctx, a, 1000, 3))
+	require.EqualValues(t, 3, SlicesGathered()-before)
+	go a.(*conn).ob.gatherExpired() // as the timer would
+	time.Sleep(20 * time.Millisecond)
+	errc := make(chan error, 1)
+	go func() {
+		time.Sleep(100 * time.Millisecond) // a receiver a little behind
+		if err := recvSmall(ctx, b, 0, gatherAfter); err != nil {
+			errc <- err
+			return
+		}
+		for i := range nfill {
+			if _, tag, err := b.Wait(ctx); err != nil || tag.Op != uint64(gatherAfter+i) {
+				errc <- fmt.Errorf("filler %d: %v %w", i, tag, err)
+				return
+			}
+			b.Release()
+		}
+		if err := recvSmall(ctx, b, 1000, 3); err != nil {
+			errc <- err
+			return
+		}
+		_, _, err := b.Wait(ctx)
+		if !errors.Is(err, transport.ErrPeerClosed) {
+			err = fmt.Errorf("no close notice: %w", err)
+		} else {
+			err = nil
+		}
+		errc <- err
+	}()
+	require.NoError(t, eps[0].Close(nil))
+	require.NoError(t, <-errc)
+}
+
+// The timer does not wait on a peer that reads nothing: another peer of
+// the channel gets its gathered slice at once.
+func TestTheTimerDoesNotWaitOnOnePeer(t *testing.T) {
+	gatherTimes(t, time.Hour)
+	eps := endpoints(t, 3, func(_ int, o *Options) { o.NSocks = 1 })
+	rp, p := connectPair(t, eps[0], eps[1], 0)
+	rq, q := connectPair(t, eps[0], eps[2], 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, sendSmall(ctx, rp, 0, gatherAfter))
+	sP := smallBuffers(t, rp, p)
+	fillSock(t, sP, gatherAfter)
+	before := SlicesGathered()
+	require.NoError(t, sendSmall(ctx, rp, 5000, 1)) // gathered for P, listed first
+	require.NoError(t, sendSmall(ctx, rq, 7000, 1)) // and for Q
+	require.EqualValues(t, 2, SlicesGathered()-before)
+	go rp.(*conn).ob.gatherExpired() // as the timer would
+	qctx, qcancel := context.WithTimeout(ctx, 2*time.Second)
+	defer qcancel()
+	require.NoError(t, recvSmall(qctx, q, 7000, 1), "Q's slice waited behind P's")
+	// P reads at last, so that everything ends.
+	go func() {
+		for {
+			if _, _, err := p.Wait(ctx); err != nil {
+				return
+			}
+			p.Release()
+		}
+	}()
 }

@@ -521,10 +521,14 @@ func (e *Endpoint) Close(cause error) error {
 	// died then passes the name of the dead rank on, instead of only its
 	// own lost connection.
 	for _, ob := range obs {
-		if cause == nil {
-			ob.stopGathering()
-		} else {
-			ob.takeGathering()
+		ob.takeGathering() // and stops its timer
+	}
+	if cause == nil {
+		deadline := time.Now().Add(closeFlush)
+		for _, c := range conns {
+			for _, s := range c.socks {
+				s.drainGathered(deadline)
+			}
 		}
 	}
 	for _, c := range conns {
@@ -561,6 +565,9 @@ func (e *Endpoint) Progress(ch int) (pending bool, err error) {
 	if ob == nil {
 		return false, nil
 	}
+	// Another transport's wait: the channel receives, so it is not a
+	// one-way stream (gather.go).
+	ob.oneWay = 0
 	if len(ob.pending) > 0 || ob.gather.n.Load() > 0 {
 		ob.progress()
 	}
