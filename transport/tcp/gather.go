@@ -147,10 +147,11 @@ type gatherList struct {
 	mu    sync.Mutex
 	socks []*sock // under mu; a socket may be listed after its slices went
 	n     atomic.Int32
-	timer *time.Timer // fires gatherFor after the list stops being empty
+	timer *time.Timer // fires gatherFor after a socket joins the list
+	armed bool        // timer is set (under mu)
 }
 
-// add lists s, whose gather buffer has just taken its first slice.
+// addGathering lists s, whose gather buffer has just taken its first slice.
 // Channel goroutine only.
 func (ob *outbox) addGathering(s *sock) {
 	g := &ob.gather
@@ -159,13 +160,13 @@ func (ob *outbox) addGathering(s *sock) {
 		s.gatherListed = true
 		g.socks = append(g.socks, s)
 		g.n.Store(int32(len(g.socks)))
-		if len(g.socks) == 1 {
-			if g.timer == nil {
-				g.timer = time.AfterFunc(gatherFor, ob.gatherExpired)
-			} else {
-				g.timer.Reset(gatherFor)
-			}
+		switch {
+		case g.timer == nil:
+			g.timer = time.AfterFunc(gatherFor, ob.gatherExpired)
+		case !g.armed:
+			g.timer.Reset(gatherFor)
 		}
+		g.armed = true
 	}
 	g.mu.Unlock()
 }
@@ -188,6 +189,7 @@ func (ob *outbox) dropGathering(s *sock) {
 		g.n.Store(int32(len(g.socks)))
 		if len(g.socks) == 0 {
 			g.timer.Stop()
+			g.armed = false
 		}
 	}
 	g.mu.Unlock()
@@ -206,6 +208,7 @@ func (ob *outbox) takeGathering() []*sock {
 	if g.timer != nil {
 		g.timer.Stop()
 	}
+	g.armed = false
 	g.mu.Unlock()
 	return socks
 }
@@ -231,13 +234,16 @@ func (ob *outbox) flushGathering() {
 // wait then takes it over (and its error), or the timer tries again.
 func (ob *outbox) gatherExpired() {
 	var left []*sock
+	retry := false
 	for _, s := range ob.takeGathering() {
 		s.wmu.Lock()
 		s.queueGatheredLocked()
 		s.pumpGatheredLocked()
-		if s.err != nil || len(s.queue) > 0 && s.queue[0].gathered {
+		unwritten := s.err == nil && len(s.queue) > 0 && s.queue[0].gathered
+		if unwritten || s.err != nil {
 			left = append(left, s)
 		}
+		retry = retry || unwritten
 		s.wmu.Unlock()
 	}
 	if len(left) == 0 {
@@ -252,8 +258,11 @@ func (ob *outbox) gatherExpired() {
 		}
 	}
 	g.n.Store(int32(len(g.socks)))
-	if len(g.socks) > 0 {
+	if retry && len(g.socks) > 0 {
+		// A failed socket waits for the channel's next wait, which
+		// takes its error; only unwritten slices need the timer again.
 		g.timer.Reset(gatherRetry)
+		g.armed = true
 	}
 	g.mu.Unlock()
 }

@@ -322,3 +322,37 @@ func TestTheTimerDoesNotWaitOnOnePeer(t *testing.T) {
 		}
 	}()
 }
+
+// A socket that joins the list sets the timer even where the list already
+// holds one the timer left there without setting itself again (a failed
+// socket, kept for the channel's next wait to take its error).
+func TestTheTimerIsSetForEverySocketThatGathers(t *testing.T) {
+	gatherTimes(t, 100*time.Microsecond)
+	eps := endpoints(t, 3, func(_ int, o *Options) { o.NSocks = 1 })
+	rp, _ := connectPair(t, eps[0], eps[1], 0)
+	rq, q := connectPair(t, eps[0], eps[2], 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ob := rp.(*conn).ob
+	require.Same(t, ob, rq.(*conn).ob, "one outbox per channel")
+	// Written at once, and then one gathered that the timer writes (so
+	// that the timer exists, and has fired).
+	require.NoError(t, sendSmall(ctx, rq, 0, gatherAfter+1))
+	require.NoError(t, recvSmall(ctx, q, 0, gatherAfter+1))
+	sP := rp.(*conn).socks[0]
+	sP.wmu.Lock()
+	sP.setErr(errors.New("a failed socket"))
+	sP.wmu.Unlock()
+	g := &ob.gather
+	g.mu.Lock()
+	sP.gatherListed = true
+	g.socks = append(g.socks, sP)
+	g.n.Store(1)
+	g.mu.Unlock()
+	before := SlicesGathered()
+	require.NoError(t, sendSmall(ctx, rq, gatherAfter+1, 1)) // gathered, and no call after it
+	require.EqualValues(t, 1, SlicesGathered()-before)
+	qctx, qcancel := context.WithTimeout(ctx, 2*time.Second)
+	defer qcancel()
+	require.NoError(t, recvSmall(qctx, q, gatherAfter+1, 1), "the gathered slice waited for a timer that was not set")
+}
