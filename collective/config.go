@@ -109,8 +109,8 @@ type Config struct {
 	// may differ.
 	TCPLend string
 	// TCPGatherDisable writes every small slice over TCP in a system call
-	// of its own (GOCCL_TCP_GATHER_DISABLE=1). By default a connection
-	// that has only sent small slices for several operations in a row,
+	// of its own (GOCCL_TCP_GATHER_DISABLE=1). By default a channel that
+	// has only sent small slices for several operations in a row,
 	// each soon after the last (a stream of reduces seen from a non-root,
 	// of broadcasts from the root), gathers them and writes up to 16 in
 	// one call: its operations return at once, and a gathered slice goes

@@ -86,9 +86,9 @@ type Options struct {
 	// kernel reads the pages until then. Ranks may differ.
 	Lend LendMode
 	// NoGather writes every small slice of a one-way stream at once, in a
-	// system call of its own; by default a connection that only sends
-	// small slices, one close after another, gathers them and writes
-	// several in one call (gather.go).
+	// system call of its own; by default a channel that has only sent
+	// small slices for several operations in a row, each soon after the
+	// last, gathers them and writes several in one call (gather.go).
 	NoGather bool
 	// Congestion chooses the TCP congestion control of the data sockets
 	// ("": Reno where the system's would be BBR, which paces, and the
