@@ -59,15 +59,18 @@ func holdUntilTaken(t *testing.T) {
 
 // The sender, waiting in Flush, writes the second half of a block into
 // the receiver's output while the receiver reads the first: the output is
-// whole, and each side counts the chunks the other does.
+// whole, and each side counts the chunks the other does. (The receiver
+// is held until its sender claims a chunk: left to the scheduler, CI's
+// -race pass once saw the receiver take both chunks of 100 blocks.)
 func TestSplitCopiesShareABlock(t *testing.T) {
 	a, b := cmaPair(t, nil)
 	sendRefs(t, a, b, 1, 1000)    // the receiver probes on its first wait
 	n := 1<<20 + 3*pageSize + 100 // an odd length: the second chunk is short
-	for i := 0; i < 100 && b.splitBy.Load() == 0; i++ {
+	holdUntilTaken(t)
+	for i := 0; i < 3 && b.splitBy.Load() == 0; i++ {
 		sendBlocks(t, a, b, 1, n, n)
 	}
-	require.Positive(t, b.splitBy.Load(), "in 100 blocks the sender, waiting in Flush, took no chunk")
+	require.Positive(t, b.splitBy.Load(), "in 3 blocks the sender, waiting in Flush, took no chunk")
 	require.Equal(t, a.splitFor.Load(), b.splitBy.Load(), "chunks the sender wrote against those the receiver counted")
 	require.False(t, a.noSplit || b.noSplit)
 }
