@@ -219,9 +219,8 @@ func (ob *outbox) takeGathering() []*sock {
 // Channel goroutine only: every wait calls it first (outbox.progress).
 func (ob *outbox) flushGathering() {
 	for _, s := range ob.takeGathering() {
-		if s.flushGathered() && !s.listed {
-			ob.pending = append(ob.pending, s)
-			s.listed = true
+		if s.flushGathered() {
+			ob.list(s)
 		}
 	}
 }
@@ -236,15 +235,11 @@ func (ob *outbox) gatherExpired() {
 	var left []*sock
 	retry := false
 	for _, s := range ob.takeGathering() {
-		s.wmu.Lock()
-		s.queueGatheredLocked()
-		s.pumpGatheredLocked()
-		unwritten := s.err == nil && len(s.queue) > 0 && s.queue[0].gathered
-		if unwritten || s.err != nil {
+		unwritten, failed := s.writeGathered()
+		if unwritten || failed {
 			left = append(left, s)
 		}
 		retry = retry || unwritten
-		s.wmu.Unlock()
 	}
 	if len(left) == 0 {
 		return
@@ -279,12 +274,7 @@ const gatherRetry = time.Millisecond
 // it off the list).
 func (s *sock) drainGathered(deadline time.Time) {
 	for {
-		s.wmu.Lock()
-		s.queueGatheredLocked()
-		s.pumpGatheredLocked()
-		more := s.err == nil && len(s.queue) > 0 && s.queue[0].gathered
-		s.wmu.Unlock()
-		if !more || time.Now().After(deadline) || s.enter() != nil {
+		if more, _ := s.writeGathered(); !more || time.Now().After(deadline) || s.enter() != nil {
 			return
 		}
 		fds := []unix.PollFd{{Fd: int32(s.fd), Events: unix.POLLOUT}}
@@ -294,6 +284,18 @@ func (s *sock) drainGathered(deadline time.Time) {
 			return
 		}
 	}
+}
+
+// writeGathered queues what the socket gathered and writes what the
+// kernel takes of it now, and reports whether some of it is left
+// unwritten and whether the socket has failed. Any goroutine may call it.
+func (s *sock) writeGathered() (unwritten, failed bool) {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	s.queueGatheredLocked()
+	s.pumpGatheredLocked()
+	failed = s.err != nil
+	return !failed && len(s.queue) > 0 && s.queue[0].gathered, failed
 }
 
 // pumpGatheredLocked writes the gathered jobs at the head of the queue and
@@ -310,27 +312,10 @@ func (s *sock) pumpGatheredLocked() {
 	}
 	defer s.exit()
 	for len(s.queue) > 0 && s.queue[0].gathered {
-		j := &s.queue[0]
-		n, err := sysWritev(s.fd, j.data[j.doff:], nil)
-		if n > 0 {
-			j.doff += n
-		}
-		switch {
-		case err == unix.EINTR:
-			continue
-		case err == unix.EAGAIN:
-			return
-		case err != nil:
-			s.setErr(err)
+		if !s.writeJobLocked(&s.queue[0]) {
 			return
 		}
-		if j.doff == len(j.data) {
-			if s.gathered == nil {
-				s.gathered = j.data[:0]
-			}
-			*j = job{}
-			s.queue = s.queue[1:]
-		}
+		s.popLocked() // a gathered job has no slot, nothing of the channel's
 	}
 	if len(s.queue) == 0 {
 		s.queue = s.qbuf[:0]

@@ -169,22 +169,18 @@ func TestWhereNothingIsGathered(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	const n = 3 * gatherMax
+	oneWay := func(t *testing.T, mod func(int, *Options), ch int) {
+		eps := endpoints(t, 2, mod)
+		a, b := connectPair(t, eps[0], eps[1], ch)
+		before := SlicesGathered()
+		require.NoError(t, sendSmall(ctx, a, 0, n))
+		require.NoError(t, recvSmall(ctx, b, 0, n))
+		require.Equal(t, before, SlicesGathered())
+	}
 	t.Run("NoGather", func(t *testing.T) {
-		eps := endpoints(t, 2, func(_ int, o *Options) { o.NoGather = true })
-		a, b := connectPair(t, eps[0], eps[1], 0)
-		before := SlicesGathered()
-		require.NoError(t, sendSmall(ctx, a, 0, n))
-		require.NoError(t, recvSmall(ctx, b, 0, n))
-		require.Equal(t, before, SlicesGathered())
+		oneWay(t, func(_ int, o *Options) { o.NoGather = true }, 0)
 	})
-	t.Run("point-to-point", func(t *testing.T) {
-		eps := endpoints(t, 2, nil)
-		a, b := connectPair(t, eps[0], eps[1], transport.P2PChannel)
-		before := SlicesGathered()
-		require.NoError(t, sendSmall(ctx, a, 0, n))
-		require.NoError(t, recvSmall(ctx, b, 0, n))
-		require.Equal(t, before, SlicesGathered())
-	})
+	t.Run("point-to-point", func(t *testing.T) { oneWay(t, nil, transport.P2PChannel) })
 	t.Run("receiving", func(t *testing.T) {
 		eps := endpoints(t, 2, nil)
 		a, b := connectPair(t, eps[0], eps[1], 0)

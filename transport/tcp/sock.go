@@ -285,9 +285,8 @@ func (s *sock) push(j job) error {
 	s.pumpLocked()
 	more, err := len(s.queue) > 0, s.err
 	s.wmu.Unlock()
-	if more && !s.listed {
-		s.c.ob.pending = append(s.c.ob.pending, s)
-		s.listed = true
+	if more {
+		s.c.ob.list(s)
 	}
 	return err
 }
@@ -361,14 +360,27 @@ func (s *sock) pumpLocked() {
 				s.setErr(err)
 				return
 			case done:
-				*j = job{}
-				s.queue = s.queue[1:]
+				s.popLocked()
 				continue
 			case j.lend:
 				return // the socket takes no more for now
 			}
 			// Not lent after all: the rest is copied below.
 		}
+		if !s.writeJobLocked(j) {
+			return
+		}
+		s.popLocked()
+	}
+	s.queue = s.qbuf[:0]
+}
+
+// writeJobLocked writes j, the job at the head of the queue, until it is
+// all out (true), the kernel takes no more for now, or a write fails
+// (false, with the socket's error set). The caller holds wmu, inside
+// enter and exit.
+func (s *sock) writeJobLocked(j *job) bool {
+	for {
 		n, err := sysWritev(s.fd, j.hdr[j.hoff:], j.data[j.doff:])
 		if n > 0 {
 			h := min(n, len(j.hdr)-j.hoff)
@@ -379,26 +391,33 @@ func (s *sock) pumpLocked() {
 		case err == unix.EINTR:
 			continue
 		case err == unix.EAGAIN:
-			return
+			return false
 		case err != nil:
 			s.setErr(err)
-			return
+			return false
 		}
 		if j.hoff == len(j.hdr) && j.doff == len(j.data) {
-			if j.slot >= 0 {
-				s.c.free = append(s.c.free, j.slot)
-			}
-			if j.gathered && s.gathered == nil {
-				s.gathered = j.data[:0]
-			}
-			if j.sealed {
-				s.sealed = j.data[:0]
-			}
-			*j = job{}
-			s.queue = s.queue[1:]
+			return true
 		}
 	}
-	s.queue = s.qbuf[:0]
+}
+
+// popLocked takes the written job at the head of the queue off it, handing
+// back what it held: its staging slot, its gather buffer (gather.go), its
+// TLS records' buffer. The caller holds wmu.
+func (s *sock) popLocked() {
+	j := &s.queue[0]
+	if j.slot >= 0 {
+		s.c.free = append(s.c.free, j.slot)
+	}
+	if j.gathered && s.gathered == nil {
+		s.gathered = j.data[:0]
+	}
+	if j.sealed {
+		s.sealed = j.data[:0]
+	}
+	*j = job{}
+	s.queue = s.queue[1:]
 }
 
 // lendReady reports whether the socket lends (its pipe is made, on
@@ -696,6 +715,14 @@ func (ob *outbox) progress() {
 		ob.pending[i] = nil
 	}
 	ob.pending = kept
+}
+
+// list puts s on the pending list, once.
+func (ob *outbox) list(s *sock) {
+	if !s.listed {
+		ob.pending = append(ob.pending, s)
+		s.listed = true
+	}
 }
 
 // firstErr returns a write error the channel has met: a dead peer must

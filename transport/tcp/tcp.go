@@ -840,9 +840,8 @@ func (c *conn) push(tag transport.Tag, data []byte, slot int) error {
 				c.ob.dropGathering(s)
 				if n, err := s.pending(); err != nil {
 					return c.peerErr("send", err)
-				} else if n > 0 && !s.listed {
-					c.ob.pending = append(c.ob.pending, s)
-					s.listed = true
+				} else if n > 0 {
+					c.ob.list(s)
 				}
 			case first:
 				c.ob.addGathering(s)
