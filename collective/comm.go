@@ -267,7 +267,7 @@ func newLocalGroupCfg(n int, cfg Config) ([]*Comm, *mem.Network, error) {
 		}
 		return devs[r%len(devs)]
 	}
-	mo := mem.Options{Slots: cfg.Slots, SlotSize: cfg.SlotSize}
+	mo := mem.Options{Slots: cfg.Slots, SlotSize: cfg.SlotSize, NoStreamSlots: cfg.SlotStreamDisable}
 	if len(devs) > 0 {
 		// The connections of device operations keep their slots on the
 		// receiver's GPU, as NCCL's P2P transport does.

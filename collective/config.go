@@ -196,6 +196,12 @@ type Config struct {
 	// that a 2-rank broadcast copies on both cores (process_vm_writev;
 	// where the kernel refuses it, the receiver copies it all).
 	ShmSplitDisable bool
+	// SlotStreamDisable has a sender write the slots of shared memory and
+	// of a local group's connections with plain stores
+	// (GOCCL_SLOT_STREAM_DISABLE=1): by default it writes them with
+	// streaming stores, which take no cache line back from the receiver's
+	// core (transport.FarSlots).
+	SlotStreamDisable bool
 	// P2PDisable keeps device operations between processes of one host
 	// in registered host memory (GOCCL_P2P_DISABLE=1, as NCCL_P2P_DISABLE):
 	// by default their slots are in the receiver's device memory, which
@@ -418,34 +424,35 @@ func WithEnv(lookup func(string) (string, bool)) Option {
 // Environment variables, all read here and nowhere else. An invalid value
 // is an error, never a silent default.
 const (
-	EnvAlgo             = "GOCCL_ALGO"               // ring, tree, recdoubling, rabenseifner, oneshot, hier, hiertree or auto
-	EnvNChannels        = "GOCCL_NCHANNELS"          // 1..32
-	EnvMaxChannels      = "GOCCL_MAX_NCHANNELS"      // 1..32
-	EnvChunkSize        = "GOCCL_CHUNK_SIZE"         // bytes, with an optional K, M or G suffix (powers of 1024)
-	EnvTimeout          = "GOCCL_TIMEOUT"            // a Go duration ("90s", "10m") or whole seconds
-	EnvInitTimeout      = "GOCCL_INIT_TIMEOUT"       // like GOCCL_TIMEOUT, for Init and InitFromEnv
-	EnvHeartbeat        = "GOCCL_HEARTBEAT_TIMEOUT"  // a duration; 0 turns the heartbeat off
-	EnvNSocks           = "GOCCL_NSOCKS"             // TCP sockets per connection, 1..64
-	EnvTCPWindow        = "GOCCL_TCP_WINDOW"         // large slices a TCP connection sends ahead of its receiver's credits; 0 the slot count, "off" none
-	EnvTCPCongest       = "GOCCL_TCP_CONGESTION"     // "system", or a congestion control's name; empty: Reno in place of BBR
-	EnvTCPLend          = "GOCCL_TCP_LEND"           // auto, on or off: large slices sent from the caller's pages (vmsplice)
-	EnvTCPGatherDisable = "GOCCL_TCP_GATHER_DISABLE" // 1: every small slice of a one-way stream in a write of its own
-	EnvSocketIf         = "GOCCL_SOCKET_IFNAME"
-	EnvHostID           = "GOCCL_HOSTID"
-	EnvSpin             = "GOCCL_SPIN"              // a duration ("1ms", "200us"); 0 never polls
-	EnvTransport        = "GOCCL_TRANSPORT"         // auto, tcp, shm or verbs
-	EnvDebugDump        = "GOCCL_DEBUG_DUMP"        // a directory for flight recorder dumps
-	EnvDebug            = "GOCCL_DEBUG"             // WARN, INFO, DEBUG, TRACE or NONE
-	EnvDebugSubsys      = "GOCCL_DEBUG_SUBSYS"      // INIT,COLL,NET or ALL; ^ excludes
-	EnvTLSCert          = "GOCCL_TLS_CERT"          // PEM: this rank's certificate
-	EnvTLSKey           = "GOCCL_TLS_KEY"           // PEM: its private key
-	EnvTLSCA            = "GOCCL_TLS_CA"            // PEM: the CA that signed every rank's certificate
-	EnvInsecure         = "GOCCL_INSECURE"          // 1: InitFromEnv runs without GOCCL_SECRET, unauthenticated
-	EnvShmAllowUIDs     = "GOCCL_SHM_ALLOW_UIDS"    // uids, comma-separated, whose processes may join this rank's shared memory
-	EnvShmCMA           = "GOCCL_SHM_CMA"           // auto, on or off: the receiver's single copy (process_vm_readv)
-	EnvShmBlock         = "GOCCL_SHM_BLOCK"         // bytes per block of the receiver's single copy on 2 ranks (default 1 MiB)
-	EnvShmSplitDisable  = "GOCCL_SHM_SPLIT_DISABLE" // 1: each block's copy on the receiver's core alone
-	EnvP2PDisable       = "GOCCL_P2P_DISABLE"       // 1: device slots between processes in host memory, not CUDA IPC
+	EnvAlgo              = "GOCCL_ALGO"               // ring, tree, recdoubling, rabenseifner, oneshot, hier, hiertree or auto
+	EnvNChannels         = "GOCCL_NCHANNELS"          // 1..32
+	EnvMaxChannels       = "GOCCL_MAX_NCHANNELS"      // 1..32
+	EnvChunkSize         = "GOCCL_CHUNK_SIZE"         // bytes, with an optional K, M or G suffix (powers of 1024)
+	EnvTimeout           = "GOCCL_TIMEOUT"            // a Go duration ("90s", "10m") or whole seconds
+	EnvInitTimeout       = "GOCCL_INIT_TIMEOUT"       // like GOCCL_TIMEOUT, for Init and InitFromEnv
+	EnvHeartbeat         = "GOCCL_HEARTBEAT_TIMEOUT"  // a duration; 0 turns the heartbeat off
+	EnvNSocks            = "GOCCL_NSOCKS"             // TCP sockets per connection, 1..64
+	EnvTCPWindow         = "GOCCL_TCP_WINDOW"         // large slices a TCP connection sends ahead of its receiver's credits; 0 the slot count, "off" none
+	EnvTCPCongest        = "GOCCL_TCP_CONGESTION"     // "system", or a congestion control's name; empty: Reno in place of BBR
+	EnvTCPLend           = "GOCCL_TCP_LEND"           // auto, on or off: large slices sent from the caller's pages (vmsplice)
+	EnvTCPGatherDisable  = "GOCCL_TCP_GATHER_DISABLE" // 1: every small slice of a one-way stream in a write of its own
+	EnvSocketIf          = "GOCCL_SOCKET_IFNAME"
+	EnvHostID            = "GOCCL_HOSTID"
+	EnvSpin              = "GOCCL_SPIN"                // a duration ("1ms", "200us"); 0 never polls
+	EnvTransport         = "GOCCL_TRANSPORT"           // auto, tcp, shm or verbs
+	EnvDebugDump         = "GOCCL_DEBUG_DUMP"          // a directory for flight recorder dumps
+	EnvDebug             = "GOCCL_DEBUG"               // WARN, INFO, DEBUG, TRACE or NONE
+	EnvDebugSubsys       = "GOCCL_DEBUG_SUBSYS"        // INIT,COLL,NET or ALL; ^ excludes
+	EnvTLSCert           = "GOCCL_TLS_CERT"            // PEM: this rank's certificate
+	EnvTLSKey            = "GOCCL_TLS_KEY"             // PEM: its private key
+	EnvTLSCA             = "GOCCL_TLS_CA"              // PEM: the CA that signed every rank's certificate
+	EnvInsecure          = "GOCCL_INSECURE"            // 1: InitFromEnv runs without GOCCL_SECRET, unauthenticated
+	EnvShmAllowUIDs      = "GOCCL_SHM_ALLOW_UIDS"      // uids, comma-separated, whose processes may join this rank's shared memory
+	EnvShmCMA            = "GOCCL_SHM_CMA"             // auto, on or off: the receiver's single copy (process_vm_readv)
+	EnvShmBlock          = "GOCCL_SHM_BLOCK"           // bytes per block of the receiver's single copy on 2 ranks (default 1 MiB)
+	EnvShmSplitDisable   = "GOCCL_SHM_SPLIT_DISABLE"   // 1: each block's copy on the receiver's core alone
+	EnvSlotStreamDisable = "GOCCL_SLOT_STREAM_DISABLE" // 1: shared-memory and local slots written with plain stores, not streaming ones
+	EnvP2PDisable        = "GOCCL_P2P_DISABLE"         // 1: device slots between processes in host memory, not CUDA IPC
 
 	EnvIBHCA      = "GOCCL_IB_HCA"                // NCCL_IB_HCA's syntax: mlx5_0:1,mlx5_1 / ^mlx5_1 / =mlx5_0
 	EnvIBGIDIndex = "GOCCL_IB_GID_INDEX"          // a GID table index
@@ -649,7 +656,7 @@ func fromEnv(lookup func(string) (string, bool)) (Config, error) {
 	for _, f := range []struct {
 		name string
 		dst  *bool
-	}{{EnvInsecure, &c.Insecure}, {EnvIBEmulate, &c.IB.Emulate}, {EnvGDRFlush, &c.IB.GDRFlushDisable}, {EnvP2PDisable, &c.P2PDisable}, {EnvShmSplitDisable, &c.ShmSplitDisable}, {EnvTCPGatherDisable, &c.TCPGatherDisable}} {
+	}{{EnvInsecure, &c.Insecure}, {EnvIBEmulate, &c.IB.Emulate}, {EnvGDRFlush, &c.IB.GDRFlushDisable}, {EnvP2PDisable, &c.P2PDisable}, {EnvShmSplitDisable, &c.ShmSplitDisable}, {EnvSlotStreamDisable, &c.SlotStreamDisable}, {EnvTCPGatherDisable, &c.TCPGatherDisable}} {
 		v, ok := lookup(f.name)
 		if !ok || strings.TrimSpace(v) == "" {
 			continue

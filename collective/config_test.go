@@ -234,3 +234,15 @@ func TestWithConfigSetsEveryField(t *testing.T) {
 	require.Equal(t, slog.LevelDebug, comms[0].Config().DebugLevel)
 	comms[0].Close()
 }
+
+func TestSlotStreamDisableFromEnvironment(t *testing.T) {
+	for v, want := range map[string]bool{"1": true, "true": true, "0": false, "": false} {
+		comms, err := collective.NewLocalGroup(1, env(map[string]string{"GOCCL_SLOT_STREAM_DISABLE": v}))
+		require.NoError(t, err, v)
+		require.Equal(t, want, comms[0].Config().SlotStreamDisable, v)
+		comms[0].Close()
+	}
+	_, err := collective.NewLocalGroup(1, env(map[string]string{"GOCCL_SLOT_STREAM_DISABLE": "maybe"}))
+	require.ErrorIs(t, err, collective.ErrInvalidArgument)
+	require.ErrorContains(t, err, "GOCCL_SLOT_STREAM_DISABLE")
+}

@@ -577,7 +577,7 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 	if nShm > 0 {
 		o := shm.Options{Rank: rank, ListenersUp: true, NRanks: nranks, Peers: shmPeers, Secret: id.secret[:], Listener: shmLn,
 			Slots: slots, SlotSize: slotSize, SpinFor: cfg.Spin, YieldWhenIdle: busy, AllowUIDs: cfg.ShmAllowUIDs,
-			CMA: map[string]shm.CMAMode{"on": shm.CMAOn, "off": shm.CMAOff}[cfg.ShmCMA], BlockSize: cfg.ShmBlock, NoSplit: cfg.ShmSplitDisable, NoDeviceIPC: cfg.P2PDisable}
+			CMA: map[string]shm.CMAMode{"on": shm.CMAOn, "off": shm.CMAOff}[cfg.ShmCMA], BlockSize: cfg.ShmBlock, NoSplit: cfg.ShmSplitDisable, NoStreamSlots: cfg.SlotStreamDisable, NoDeviceIPC: cfg.P2PDisable}
 		if busy {
 			// Above shm.DefaultSharedMax the slots' two copies beat the
 			// receiver's one copy out of a shared allocation only because

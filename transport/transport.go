@@ -288,6 +288,17 @@ type SplitCopier interface {
 	BusyAfterPosts(busy bool)
 }
 
+// FarSlots is implemented by connections whose slots (Reserve) another
+// core reads next: another process's (shared memory), or another
+// goroutine's. SlotsFar says whether the engine writes them with
+// streaming stores, which take no cache line from the reader's core: a
+// plain store to a line that core still holds from the slot's last use
+// waits for the line to come back first. A connection whose slots a
+// socket or a device copy reads on this core does not implement it.
+type FarSlots interface {
+	SlotsFar() bool
+}
+
 // PeerMapper is implemented by connections whose receiver can map the
 // sender's shared allocations (memory.AllocShared) and copy a slice
 // straight out of them with a plain copy: PostFrom sends a slice that

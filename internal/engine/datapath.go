@@ -25,21 +25,21 @@ import (
 // returns. The host path's work is done when the call returns, so its
 // fence is free.
 //
-// Buffers have the lengths the step's slice has, all equal. out says that
-// dst is the operation's output and nothing reads it soon (the host path
-// then writes large outputs around the caches); a dst sent on right away,
-// or a slot, is written through the caches.
+// Buffers have the lengths the step's slice has, all equal. A sink says
+// who reads what a primitive writes next, which is how the host path
+// chooses its stores (sink's constants); a device path ignores it.
 type dataPath interface {
 	// reduce computes dst = a op b; final applies the operator's last step
 	// (Avg's division).
-	reduce(dst, a, b memory.Buffer, final, out bool) error
+	reduce(dst, a, b memory.Buffer, final bool, to sink) error
 	// reduce2 computes dst = slot = a op b in one pass: dst is the output,
-	// slot an outgoing slot.
-	reduce2(dst, slot, a, b memory.Buffer, final bool) error
+	// slot an outgoing slot, read next on another core when far.
+	reduce2(dst, slot, a, b memory.Buffer, final, far bool) error
 	// copy copies src to dst.
-	copy(dst, src memory.Buffer, out bool) error
-	// copy2 copies src to the output dst and to the slot.
-	copy2(dst, slot, src memory.Buffer) error
+	copy(dst, src memory.Buffer, to sink) error
+	// copy2 copies src to the output dst and to the slot, read next on
+	// another core when far.
+	copy2(dst, slot, src memory.Buffer, far bool) error
 	// finalCopy copies src to the output dst, applying the operator's last
 	// step when final (a single contribution's Avg).
 	finalCopy(dst, src memory.Buffer, final bool) error
@@ -57,32 +57,63 @@ type path struct {
 	dp   dataPath  // set on device memory
 }
 
-func (p path) reduce(dst, a, b memory.Buffer, final, out bool) error {
-	if p.host != nil {
-		return p.host.reduce(dst, a, b, final, out)
+// sink says who reads a primitive's destination next.
+type sink uint8
+
+const (
+	// sinkNear: this core, soon (a slot a socket sends from, a scratch
+	// buffer, a destination sent on from where it is); written through
+	// the caches.
+	sinkNear sink = iota
+	// sinkOut: the operation's output, which nothing reads soon; a large
+	// one (streamBytes) is written with streaming stores.
+	sinkOut
+	// sinkFar: a slot that another core reads next (shared memory, a
+	// goroutine's peer: transport.FarSlots); written with streaming stores
+	// whatever its size. A plain store to a line the reader's cache still
+	// holds from the slot's last use must first take the line back from
+	// that core, and on the machines measured here that made the
+	// sender's copy into the slot three times the cost of the reduction
+	// beside it; a streaming store takes no line anywhere, and the reader
+	// reads the slot from memory instead of from the writer's cache
+	// (docs/performance.md, "Streaming stores into the slots").
+	sinkFar
+)
+
+// slotSink is the sink of an outgoing slot, near or far.
+func slotSink(far bool) sink {
+	if far {
+		return sinkFar
 	}
-	return p.dp.reduce(dst, a, b, final, out)
+	return sinkNear
 }
 
-func (p path) reduce2(dst, slot, a, b memory.Buffer, final bool) error {
+func (p path) reduce(dst, a, b memory.Buffer, final bool, to sink) error {
 	if p.host != nil {
-		return p.host.reduce2(dst, slot, a, b, final)
+		return p.host.reduce(dst, a, b, final, to)
 	}
-	return p.dp.reduce2(dst, slot, a, b, final)
+	return p.dp.reduce(dst, a, b, final, to)
 }
 
-func (p path) copy(dst, src memory.Buffer, out bool) error {
+func (p path) reduce2(dst, slot, a, b memory.Buffer, final, far bool) error {
 	if p.host != nil {
-		return p.host.copy(dst, src, out)
+		return p.host.reduce2(dst, slot, a, b, final, far)
 	}
-	return p.dp.copy(dst, src, out)
+	return p.dp.reduce2(dst, slot, a, b, final, far)
 }
 
-func (p path) copy2(dst, slot, src memory.Buffer) error {
+func (p path) copy(dst, src memory.Buffer, to sink) error {
 	if p.host != nil {
-		return p.host.copy2(dst, slot, src)
+		return p.host.copy(dst, src, to)
 	}
-	return p.dp.copy2(dst, slot, src)
+	return p.dp.copy(dst, src, to)
+}
+
+func (p path) copy2(dst, slot, src memory.Buffer, far bool) error {
+	if p.host != nil {
+		return p.host.copy2(dst, slot, src, far)
+	}
+	return p.dp.copy2(dst, slot, src, far)
 }
 
 func (p path) finalCopy(dst, src memory.Buffer, final bool) error {
@@ -161,12 +192,18 @@ func (h *hostPath) setup(op *Op, nranks int) {
 	h.kt, h.kop, h.n, h.ready = op.Type, op.Red, nranks, true
 }
 
-func (h *hostPath) reduce(dst, a, b memory.Buffer, final, out bool) error {
+// streams says whether a write to a destination read by to goes around
+// the caches.
+func (h *hostPath) streams(to sink) bool {
+	return to == sinkFar || to == sinkOut && h.stream
+}
+
+func (h *hostPath) reduce(dst, a, b memory.Buffer, final bool, to sink) error {
 	f := h.red
 	switch {
-	case out && h.stream && final:
+	case h.streams(to) && final:
 		f = h.finalS
-	case out && h.stream:
+	case h.streams(to):
 		f = h.redS
 	case final:
 		f = h.final
@@ -175,29 +212,35 @@ func (h *hostPath) reduce(dst, a, b memory.Buffer, final, out bool) error {
 	return nil
 }
 
-func (h *hostPath) reduce2(dst, slot, a, b memory.Buffer, final bool) error {
+func (h *hostPath) reduce2(dst, slot, a, b memory.Buffer, final, far bool) error {
 	d, s := dst.Bytes(), slot.Bytes()
-	if h.stream {
-		// One pass: the output by streaming stores, the slot (read by the
-		// next rank soon) through the caches.
-		f := h.red2
-		if final {
-			f = h.final2
-		}
-		f(d, s, a.Bytes(), b.Bytes())
-		return nil
-	}
-	f := h.red
+	f2 := h.red2 // first destination by streaming stores, the second through the caches
 	if final {
-		f = h.final
+		f2 = h.final2
 	}
-	f(d, a.Bytes(), b.Bytes())
-	copy(s, d)
+	switch {
+	case far:
+		// One pass: the slot by streaming stores, the output through the
+		// caches (a large output too: measured against two streaming
+		// passes, docs/performance.md).
+		f2(s, d, a.Bytes(), b.Bytes())
+	case h.stream:
+		// One pass: the output by streaming stores, the slot (read on
+		// this core soon) through the caches.
+		f2(d, s, a.Bytes(), b.Bytes())
+	default:
+		f := h.red
+		if final {
+			f = h.final
+		}
+		f(d, a.Bytes(), b.Bytes())
+		copy(s, d)
+	}
 	return nil
 }
 
-func (h *hostPath) copy(dst, src memory.Buffer, out bool) error {
-	if out && h.stream {
+func (h *hostPath) copy(dst, src memory.Buffer, to sink) error {
+	if h.streams(to) {
 		kernels.CopyStream(dst.Bytes(), src.Bytes())
 	} else {
 		copy(dst.Bytes(), src.Bytes())
@@ -205,9 +248,9 @@ func (h *hostPath) copy(dst, src memory.Buffer, out bool) error {
 	return nil
 }
 
-func (h *hostPath) copy2(dst, slot, src memory.Buffer) error {
-	h.copy(dst, src, true)
-	copy(slot.Bytes(), src.Bytes())
+func (h *hostPath) copy2(dst, slot, src memory.Buffer, far bool) error {
+	h.copy(dst, src, sinkOut)
+	h.copy(slot, src, slotSink(far))
 	return nil
 }
 
@@ -217,16 +260,16 @@ func (h *hostPath) finalCopy(dst, src memory.Buffer, final bool) error {
 		return nil
 	}
 	if !dst.SameStart(src) {
-		h.copy(dst, src, true)
+		h.copy(dst, src, sinkOut)
 	}
 	return nil
 }
 
 // scaledReduce is reduce with b, this rank's input, scaled (Op.PreMul;
 // Sum, whose final step is nothing).
-func (h *hostPath) scaledReduce(dst, a, b memory.Buffer, out bool) {
+func (h *hostPath) scaledReduce(dst, a, b memory.Buffer, to sink) {
 	f := h.sred
-	if out && h.stream {
+	if h.streams(to) {
 		f = h.sredS
 	}
 	f(dst.Bytes(), a.Bytes(), b.Bytes())
@@ -241,14 +284,17 @@ func (h *hostPath) scaleInto(scratch *[]byte, src []byte) []byte {
 }
 
 // scaledReduce2 is reduce2 with b scaled.
-func (h *hostPath) scaledReduce2(dst, slot, a, b memory.Buffer) {
+func (h *hostPath) scaledReduce2(dst, slot, a, b memory.Buffer, far bool) {
 	d, s := dst.Bytes(), slot.Bytes()
-	if h.stream {
+	switch {
+	case far:
+		h.sred2(s, d, a.Bytes(), b.Bytes())
+	case h.stream:
 		h.sred2(d, s, a.Bytes(), b.Bytes())
-		return
+	default:
+		h.sred(d, a.Bytes(), b.Bytes())
+		copy(s, d)
 	}
-	h.sred(d, a.Bytes(), b.Bytes())
-	copy(s, d)
 }
 
 // fold is accumulate on host memory.
@@ -290,19 +336,19 @@ func (d *devPath) divFor(final bool) int {
 	return 0
 }
 
-func (d *devPath) reduce(dst, a, b memory.Buffer, final, _ bool) error {
+func (d *devPath) reduce(dst, a, b memory.Buffer, final bool, _ sink) error {
 	return d.s.Reduce(dst, memory.Buffer{}, a, b, d.kt, d.kop, d.divFor(final))
 }
 
-func (d *devPath) reduce2(dst, slot, a, b memory.Buffer, final bool) error {
+func (d *devPath) reduce2(dst, slot, a, b memory.Buffer, final, _ bool) error {
 	return d.s.Reduce(dst, slot, a, b, d.kt, d.kop, d.divFor(final))
 }
 
-func (d *devPath) copy(dst, src memory.Buffer, _ bool) error {
+func (d *devPath) copy(dst, src memory.Buffer, _ sink) error {
 	return d.s.Copy(dst, memory.Buffer{}, src)
 }
 
-func (d *devPath) copy2(dst, slot, src memory.Buffer) error {
+func (d *devPath) copy2(dst, slot, src memory.Buffer, _ bool) error {
 	return d.s.Copy(dst, slot, src)
 }
 

@@ -309,6 +309,9 @@ type lockIO struct {
 	scaled       bool
 	rc, sc       transport.Conn
 	rpeer, speer int
+	// far: another core reads sc's slots next (transport.FarSlots), so
+	// they are written with streaming stores.
+	far bool
 	// Direct paths: dr lands incoming data straight in the destination
 	// when it is only copied there (recv, recvCopySend); ds sends straight
 	// from the user's buffers what no later step overwrites before the
@@ -348,8 +351,10 @@ func (x *chanRun) setLockIO(st *algorithms.Step) *lockIO {
 		io.rc = x.conns[io.rpeer]
 		io.lent, _ = io.rc.(transport.Lender)
 	}
+	io.far = false
 	if st.Kind.Sends() {
 		io.sc = x.conns[io.speer]
+		io.far = farSlots(io.sc)
 	}
 	if io.rc != nil && x.out.HostVisible() && (st.Kind == algorithms.Recv || st.Kind == algorithms.RecvCopySend) {
 		io.dr, _ = io.rc.(transport.DirectReceiver)
@@ -446,6 +451,12 @@ func (x *chanRun) recvBlocksOf(ctx context.Context, st *algorithms.Step, io *loc
 		io.srcS = algorithms.NewSlicer(x.spansOf(0, st.Src), b/es)
 	}
 	return nil
+}
+
+// farSlots reports whether c is a transport.FarSlots that says so.
+func farSlots(c transport.Conn) bool {
+	f, ok := c.(transport.FarSlots)
+	return ok && f.SlotsFar()
 }
 
 // peerMaps reports whether c is a transport.PeerMapper that says so.
@@ -555,7 +566,7 @@ func (x *chanRun) lockSlice(ctx context.Context, io *lockIO, sl uint32, nb int, 
 		if err := io.bc.PostBlock(ctx, *src, tag, io.block); err != nil {
 			return x.fail(st, io.speer, err)
 		}
-		if err := x.compute(st, dst, &out, &in, src, true, false); err != nil {
+		if err := x.compute(st, dst, &out, &in, src, true, false, false); err != nil {
 			return x.fail(st, -1, err)
 		}
 		return nil
@@ -563,9 +574,9 @@ func (x *chanRun) lockSlice(ctx context.Context, io *lockIO, sl uint32, nb int, 
 	direct := io.ds != nil
 	var err error
 	if io.scaled {
-		x.scaledCompute(st, dst, &out, &in, src, direct, io.dr != nil)
+		x.scaledCompute(st, dst, &out, &in, src, direct, io.dr != nil, io.far)
 	} else {
-		err = x.compute(st, dst, &out, &in, src, direct, io.dr != nil)
+		err = x.compute(st, dst, &out, &in, src, direct, io.dr != nil, io.far)
 	}
 	if err == nil && (held || io.sc != nil) {
 		// Device work must be done before the memory it wrote goes to the
@@ -609,53 +620,54 @@ func (x *chanRun) lockSlice(ctx context.Context, io *lockIO, sl uint32, nb int, 
 // and out (the outgoing slot; empty when the value is sent from dst or
 // src directly, and then a dst the transport sends from is written
 // through the caches, since it reads it right away). landed: the incoming
-// slice was received straight into dst. The buffers go by pointer: they
+// slice was received straight into dst; far: another core reads the slot
+// next (transport.FarSlots). The buffers go by pointer: they
 // are large, and this runs for every slice.
-func (x *chanRun) compute(st *algorithms.Step, dst, out, in, src *memory.Buffer, direct, landed bool) error {
+func (x *chanRun) compute(st *algorithms.Step, dst, out, in, src *memory.Buffer, direct, landed, far bool) error {
 	dp := x.dp
 	switch st.Kind {
 	case algorithms.Copy:
 		return dp.finalCopy(*dst, *src, st.Final)
 	case algorithms.Send:
 		if !direct {
-			return dp.copy(*out, *src, false)
+			return dp.copy(*out, *src, slotSink(far))
 		}
 	case algorithms.Recv:
 		if !landed {
-			return dp.copy(*dst, *in, true)
+			return dp.copy(*dst, *in, sinkOut)
 		}
 	case algorithms.CopySend:
 		if !direct {
-			if err := dp.copy(*out, *src, false); err != nil {
+			if err := dp.copy(*out, *src, slotSink(far)); err != nil {
 				return err
 			}
 		}
 		if !dst.SameStart(*src) {
 			// Sent from src, directly or not: nothing reads dst soon, so a
 			// large output is written with streaming stores either way.
-			return dp.copy(*dst, *src, true)
+			return dp.copy(*dst, *src, sinkOut)
 		}
 	case algorithms.RecvReduceSend:
-		return dp.reduce(*out, *in, *src, st.Final, false)
+		return dp.reduce(*out, *in, *src, st.Final, slotSink(far))
 	case algorithms.RecvReduceCopy:
-		return dp.reduce(*dst, *in, *src, st.Final, true)
+		return dp.reduce(*dst, *in, *src, st.Final, sinkOut)
 	case algorithms.Reduce:
-		return dp.reduce(*dst, *dst, *src, st.Final, true)
+		return dp.reduce(*dst, *dst, *src, st.Final, sinkOut)
 	case algorithms.RecvReduceCopySend:
 		if direct {
-			return dp.reduce(*dst, *in, *src, st.Final, false)
+			return dp.reduce(*dst, *in, *src, st.Final, sinkNear)
 		}
-		return dp.reduce2(*dst, *out, *in, *src, st.Final)
+		return dp.reduce2(*dst, *out, *in, *src, st.Final, far)
 	case algorithms.RecvCopySend:
 		switch {
 		case direct:
 			if !landed {
-				return dp.copy(*dst, *in, false)
+				return dp.copy(*dst, *in, sinkNear)
 			}
 		case landed:
-			return dp.copy(*out, *in, false)
+			return dp.copy(*out, *in, slotSink(far))
 		default:
-			return dp.copy2(*dst, *out, *in)
+			return dp.copy2(*dst, *out, *in, far)
 		}
 	}
 	return nil
@@ -668,7 +680,7 @@ func (x *chanRun) compute(st *algorithms.Step, dst, out, in, src *memory.Buffer,
 // copies or forwards what it receives reads no src and goes through
 // compute. Sends of src are never direct (setLockIO): the scaled value
 // exists only in the slot.
-func (x *chanRun) scaledCompute(st *algorithms.Step, dst, out, in, src *memory.Buffer, direct, landed bool) {
+func (x *chanRun) scaledCompute(st *algorithms.Step, dst, out, in, src *memory.Buffer, direct, landed, far bool) {
 	h := &x.host
 	switch st.Kind {
 	case algorithms.Copy:
@@ -679,21 +691,21 @@ func (x *chanRun) scaledCompute(st *algorithms.Step, dst, out, in, src *memory.B
 		// In place as well: the output must hold the scaled value even
 		// where it is the input.
 		h.scaleBy(out.Bytes(), src.Bytes())
-		h.copy(*dst, *out, true)
+		h.copy(*dst, *out, sinkOut)
 	case algorithms.RecvReduceSend:
-		h.scaledReduce(*out, *in, *src, false)
+		h.scaledReduce(*out, *in, *src, slotSink(far))
 	case algorithms.RecvReduceCopy:
-		h.scaledReduce(*dst, *in, *src, true)
+		h.scaledReduce(*dst, *in, *src, sinkOut)
 	case algorithms.Reduce:
-		h.scaledReduce(*dst, *dst, *src, true)
+		h.scaledReduce(*dst, *dst, *src, sinkOut)
 	case algorithms.RecvReduceCopySend:
 		if direct {
-			h.scaledReduce(*dst, *in, *src, false)
+			h.scaledReduce(*dst, *in, *src, sinkNear)
 		} else {
-			h.scaledReduce2(*dst, *out, *in, *src)
+			h.scaledReduce2(*dst, *out, *in, *src, far)
 		}
 	default:
-		x.compute(st, dst, out, in, src, direct, landed)
+		x.compute(st, dst, out, in, src, direct, landed, far)
 	}
 }
 
@@ -711,6 +723,7 @@ func (x *chanRun) exchange(ctx context.Context, st *algorithms.Step) error {
 	rpeer, speer := int(st.RecvPeer), int(st.SendPeer)
 	rc, sc := x.conns[rpeer], x.conns[speer]
 	lent, _ := rc.(transport.Lender) // exchanges post through slots; checked all the same
+	far := farSlots(sc)
 	reduces := st.Kind.Reduces()
 	scaleTx := x.premul && st.Tx.Buf == algorithms.Input
 	scaleSrc := x.premul && reduces && st.Src.Buf == algorithms.Input
@@ -724,7 +737,7 @@ func (x *chanRun) exchange(ctx context.Context, st *algorithms.Step) error {
 			}
 			if scaleTx {
 				x.host.scaleBy(b.Bytes(), txBuf.Slice(off*es, off*es+nb).Bytes())
-			} else if err := x.dp.copy(b, txBuf.Slice(off*es, off*es+nb), false); err != nil {
+			} else if err := x.dp.copy(b, txBuf.Slice(off*es, off*es+nb), slotSink(far)); err != nil {
 				return x.fail(st, -1, err)
 			}
 			if err := x.dp.fence(ctx); err != nil {
@@ -745,12 +758,12 @@ func (x *chanRun) exchange(ctx context.Context, st *algorithms.Step) error {
 			if reduces {
 				soff, _, _ := srcS.Next()
 				if scaleSrc {
-					x.host.scaledReduce(dst, in, srcBuf.Slice(soff*es, soff*es+nb), true)
+					x.host.scaledReduce(dst, in, srcBuf.Slice(soff*es, soff*es+nb), sinkOut)
 				} else {
-					err = x.dp.reduce(dst, in, srcBuf.Slice(soff*es, soff*es+nb), st.Final, true)
+					err = x.dp.reduce(dst, in, srcBuf.Slice(soff*es, soff*es+nb), st.Final, sinkOut)
 				}
 			} else {
-				err = x.dp.copy(dst, in, true)
+				err = x.dp.copy(dst, in, sinkOut)
 			}
 			if err == nil {
 				err = x.dp.fence(ctx)

@@ -53,7 +53,7 @@ func (x *chanRun) oneShot(ctx context.Context, rank, nranks int, waitPeer *atomi
 		if err != nil {
 			return x.fail(&oneShotStep, p, err)
 		}
-		err = x.dp.copy(b, mine, false)
+		err = x.dp.copy(b, mine, slotSink(farSlots(c)))
 		if err == nil {
 			err = x.dp.fence(ctx)
 		}
@@ -85,7 +85,7 @@ func (x *chanRun) oneShot(ctx context.Context, rank, nranks int, waitPeer *atomi
 		}
 		var err error
 		if r == 0 && rank == 1 {
-			err = x.dp.reduce(out, src, mine, nranks == 2, true)
+			err = x.dp.reduce(out, src, mine, nranks == 2, sinkOut)
 		} else {
 			err = accumulate(x.dp, out, src, r, nranks)
 		}
@@ -127,11 +127,11 @@ func accumulate(dp path, out, src memory.Buffer, r, n int) error {
 	switch r {
 	case 0:
 		if !out.SameStart(src) {
-			return dp.copy(out, src, false)
+			return dp.copy(out, src, sinkNear)
 		}
 		return nil
 	case n - 1:
-		return dp.reduce(out, out, src, true, false)
+		return dp.reduce(out, out, src, true, sinkNear)
 	}
-	return dp.reduce(out, out, src, false, false)
+	return dp.reduce(out, out, src, false, sinkNear)
 }

@@ -29,7 +29,8 @@ const (
 	DefaultSlots = 8
 	// DefaultSlotSize keeps a slice, its local operand and its destination
 	// (3 × 128 KiB) inside a 2 MiB L2 cache while it is reduced; see
-	// docs/performance.md for the measurement.
+	// docs/performance.md for the measurement (made before the engine
+	// wrote slots with streaming stores: Options.NoStreamSlots).
 	DefaultSlotSize = 128 << 10
 )
 
@@ -78,6 +79,11 @@ type Options struct {
 	DeviceAlloc  func(rank, n int) (memory.Buffer, error)
 	DeviceFree   func(rank int, b memory.Buffer) error
 	DeviceMemory memory.Kind
+	// NoStreamSlots has the engine write host slots with plain stores: by
+	// default it writes them with streaming stores (transport.FarSlots),
+	// since the receiving goroutine reads them next, on a core of its own
+	// as often as not.
+	NoStreamSlots bool
 }
 
 // EventKind says what a fault hook is looking at.
@@ -387,6 +393,11 @@ type conn struct {
 }
 
 func (c *conn) Peer() int { return c.peer }
+
+// SlotsFar says the engine writes this connection's host slots with
+// streaming stores (transport.FarSlots; docs/performance.md, "Streaming
+// stores into the slots").
+func (c *conn) SlotsFar() bool { return !c.ep.nw.opts.NoStreamSlots }
 
 func (c *conn) Reserve(ctx context.Context, n int) (memory.Buffer, error) {
 	l := c.out

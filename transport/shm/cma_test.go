@@ -166,3 +166,15 @@ func TestPeerCopyAutoFollowsTheMeasuredSpeed(t *testing.T) {
 	sendRefs(t, a, b, 2, 40<<10)
 	require.False(t, a.PeerCopies(1<<20, true), "CMAOff")
 }
+
+// The engine writes a connection's slots with streaming stores unless
+// Options.NoStreamSlots says not to (transport.FarSlots).
+func TestSlotsFarUnlessTurnedOff(t *testing.T) {
+	a, b := cmaPair(t, nil)
+	var _ transport.FarSlots = a
+	require.True(t, a.SlotsFar())
+	require.True(t, b.SlotsFar())
+	a, b = cmaPair(t, func(_ int, o *Options) { o.NoStreamSlots = true })
+	require.False(t, a.SlotsFar())
+	require.False(t, b.SlotsFar())
+}

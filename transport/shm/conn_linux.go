@@ -141,6 +141,13 @@ func (c *conn) teardown() {
 
 func (c *conn) Peer() int { return c.peer }
 
+// SlotsFar says the engine writes this connection's slots with streaming
+// stores (transport.FarSlots): the peer's core reads them next, and a
+// plain store to a line it read from the slot's last use would wait for
+// the line to come back (docs/performance.md, "Streaming stores into the
+// slots").
+func (c *conn) SlotsFar() bool { return !c.e.o.NoStreamSlots }
+
 func (c *conn) Reserve(ctx context.Context, n int) (memory.Buffer, error) {
 	if n < 0 || n > c.tx.slotSize || c.isReserved {
 		return memory.Buffer{}, fmt.Errorf("shm: reserve %d bytes of a %d-byte slot (reserved already: %v)", n, c.tx.slotSize, c.isReserved)

@@ -14,8 +14,10 @@ const (
 	// may run up to eight slices ahead of its receiver.
 	DefaultSlots = 8
 	// DefaultSlotSize keeps a connection's ring (8 slots each way) within
-	// a core's 2 MiB L2 cache, as transport/mem's default does: slices
-	// pass from core to core through the caches, not through DRAM.
+	// a core's 2 MiB L2 cache, as transport/mem's default does. It was
+	// chosen when slices passed from core to core through the caches;
+	// the engine now writes them around the caches (doc.go, "Messages"),
+	// and the size has not been measured again since.
 	DefaultSlotSize = 128 << 10
 	DefaultSpinFor  = time.Millisecond
 	// setupTimeout bounds how long a connection may take to authenticate
@@ -111,6 +113,10 @@ type Options struct {
 	// block's second half into the output while it reads the first
 	// (split_linux.go).
 	NoSplit bool
+	// NoStreamSlots has the engine write outgoing slots with plain
+	// stores: by default it writes them with streaming stores
+	// (transport.FarSlots), since the peer's core reads them next.
+	NoStreamSlots bool
 	// SharedMax bounds the operations, in bytes, whose slices go by
 	// reference where the sender's buffers are shared allocations
 	// (memory.AllocShared; shared_linux.go), from CMAMin on: 0 means
