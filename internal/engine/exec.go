@@ -155,12 +155,14 @@ func (x *chanRun) setup(e *Engine, op *Op, pl *Plan, c int, dev bool) {
 	//
 	// In the other collectives a step that sends the input as it is
 	// (a reduce's leaves, the first step of a ring) sends it by
-	// reference too, and the receiver reduces straight out of it; so
-	// does a step that sends output blocks no later step writes (an
-	// all-reduce's all-gather half), and the receiver copies them on:
-	// out of place, 0.82-0.87 of the time at 1-4 MiB; not in place, where
-	// the sender's wait for the last release was 1.05 times as slow as
-	// the slots (docs/performance.md, "MemAlloc").
+	// reference too, and the receiver reduces straight out of it. The
+	// output blocks of an all-reduce's all-gather half went that way as
+	// well (0.82-0.87 of the slots' time at 1-4 MiB, docs/performance.md,
+	// "MemAlloc") until the slots were written with streaming stores
+	// (transport.FarSlots): the sender's next reduction into an output
+	// its peer has just read then waits for those lines as a plain store
+	// into a slot did, and the slots are 0.6 of that time at 1 MiB
+	// (docs/performance.md, "Streaming stores into the slots").
 	x.sharedIn, x.sharedOut, x.landsShared = false, false, false
 	if !dev {
 		x.landsShared = op.Coll == algorithms.CollAllGather || op.Coll == algorithms.CollBroadcast
@@ -367,7 +369,7 @@ func (x *chanRun) setLockIO(st *algorithms.Step) *lockIO {
 	// A scaled input is sent from the slot it is scaled into.
 	if io.sc != nil && (x.unwritten[x.stepI] || sendsInput) && !(io.scaled && sendsSrc) && x.in.HostVisible() && x.out.HostVisible() {
 		io.ds, _ = io.sc.(transport.DirectSender)
-		byMap := (x.landsShared && (x.sharedIn || x.sharedOut) || x.sharedIn && sendsInput || x.sharedOut && !x.aliased && x.unwritten[x.stepI]) &&
+		byMap := (x.landsShared && (x.sharedIn || x.sharedOut) || x.sharedIn && sendsInput) &&
 			peerMaps(io.sc, x.opBytes, true)
 		cand := io.ds
 		if pc, ok := io.sc.(transport.PeerCopier); ok && !(x.landsOnly && pc.PeerCopies(x.opBytes, true) || byMap) {
