@@ -6,7 +6,10 @@ package kernels
 // a third memory transfer on top of the two operands' reads) and without
 // evicting the working set from the caches. That pays when the destination
 // is larger than the caches and nobody reads it soon: the output of a
-// large collective. For small buffers, or where the CPU has no such
+// large collective. It also pays where another core reads the destination
+// next and still holds its lines from an earlier round (a shared-memory
+// slot: the engine's sinkFar), since a plain store would first take each
+// line back from that core. For small buffers, or where the CPU has no such
 // kernels (16-bit float types, builds without assembly), they are the
 // ordinary kernels.
 //
