@@ -16,8 +16,9 @@ const (
 	// DefaultSlotSize keeps a connection's ring (8 slots each way) within
 	// a core's 2 MiB L2 cache, as transport/mem's default does. It was
 	// chosen when slices passed from core to core through the caches;
-	// the engine now writes them around the caches (doc.go, "Messages"),
-	// and the size has not been measured again since.
+	// with the engine writing them around the caches (doc.go,
+	// "Messages"), 64, 256 and 512 KiB measured no better
+	// (docs/performance.md, "Streaming stores into the slots").
 	DefaultSlotSize = 128 << 10
 	DefaultSpinFor  = time.Millisecond
 	// setupTimeout bounds how long a connection may take to authenticate
