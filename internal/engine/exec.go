@@ -161,7 +161,7 @@ func (x *chanRun) setup(e *Engine, op *Op, pl *Plan, c int, dev bool) {
 	// "MemAlloc") until the slots were written with streaming stores
 	// (transport.FarSlots): the sender's next reduction into an output
 	// its peer has just read then waits for those lines as a plain store
-	// into a slot did, and the slots are 0.6 of that time at 1 MiB
+	// into a slot did, and the slots take 0.4-0.45 of that time at 1 MiB
 	// (docs/performance.md, "Streaming stores into the slots").
 	x.sharedIn, x.sharedOut, x.landsShared = false, false, false
 	if !dev {
