@@ -41,6 +41,15 @@
 // reaches (Caps.DeviceSlots). Direct sends and receives stay on memory
 // the CPU reaches; the board stays on host memory.
 //
+// Each primitive is told who reads what it writes next (a sink), and the
+// host path picks its stores by it: a slot another core reads next
+// (transport.FarSlots: shared memory, the in-process transport) is
+// written with streaming stores at every size, since a plain store would
+// first take each line back from the core that read the slot last time;
+// the output, with streaming stores above 8 MiB, where it cannot stay in
+// the caches; anything read on this core soon (a slot a socket sends
+// from), through the caches.
+//
 // # Channels and pieces
 //
 // Each channel owns a contiguous run of the pieces (algorithms.Layout) and
