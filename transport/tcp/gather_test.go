@@ -26,6 +26,19 @@ func gatherTimes(t *testing.T, forTimer time.Duration) {
 	t.Cleanup(func() { gatherGap, gatherFor = gap, f })
 }
 
+// gatherPair sets the gathering's timer (gatherTimes), connects channel 0
+// of two endpoints made with mod, and returns the pair, the endpoints and
+// a context that ends after 30 s or with the test.
+func gatherPair(t *testing.T, forTimer time.Duration, mod func(r int, o *Options)) (a, b transport.Conn, eps []*Endpoint, ctx context.Context) {
+	t.Helper()
+	gatherTimes(t, forTimer)
+	eps = endpoints(t, 2, mod)
+	a, b = connectPair(t, eps[0], eps[1], 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return a, b, eps, ctx
+}
+
 // sendSmall sends n small slices, numbered from first, each from a buffer
 // that is overwritten once its operation has flushed (a gathered slice
 // must have been copied), each its own operation.
@@ -81,11 +94,7 @@ func recvSmall(ctx context.Context, c transport.Conn, first, n int) error {
 // after each operation), and a large slice posted after gathered ones
 // arrives after them.
 func TestGatheredSlicesArriveInOrder(t *testing.T) {
-	gatherTimes(t, time.Hour) // by count, waits and order alone
-	eps := endpoints(t, 2, func(_ int, o *Options) { o.NSocks = 2 })
-	a, b := connectPair(t, eps[0], eps[1], 0)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	a, b, _, ctx := gatherPair(t, time.Hour, func(_ int, o *Options) { o.NSocks = 2 }) // by count, waits and order alone
 	before := SlicesGathered()
 	const n = 5 * gatherMax
 	errc := make(chan error, 1)
@@ -110,11 +119,7 @@ func TestGatheredSlicesArriveInOrder(t *testing.T) {
 // Slices gathered by a rank that then makes no further call go out within
 // gatherFor, on the timer: the receiver gets them all.
 func TestGatheredSlicesGoOnTheTimer(t *testing.T) {
-	gatherTimes(t, 100*time.Microsecond)
-	eps := endpoints(t, 2, nil)
-	a, b := connectPair(t, eps[0], eps[1], 0)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	a, b, _, ctx := gatherPair(t, 100*time.Microsecond, nil)
 	before := SlicesGathered()
 	const n = gatherAfter + 3 // 3 gathered, fewer than gatherMax
 	require.NoError(t, sendSmall(ctx, a, 0, n))
@@ -125,11 +130,7 @@ func TestGatheredSlicesGoOnTheTimer(t *testing.T) {
 // A rank that waits writes what it gathered first: with the timer out of
 // the way, a reply that needs the gathered slices still comes.
 func TestAWaitWritesWhatWasGathered(t *testing.T) {
-	gatherTimes(t, time.Hour)
-	eps := endpoints(t, 2, nil)
-	a, b := connectPair(t, eps[0], eps[1], 0)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	a, b, _, ctx := gatherPair(t, time.Hour, nil)
 	before := SlicesGathered()
 	const n = gatherAfter + 3
 	errc := make(chan error, 1)
@@ -149,11 +150,7 @@ func TestAWaitWritesWhatWasGathered(t *testing.T) {
 // A graceful Close writes what was gathered before its notice: the
 // receiver reads every slice, then the close.
 func TestCloseWritesWhatWasGathered(t *testing.T) {
-	gatherTimes(t, time.Hour)
-	eps := endpoints(t, 2, nil)
-	a, b := connectPair(t, eps[0], eps[1], 0)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	a, b, eps, ctx := gatherPair(t, time.Hour, nil)
 	const n = gatherAfter + 3
 	require.NoError(t, sendSmall(ctx, a, 0, n))
 	require.NoError(t, eps[0].Close(nil))
@@ -245,11 +242,7 @@ func smallBuffers(t *testing.T, send, recv transport.Conn) *sock {
 // A graceful Close while the timer's write waits on a full socket still
 // delivers every gathered slice, then the close notice.
 func TestCloseWhileTheTimerWrites(t *testing.T) {
-	gatherTimes(t, time.Hour)
-	eps := endpoints(t, 2, func(_ int, o *Options) { o.NSocks = 1 })
-	a, b := connectPair(t, eps[0], eps[1], 0)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	a, b, eps, ctx := gatherPair(t, time.Hour, func(_ int, o *Options) { o.NSocks = 1 })
 	require.NoError(t, sendSmall(ctx, a, 0, gatherAfter))
 	s := smallBuffers(t, a, b)
 	nfill := fillSock(t, s, gatherAfter)
