@@ -65,12 +65,26 @@ func TestTCPLendFromEnvironment(t *testing.T) {
 	require.ErrorContains(t, err, "TCPLend")
 }
 
-func TestTCPGatherDisableFromEnvironment(t *testing.T) {
-	for v, want := range map[string]bool{"1": true, "yes": true, "0": false, "": false} {
-		comms, err := collective.NewLocalGroup(1, env(map[string]string{"GOCCL_TCP_GATHER_DISABLE": v}))
-		require.NoError(t, err, v)
-		require.Equal(t, want, comms[0].Config().TCPGatherDisable, v)
-		comms[0].Close()
+// The on/off switches read from the environment: 1, true or yes sets
+// one, 0, false, no or nothing leaves it off, anything else is an error
+// that names the variable.
+func TestSwitchesFromEnvironment(t *testing.T) {
+	for _, sw := range []struct {
+		name string
+		get  func(collective.Config) bool
+	}{
+		{"GOCCL_TCP_GATHER_DISABLE", func(c collective.Config) bool { return c.TCPGatherDisable }},
+		{"GOCCL_SLOT_STREAM_DISABLE", func(c collective.Config) bool { return c.SlotStreamDisable }},
+	} {
+		for v, want := range map[string]bool{"1": true, "yes": true, "true": true, "0": false, "": false} {
+			comms, err := collective.NewLocalGroup(1, env(map[string]string{sw.name: v}))
+			require.NoError(t, err, "%s=%s", sw.name, v)
+			require.Equal(t, want, sw.get(comms[0].Config()), "%s=%s", sw.name, v)
+			comms[0].Close()
+		}
+		_, err := collective.NewLocalGroup(1, env(map[string]string{sw.name: "maybe"}))
+		require.ErrorIs(t, err, collective.ErrInvalidArgument)
+		require.ErrorContains(t, err, sw.name)
 	}
 }
 
@@ -233,16 +247,4 @@ func TestWithConfigSetsEveryField(t *testing.T) {
 	require.Equal(t, time.Hour, comms[0].Config().Timeout)
 	require.Equal(t, slog.LevelDebug, comms[0].Config().DebugLevel)
 	comms[0].Close()
-}
-
-func TestSlotStreamDisableFromEnvironment(t *testing.T) {
-	for v, want := range map[string]bool{"1": true, "true": true, "0": false, "": false} {
-		comms, err := collective.NewLocalGroup(1, env(map[string]string{"GOCCL_SLOT_STREAM_DISABLE": v}))
-		require.NoError(t, err, v)
-		require.Equal(t, want, comms[0].Config().SlotStreamDisable, v)
-		comms[0].Close()
-	}
-	_, err := collective.NewLocalGroup(1, env(map[string]string{"GOCCL_SLOT_STREAM_DISABLE": "maybe"}))
-	require.ErrorIs(t, err, collective.ErrInvalidArgument)
-	require.ErrorContains(t, err, "GOCCL_SLOT_STREAM_DISABLE")
 }
