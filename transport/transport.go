@@ -208,12 +208,14 @@ type DirectSender interface {
 // has read what was lent. Before each step that sends with PostFrom the
 // engine says what the operation is, and the connection decides whether
 // it lends for the rest of the operation: its size in bytes, its ranks,
-// and whether every receive lands in the output (broadcast, all-gather:
+// whether every receive lands in the output (broadcast, all-gather:
 // the receivers then only copy, and the senders' copies are what lending
-// saves). Flush ends the operation; a PostFrom after it that was not
-// preceded by LendFor copies.
+// saves), and whether every rank both sends and receives throughout
+// (all-gather: no rank is only a sender whose core the lending frees).
+// Flush ends the operation; a PostFrom after it that was not preceded by
+// LendFor copies.
 type PageLender interface {
-	LendFor(opBytes int64, nranks int, lands bool)
+	LendFor(opBytes int64, nranks int, lands, exchange bool)
 }
 
 // PeerCopier is implemented by connections whose PostFrom leaves the

@@ -40,6 +40,9 @@ type chanRun struct {
 	landsOnly bool
 	opBytes   int64
 	nranks    int
+	// exchanges: every rank sends and receives throughout (a host
+	// all-gather), which a transport.PageLender weighs.
+	exchanges bool
 	// recvBlocks: the connection this run's receive steps peeked at
 	// (blocks), told how the run went when it ends; blockSteps and
 	// slotSteps count the steps that came in blocks and the others; start
@@ -148,6 +151,7 @@ func (x *chanRun) setup(e *Engine, op *Op, pl *Plan, c int, dev bool) {
 	// memory at mid sizes on a fast day"). Whether the single copy is
 	// offered at all is the transport's choice (shm.Options.CMA).
 	x.landsOnly = !dev && (op.Coll == algorithms.CollAllGather || op.Coll == algorithms.CollBroadcast)
+	x.exchanges = !dev && op.Coll == algorithms.CollAllGather
 	// Slices of shared allocations go by reference in 2-rank broadcasts
 	// too: the receiver's one copy straight out of the root's buffer
 	// takes 0.55-0.6 of the slots' two, side by side as they are
@@ -378,7 +382,7 @@ func (x *chanRun) setLockIO(st *algorithms.Step) *lockIO {
 		if lender, ok := io.ds.(transport.PageLender); ok {
 			// Whether the connection sends from the caller's pages in
 			// this operation (TCP: lend_linux.go) is its own call.
-			lender.LendFor(x.opBytes, x.nranks, x.landsOnly)
+			lender.LendFor(x.opBytes, x.nranks, x.landsOnly, x.exchanges)
 		}
 		if x.blockOp != noBlocks && sendsSrc && !byMap && !x.sharedIn && !x.sharedOut {
 			x.sendBlocks(st, io, cand)

@@ -199,9 +199,10 @@ func TestNoLendingWithTLS(t *testing.T) {
 	require.Zero(t, a.(*conn).cr.lent)
 }
 
-// TestLendAutoPicksTheMeasuredCases: LendAuto lends in broadcasts and
-// all-gathers (lands) below lendAutoMax2 on 2 ranks and from lendAutoMin
-// on more; LendOn in everything; and Flush ends an operation's choice.
+// TestLendAutoPicksTheMeasuredCases: LendAuto lends in broadcasts (lands,
+// not exchange) below lendAutoMax2 on 2 ranks and in broadcasts and
+// all-gathers (lands) from lendAutoMin on more; LendOn in everything; and
+// Flush ends an operation's choice.
 func TestLendAutoPicksTheMeasuredCases(t *testing.T) {
 	// lendingConn is one end of a new pair whose endpoints lend by mode.
 	lendingConn := func(mode LendMode) *conn {
@@ -212,35 +213,38 @@ func TestLendAutoPicksTheMeasuredCases(t *testing.T) {
 	c := lendingConn(LendAuto)
 	require.True(t, c.lends)
 	for _, k := range []struct {
-		bytes int64
-		n     int
-		lands bool
-		want  bool
+		bytes           int64
+		n               int
+		lands, exchange bool
+		want            bool
 	}{
-		{1 << 20, 2, true, true},
-		{lendAutoMax2 - 1, 2, true, true},
-		{lendAutoMax2, 2, true, false},
-		{1 << 20, 2, false, false},
-		{1 << 20, 4, true, false},
-		{lendAutoMin, 4, true, true},
-		{64 << 20, 8, true, true},
-		{64 << 20, 8, false, false},
+		{1 << 20, 2, true, false, true},
+		{lendAutoMax2 - 1, 2, true, false, true},
+		{lendAutoMax2, 2, true, false, false},
+		{1 << 20, 2, false, false, false},
+		{1 << 20, 2, true, true, false},
+		{lendAutoMax2 - 1, 2, true, true, false},
+		{1 << 20, 4, true, false, false},
+		{lendAutoMin, 4, true, false, true},
+		{lendAutoMin, 4, true, true, true},
+		{64 << 20, 8, true, true, true},
+		{64 << 20, 8, false, false, false},
 	} {
-		c.LendFor(k.bytes, k.n, k.lands)
-		require.Equal(t, k.want, c.lendOp, "%d bytes, %d ranks, lands %v", k.bytes, k.n, k.lands)
+		c.LendFor(k.bytes, k.n, k.lands, k.exchange)
+		require.Equal(t, k.want, c.lendOp, "%d bytes, %d ranks, lands %v, exchange %v", k.bytes, k.n, k.lands, k.exchange)
 	}
-	c.LendFor(1<<20, 2, true)
+	c.LendFor(1<<20, 2, true, false)
 	require.NoError(t, c.Flush(context.Background()))
 	require.False(t, c.lendOp, "Flush ends the operation's choice")
 
 	c = lendingConn(LendOn)
-	c.LendFor(1<<20, 4, false)
+	c.LendFor(1<<20, 4, false, false)
 	require.True(t, c.lendOp, "on: every operation lends")
 	require.NoError(t, c.Flush(context.Background()))
 	require.True(t, c.lendOp, "on: and the next, without being asked")
 
 	c = lendingConn(LendOff)
-	c.LendFor(1<<20, 2, true)
+	c.LendFor(1<<20, 2, true, false)
 	require.False(t, c.lendOp, "off: never")
 }
 

@@ -34,8 +34,8 @@ type LendMode int
 
 const (
 	// LendAuto lends in the operations where it was measured to pay:
-	// broadcasts and all-gathers of less than 32 MiB on 2 ranks and of
-	// at least 16 MiB on more (conn.LendFor).
+	// broadcasts of less than 32 MiB on 2 ranks, broadcasts and
+	// all-gathers of at least 16 MiB on more (conn.LendFor).
 	LendAuto LendMode = iota
 	// LendOn lends every counted slice sent from the caller's memory.
 	LendOn

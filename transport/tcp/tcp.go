@@ -912,8 +912,8 @@ var slicesLent atomic.Int64
 // callers' own pages (Options.Lend), for tests and diagnostics.
 func SlicesLent() int64 { return slicesLent.Load() }
 
-// Where LendAuto lends: broadcasts and all-gathers of less than
-// lendAutoMax2 bytes on 2 ranks, of at least lendAutoMin on more.
+// Where LendAuto lends: broadcasts of less than lendAutoMax2 bytes on 2
+// ranks, broadcasts and all-gathers of at least lendAutoMin on more.
 // Alternated over loopback (docs/performance.md, "Lent pages"), lending
 // took the 2-rank broadcast of 1 MiB in place to 0.70 of the copies'
 // time and of 16 MiB to 0.90, and broadcasts and all-gathers of 16 and
@@ -924,16 +924,19 @@ func SlicesLent() int64 { return slicesLent.Load() }
 // to copy, waits), the 4-rank broadcast of 1 MiB 1.1 (a chain's middle
 // rank receives and lends, and each operation's end waits for its
 // successor to read), and reductions at every size (the reducing
-// receiver sets the pace, and copying let its senders run ahead).
+// receiver sets the pace, and copying let its senders run ahead). The
+// 2-rank all-gather, where both ranks send and receive at once, took
+// 1.2-1.4 times the copies' time at 1 and 2 MiB and was level at 4-16
+// MiB (docs/performance.md, "The 2-rank all-gather over TCP, lent").
 const (
 	lendAutoMax2 = 32 << 20
 	lendAutoMin  = 16 << 20
 )
 
 // LendFor implements transport.PageLender.
-func (c *conn) LendFor(opBytes int64, nranks int, lands bool) {
+func (c *conn) LendFor(opBytes int64, nranks int, lands, exchange bool) {
 	c.lendOp = c.lendsAll() || c.lends && c.e.o.Lend == LendAuto && lands &&
-		(nranks == 2 && opBytes < lendAutoMax2 || nranks > 2 && opBytes >= lendAutoMin)
+		(nranks == 2 && !exchange && opBytes < lendAutoMax2 || nranks > 2 && opBytes >= lendAutoMin)
 }
 
 // lendsAll: every counted slice from the caller's memory is lent
