@@ -101,9 +101,9 @@ type Config struct {
 	// TCPLend says whether large slices sent from the caller's buffers go
 	// out of its own pages (vmsplice and splice through a pipe, Linux
 	// only, not with TLS) instead of being copied into the sockets
-	// (GOCCL_TCP_LEND): "auto" (or "") in broadcasts and all-gathers of
-	// less than 32 MiB on 2 ranks and of at least 16 MiB on more, where
-	// it was measured to pay; "on" in every operation, point-to-point
+	// (GOCCL_TCP_LEND): "auto" (or "") in broadcasts of less than 32 MiB
+	// on 2 ranks and in broadcasts and all-gathers of at least 16 MiB on
+	// more, where it was measured to pay; "on" in every operation, point-to-point
 	// sends included; "off" never. The sender then waits, at the end of
 	// an operation, until its receivers have read what it lent. Ranks
 	// may differ.
