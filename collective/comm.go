@@ -378,6 +378,7 @@ func (c *Comm) watch() {
 		case <-t.C:
 		}
 		c.mu.Lock()
+		c.seeFinish(c.since())
 		op := c.op
 		var name string
 		var seq uint64
@@ -564,7 +565,10 @@ type Request struct {
 	async    bool
 	cseq     uint64
 	issued   int64
-	finishNs int64 // guarded by c.mu
+	// finishNs: when it finished, or finishUnseen (a fast operation's,
+	// until the next issue, the watchdog or a reader of the records
+	// stamps it: Comm.seeFinish). Guarded by c.mu.
+	finishNs int64
 
 	devV uint32   // a device operation's value of the stream flag (devState)
 	lane *laneKey // host point-to-point: its lane (set at issue)
@@ -598,6 +602,39 @@ func (c *Comm) finish(r *Request, err error) {
 // finishLocked records r's end; the caller holds the records (c.mu, or
 // a fast operation's window).
 func (c *Comm) finishLocked(r *Request, err error) {
+	c.endLocked(r, err)
+	r.finishNs = c.since()
+}
+
+// finishUnseen is the finish time of a blocking operation that ran on the
+// fast path (issueFast, finishFast), until something looks: the next
+// operation's issue stamps it with its own issue time, and the watchdog
+// (every second) or a reader of the records (the flight recorder, the
+// root's where-query) with the time it looked, so a time read is at most
+// a second late, as PyTorch's flight recorder records the time its
+// watchdog discovered an operation's end. A stream of small blocking
+// operations then reads the clock once per operation instead of twice,
+// a tenth of a 2-rank 8-byte broadcast over shared memory
+// (docs/performance.md, "One clock read per operation").
+const finishUnseen = -1
+
+// seeFinish stamps the latest operation's finish time with now if it is
+// unseen (only the latest can be: every issue stamps its predecessor's).
+// The caller holds the records.
+func (c *Comm) seeFinish(now int64) {
+	if c.seq == 0 {
+		return
+	}
+	if r := c.flight[(c.seq-1)%flightOps]; r != nil && r.finished && r.finishNs == finishUnseen {
+		// No earlier than it started: another goroutine's issue may have
+		// read the clock before this operation finished.
+		r.finishNs = max(now, r.start, r.issued)
+	}
+}
+
+// endLocked is finishLocked but for the finish time, which the caller
+// sets.
+func (c *Comm) endLocked(r *Request, err error) {
 	if c.pending--; c.pending == 0 && c.idle != nil {
 		close(c.idle)
 		c.idle = nil
@@ -616,7 +653,6 @@ func (c *Comm) finishLocked(r *Request, err error) {
 	if r.lane != nil && c.lanes[*r.lane] == r {
 		delete(c.lanes, *r.lane)
 	}
-	r.finishNs = c.since()
 }
 
 // Done returns a channel that is closed when the operation has completed.
@@ -702,15 +738,17 @@ func (c *Comm) issueFast(ctx context.Context, k *call) *Request {
 	return r
 }
 
-// finishFast finishes what issueFast issued.
+// finishFast finishes what issueFast issued, its finish time unseen.
 func (c *Comm) finishFast(r *Request, err error) {
 	if c.mu.finishing() {
-		c.finishLocked(r, err)
+		c.endLocked(r, err)
+		r.finishNs = finishUnseen
 		c.mu.idle()
 		return
 	}
 	c.mu.Lock()
-	c.finishLocked(r, err)
+	c.endLocked(r, err)
+	r.finishNs = finishUnseen
 	c.mu.idle()
 	c.mu.Unlock()
 }
@@ -775,6 +813,7 @@ func (c *Comm) issue(ctx context.Context, k *call, async bool) (r, prev *Request
 // records (c.mu, or a fast operation's window) and has checked closed.
 func (c *Comm) issueLocked(k *call, async bool, issued int64, done chan struct{}) (r, prev *Request) {
 	name := k.name
+	c.seeFinish(issued)
 	// A blocking operation reuses the Request the recorder is about to
 	// drop, when nothing is in flight: then no operation holds it as its
 	// predecessor, and blocking Requests are never handed out. This keeps

@@ -139,6 +139,7 @@ func (c *Comm) where(probe bool) wire.Wait {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.seeFinish(now)
 	// The last collective: a diagnosis compares collectives' numbers
 	// (sends and receives are numbered per peer).
 	var r *Request

@@ -27,6 +27,7 @@ func (c *Comm) record(reason string, cause error) *flight.Dump {
 		d.Error = cause.Error()
 	}
 	c.mu.Lock()
+	c.seeFinish(c.since())
 	running := c.op
 	n := min(c.seq, flightOps)
 	d.Dropped = c.seq - n

@@ -42,8 +42,15 @@ func TestDebugDumpRecordsOperations(t *testing.T) {
 		require.Equal(t, int64(4000), e.Bytes)
 		require.NotEmpty(t, e.Algo)
 		require.GreaterOrEqual(t, e.FinishedUs, e.StartedUs)
+		// A blocking operation's end is stamped no later than the next
+		// one's issue (finishUnseen).
+		require.LessOrEqual(t, e.FinishedUs, d.Ops[i+1].IssuedUs)
 	}
 	require.Equal(t, "broadcast(float32×10, root 1)", d.Ops[3].What())
+	// The last one's, by the dump that looked at it.
+	require.Equal(t, flight.Done, d.Ops[3].State)
+	require.GreaterOrEqual(t, d.Ops[3].FinishedUs, d.Ops[3].StartedUs)
+	require.Positive(t, d.Ops[3].FinishedUs)
 }
 
 // TestTimeoutDumpsAndNamesWhereItWaited: rank 1 never joins; rank 0 times
