@@ -561,10 +561,10 @@ type Request struct {
 	// What the flight recorder shows: the operation (without its
 	// buffers), its collective sequence number, and times in ns since
 	// Comm.bornNano.
-	op       engine.Op // In and Out cleared: the recorder keeps no buffer alive
-	async    bool
-	cseq     uint64
-	issued   int64
+	op     engine.Op // In and Out cleared: the recorder keeps no buffer alive
+	async  bool
+	cseq   uint64
+	issued int64
 	// finishNs: when it finished, or finishUnseen (a fast operation's,
 	// until the next issue, the watchdog or a reader of the records
 	// stamps it: Comm.seeFinish). Guarded by c.mu.
