@@ -608,11 +608,12 @@ func (c *Comm) finishLocked(r *Request, err error) {
 
 // finishUnseen is the finish time of a blocking operation that ran on the
 // fast path (issueFast, finishFast), until something looks: the next
-// operation's issue stamps it with its own issue time, and the watchdog
-// (every second) or a reader of the records (the flight recorder, the
-// root's where-query) with the time it looked, so a time read is at most
-// a second late, as PyTorch's flight recorder records the time its
-// watchdog discovered an operation's end. A stream of small blocking
+// operation's issue stamps it with its own issue time, and the watchdog's
+// next round (within a second; within a few after an operation that ran
+// for seconds, whose probes double the round) or a reader of the records
+// (the flight recorder, the root's where-query) with the time it looked,
+// as PyTorch's flight recorder records the time its watchdog discovered
+// an operation's end. A stream of small blocking
 // operations then reads the clock once per operation instead of twice,
 // a tenth of a 2-rank 8-byte broadcast over shared memory
 // (docs/performance.md, "One clock read per operation").

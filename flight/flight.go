@@ -57,7 +57,7 @@ type Entry struct {
 	State    string `json:"state"` // issued, running, done, failed
 	// Times in µs since the communicator was created; 0 when not yet.
 	// A blocking operation's finish time may be when its end was seen
-	// (its successor's issue, or within a second by the watchdog) rather
+	// (its successor's issue, or the watchdog's next round) rather
 	// than when it ended, as PyTorch's recorder has it.
 	IssuedUs   float64    `json:"issuedUs"`
 	StartedUs  float64    `json:"startedUs,omitempty"`
