@@ -103,10 +103,10 @@ type Config struct {
 	// only, not with TLS) instead of being copied into the sockets
 	// (GOCCL_TCP_LEND): "auto" (or "") in broadcasts of less than 32 MiB
 	// on 2 ranks and in broadcasts and all-gathers of at least 16 MiB on
-	// more, where it was measured to pay; "on" in every operation, point-to-point
-	// sends included; "off" never. The sender then waits, at the end of
-	// an operation, until its receivers have read what it lent. Ranks
-	// may differ.
+	// more, where it was measured to pay; "on" in every operation,
+	// point-to-point sends included; "off" never. The sender then waits,
+	// at the end of an operation, until its receivers have read what it
+	// lent. Ranks may differ.
 	TCPLend string
 	// TCPGatherDisable writes every small slice over TCP in a system call
 	// of its own (GOCCL_TCP_GATHER_DISABLE=1). By default a channel that
