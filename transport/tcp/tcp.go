@@ -926,7 +926,7 @@ func SlicesLent() int64 { return slicesLent.Load() }
 // successor to read), and reductions at every size (the reducing
 // receiver sets the pace, and copying let its senders run ahead). The
 // 2-rank all-gather, where both ranks send and receive at once, took
-// 1.2-1.4 times the copies' time at 1 and 2 MiB and was level at 4-16
+// 1.2-1.6 times the copies' time at 1 and 2 MiB and was level at 4-16
 // MiB (docs/performance.md, "The 2-rank all-gather over TCP, lent").
 const (
 	lendAutoMax2 = 32 << 20
