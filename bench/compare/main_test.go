@@ -144,3 +144,27 @@ func TestTinyGatheringSizesAreSkipped(t *testing.T) {
 	require.Empty(t, noCell(setting{np: 4, coll: bench.AllReduce}, one("8")))
 	require.Empty(t, noCell(setting{np: 4, coll: bench.AllGather}, []string{"-b", "8", "-e", "1M", "-f", "8"}), "a range keeps its larger sizes")
 }
+
+// A peer whose run was killed at -run-timeout is left out of that
+// setting from that size up, and nowhere else.
+func TestTimedOutPeersAreLeftOutOfLargerSizes(t *testing.T) {
+	one := func(sz string) []string { return []string{"-b", sz, "-e", sz, "-f", "2"} }
+	require.EqualValues(t, 64<<10, sweepFrom(one("64K")))
+	require.EqualValues(t, 8, sweepFrom([]string{"-b", "8", "-e", "64M", "-f", "2"}))
+	require.Zero(t, sweepFrom(nil))
+
+	tcp4 := setting{np: 4, transport: "tcp", coll: bench.AllReduce}
+	shm4 := setting{np: 4, transport: "shm", coll: bench.AllReduce}
+	g := giveUps{}
+	require.False(t, g.skip(tcp4, "mpich", 8))
+	g.note(tcp4, "mpich", 64<<10)
+	require.False(t, g.skip(tcp4, "mpich", 8), "smaller sizes still run")
+	require.True(t, g.skip(tcp4, "mpich", 64<<10))
+	require.True(t, g.skip(tcp4, "mpich", 64<<20), "and larger ones are left out")
+	require.False(t, g.skip(tcp4, "ompi", 64<<20), "other peers run")
+	require.False(t, g.skip(shm4, "mpich", 64<<20), "other settings run")
+	g.note(tcp4, "mpich", 16<<20)
+	require.True(t, g.skip(tcp4, "mpich", 64<<10), "a later, larger time-out keeps the smallest")
+	g.note(tcp4, "mpich", 8)
+	require.True(t, g.skip(tcp4, "mpich", 8))
+}
