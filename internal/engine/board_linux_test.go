@@ -268,6 +268,43 @@ func TestBoardMismatches(t *testing.T) {
 	}
 }
 
+// TestRepeatedBroadcastStillChecksItsRoot: a reader whose broadcast
+// repeats the last board operation's key goes straight to the board
+// (boardAgain), and still finds at once a root that called something
+// else (here a float64 broadcast of as many bytes), and reads the root's
+// data as it was before that.
+func TestRepeatedBroadcastStillChecksItsRoot(t *testing.T) {
+	es := shmEngines(t, 2, Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	bcast := func(typ kernels.Type, buf []byte) *Op {
+		return &Op{Coll: algorithms.CollBroadcast, Type: typ, Count: 4, In: memory.HostBuffer(buf), Out: memory.HostBuffer(buf)}
+	}
+	require.False(t, es[1].boardAgain(bcast(kernels.Float32, make([]byte, 16))), "nothing has run on the board yet")
+	for i := range 5 {
+		bufs := [][]byte{bytes.Repeat([]byte{byte(i + 1)}, 16), make([]byte, 16)}
+		_, errs := runPlans(es, ctx, func(r int) *Op { return bcast(kernels.Float32, bufs[r]) })
+		require.NoError(t, errs[0])
+		require.NoError(t, errs[1])
+		require.Equal(t, bufs[0], bufs[1], "broadcast %d", i)
+		require.True(t, es[1].boardAgain(bcast(kernels.Float32, bufs[1])), "the next one goes straight to the board")
+	}
+	start := time.Now()
+	_, errs := runPlans(es, ctx, func(r int) *Op {
+		if r == 0 {
+			op := bcast(kernels.Float64, make([]byte, 16))
+			op.Count = 2 // as many bytes: only the signature tells
+			return op
+		}
+		return bcast(kernels.Float32, make([]byte, 16))
+	})
+	var me *MismatchError
+	require.ErrorAs(t, errs[1], &me, "the reader names the root")
+	require.Equal(t, 0, me.Peer)
+	require.Contains(t, errs[1].Error(), "broadcast(float64)")
+	require.Less(t, time.Since(start), 5*time.Second, "at once, not at a timeout")
+}
+
 // TestBoardZeroCountThenWork: a rank that calls a zero-count all-reduce
 // (a no-op) where the others call a real one is named when it moves on.
 func TestBoardZeroCountThenWork(t *testing.T) {

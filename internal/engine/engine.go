@@ -617,6 +617,9 @@ func (e *Engine) nextSeq(op *Op) uint64 {
 // the caller must abort the endpoint. The plan it returns is the engine's:
 // valid until the next Run.
 func (e *Engine) Run(ctx context.Context, op *Op) (*Plan, error) {
+	if e.boardAgain(op) {
+		return e.boardBroadcast(ctx, op, e.nextSeq(op))
+	}
 	// The plan goes back by pointer, into the engine's own (it is large,
 	// and small operations copied it at every return: docs/performance.md).
 	pl := &e.runPlan
