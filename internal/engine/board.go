@@ -146,17 +146,17 @@ func (e *Engine) markReached(seq uint64, sig uint32) {
 	}
 }
 
-// boardAgain reports whether op is a broadcast with the key of the last
-// board operation, so that Run's checks have passed for its key before
-// (host memory on a host communicator, no uneven blocks, a size the board
-// holds, the board joined) and it may go straight to boardBroadcast,
-// past Run's checks and runOnBoard's set-up: on 2 ranks that took an
-// 8-byte broadcast from 0.275 µs to 0.223 (docs/performance.md, "The
-// 8-byte broadcast's layers, measured one by one").
+// boardAgain reports whether op has the key of the last board operation,
+// so that Run's checks have passed for its key before (host memory on a
+// host communicator, no uneven blocks, a size the board holds, the board
+// joined) and it may go straight to runOnBoard, a broadcast to
+// boardBroadcast: on 2 ranks that took an 8-byte broadcast from 0.275 µs
+// to 0.223 in a slow state of the VM, a reduce from 0.161 to 0.149
+// (docs/performance.md, "The 8-byte broadcast's layers, measured one by
+// one").
 func (e *Engine) boardAgain(op *Op) bool {
 	k := &e.boardK
-	return op.Coll == algorithms.CollBroadcast && k.set && e.boardUp && k.key.is(e, op) &&
-		op.InOffs == nil && op.OutOffs == nil && !onDevice(op)
+	return k.set && e.boardUp && k.key.is(e, op) && op.InOffs == nil && op.OutOffs == nil && !onDevice(op)
 }
 
 // boardBroadcast runs a broadcast on the board whose signature e.boardK

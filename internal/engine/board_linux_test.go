@@ -305,6 +305,39 @@ func TestRepeatedBroadcastStillChecksItsRoot(t *testing.T) {
 	require.Less(t, time.Since(start), 5*time.Second, "at once, not at a timeout")
 }
 
+// TestRepeatedReduceStillChecksItsPosters: a reduce's root whose
+// operation repeats the last board operation's key goes straight to
+// runOnBoard (boardAgain) and still finds at once a poster that called
+// another operator.
+func TestRepeatedReduceStillChecksItsPosters(t *testing.T) {
+	es := shmEngines(t, 2, Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	reduce := func(red kernels.Op, r int) *Op {
+		v := []float32{float32(r + 1), 2, 3, 4}
+		return &Op{Coll: algorithms.CollReduce, Type: kernels.Float32, Red: red, Count: 4,
+			In: memory.HostBuffer(f32Bytes(v)), Out: memory.HostBuffer(make([]byte, 16))}
+	}
+	for range 5 {
+		ops := []*Op{reduce(kernels.Sum, 0), reduce(kernels.Sum, 1)}
+		_, errs := runPlans(es, ctx, func(r int) *Op { return ops[r] })
+		require.NoError(t, errors.Join(errs...))
+		require.Equal(t, f32Bytes([]float32{3, 4, 6, 8}), ops[0].Out.Bytes(), "the root's sum")
+		require.True(t, es[0].boardAgain(reduce(kernels.Sum, 0)), "the next one goes straight to the board")
+	}
+	start := time.Now()
+	_, errs := runPlans(es, ctx, func(r int) *Op {
+		if r == 1 {
+			return reduce(kernels.Max, 1)
+		}
+		return reduce(kernels.Sum, 0)
+	})
+	var me *MismatchError
+	require.ErrorAs(t, errs[0], &me, "the root names the poster")
+	require.Equal(t, 1, me.Peer)
+	require.Less(t, time.Since(start), 5*time.Second, "at once, not at a timeout")
+}
+
 // TestBoardZeroCountThenWork: a rank that calls a zero-count all-reduce
 // (a no-op) where the others call a real one is named when it moves on.
 func TestBoardZeroCountThenWork(t *testing.T) {

@@ -97,10 +97,11 @@
 // that fit run there too (the root posts and the others read; every rank
 // posts its block; every rank posts its input and folds its own block of
 // everyone's; every rank but the root posts, and the root folds the
-// posts). A broadcast that repeats the last board operation's key
-// (collective, type, count, root) goes straight to the board, past Run's
-// checks, which that key has passed before; what it reads is still
-// checked against its signature and size. A forced algorithm
+// posts). An operation that repeats the last board operation's key
+// (collective, type, operator, count, root) goes straight to the board,
+// past Run's checks, which that key has passed before (a broadcast past
+// runOnBoard's set-up too); what it reads is still checked against its
+// signature and size. A forced algorithm
 // (Config.Algo) keeps operations on the connections. Every other
 // collective marks its sequence number on
 // the board, so a rank waiting there for a peer that runs the operation

@@ -618,7 +618,10 @@ func (e *Engine) nextSeq(op *Op) uint64 {
 // valid until the next Run.
 func (e *Engine) Run(ctx context.Context, op *Op) (*Plan, error) {
 	if e.boardAgain(op) {
-		return e.boardBroadcast(ctx, op, e.nextSeq(op))
+		if op.Coll == algorithms.CollBroadcast {
+			return e.boardBroadcast(ctx, op, e.nextSeq(op))
+		}
+		return e.runOnBoard(ctx, op, e.nextSeq(op))
 	}
 	// The plan goes back by pointer, into the engine's own (it is large,
 	// and small operations copied it at every return: docs/performance.md).
