@@ -741,17 +741,16 @@ func (c *Comm) issueFast(ctx context.Context, k *call) *Request {
 
 // finishFast finishes what issueFast issued, its finish time unseen.
 func (c *Comm) finishFast(r *Request, err error) {
-	if c.mu.finishing() {
-		c.endLocked(r, err)
-		r.finishNs = finishUnseen
-		c.mu.idle()
-		return
+	locked := !c.mu.finishing()
+	if locked {
+		c.mu.Lock()
 	}
-	c.mu.Lock()
 	c.endLocked(r, err)
 	r.finishNs = finishUnseen
 	c.mu.idle()
-	c.mu.Unlock()
+	if locked {
+		c.mu.Unlock()
+	}
 }
 
 // start issues an asynchronous operation and runs it in a goroutine. In

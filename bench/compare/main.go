@@ -469,20 +469,23 @@ var errTimedOut = errors.New("killed")
 // milliseconds an 8-byte operation, and most of its runs were killed at
 // 30 s) would only cost the limit again, round after round, for a cell it
 // cannot fill.
-type giveUps map[string]int64
+type giveUps map[giveUp]int64
 
-func (g giveUps) key(s setting, tool string) string { return s.String() + "/" + tool }
+type giveUp struct {
+	s    setting
+	tool string
+}
 
 // note records that tool's run of s from bytes was killed.
 func (g giveUps) note(s setting, tool string, bytes int64) {
-	if b, ok := g[g.key(s, tool)]; !ok || bytes < b {
-		g[g.key(s, tool)] = bytes
+	if b, ok := g[giveUp{s, tool}]; !ok || bytes < b {
+		g[giveUp{s, tool}] = bytes
 	}
 }
 
 // skip reports whether tool is left out of s from bytes.
 func (g giveUps) skip(s setting, tool string, bytes int64) bool {
-	b, ok := g[g.key(s, tool)]
+	b, ok := g[giveUp{s, tool}]
 	return ok && bytes >= b
 }
 

@@ -163,32 +163,19 @@ func (e *Engine) boardAgain(op *Op) bool {
 // holds: the root posts its input and the others read it.
 func (e *Engine) boardBroadcast(ctx context.Context, op *Op, seq uint64) (*Plan, error) {
 	sig := e.boardK.sig
-	pl := &e.runPlan
-	if pl.Sched != &boardSched || pl.Sig != sig {
-		*pl = boardPlan(op, seq, sig)
-	}
-	pl.Seq = seq
-	if e.curSched.Load() != &boardSched {
-		e.curSched.Store(&boardSched) // (as in runOnBoard)
-	}
+	pl := e.boardRun(op, seq, sig)
 	nb := op.Count * op.Type.Size()
 	if err := e.board.Begin(); err != nil {
-		return pl, &StepError{Kind: algorithms.SendRecv, Peer: -1, Err: err}
+		return pl, boardFail(-1, err)
 	}
 	defer e.board.End()
-	if me, root := e.rank, op.Root; me != root {
+	if root := op.Root; e.rank != root {
 		// Reached this collective (done reading the last): the root may
 		// reuse the entry this reader read last.
 		e.markReached(seq, sig)
-		if e.boardWaits == nil {
-			e.boardPeer.Store(int32(root))
-		}
-		got, data, posted, err := e.board.Read(ctx, root, seq)
-		if err == nil && (!posted || got != sig || len(data) != nb) {
-			err = &MismatchError{Peer: root, Got: transport.Tag{Op: seq, Sig: got}, Want: transport.Tag{Op: seq, Sig: sig}, GotBytes: len(data), WantBytes: nb, OffBoard: !posted}
-		}
+		data, err := e.readPost(ctx, root, seq, sig, nb)
 		if err != nil {
-			return pl, &StepError{Kind: algorithms.SendRecv, Peer: root, Err: err}
+			return pl, err
 		}
 		copy(op.Out.Bytes()[:nb], data)
 		return pl, nil
@@ -198,12 +185,53 @@ func (e *Engine) boardBroadcast(ctx context.Context, op *Op, seq uint64) (*Plan,
 	}
 	in := op.In.Bytes()[:nb]
 	if err := e.board.Post(ctx, seq, sig, in); err != nil {
-		return pl, &StepError{Kind: algorithms.SendRecv, Peer: -1, Err: err}
+		return pl, boardFail(-1, err)
 	}
 	if !op.Out.SameStart(op.In) {
 		copy(op.Out.Bytes()[:nb], in)
 	}
 	return pl, nil
+}
+
+// boardRun returns the plan of a board operation of signature sig (the
+// engine's own, set again only when the last one differs) and has
+// Progress report it.
+func (e *Engine) boardRun(op *Op, seq uint64, sig uint32) *Plan {
+	pl := &e.runPlan
+	if pl.Sched != &boardSched || pl.Sig != sig {
+		*pl = boardPlan(op, seq, sig)
+	}
+	pl.Seq = seq
+	// Progress reads curSched. It stays set after a board operation (a
+	// store on the way in and out, each a fenced exchange, was a tenth of
+	// an 8-byte broadcast's time, docs/performance.md); Progress says what
+	// runs only while an operation does, which its callers know.
+	if e.curSched.Load() != &boardSched {
+		e.curSched.Store(&boardSched)
+	}
+	return pl
+}
+
+// boardFail is a board operation's failure, waiting for peer (-1: none).
+func boardFail(peer int, err error) error {
+	return &StepError{Channel: 0, Piece: 0, Step: 0, Kind: algorithms.SendRecv, Peer: peer, Err: err}
+}
+
+// readPost returns rank r's post for collective seq, checked against this
+// rank's signature sig and its size in bytes.
+func (e *Engine) readPost(ctx context.Context, r int, seq uint64, sig uint32, size int) ([]byte, error) {
+	if e.boardWaits == nil {
+		e.boardPeer.Store(int32(r))
+	}
+	got, data, posted, err := e.board.Read(ctx, r, seq)
+	if err != nil {
+		return nil, boardFail(r, err)
+	}
+	if !posted || got != sig || len(data) != size {
+		return nil, boardFail(r, &MismatchError{Peer: r, Got: transport.Tag{Op: seq, Sig: got}, Want: transport.Tag{Op: seq, Sig: sig},
+			GotBytes: len(data), WantBytes: size, OffBoard: !posted})
+	}
+	return data, nil
 }
 
 // runOnBoard runs a small collective on the board.
@@ -216,46 +244,17 @@ func (e *Engine) runOnBoard(ctx context.Context, op *Op, seq uint64) (*Plan, err
 	if op.Coll == algorithms.CollBroadcast {
 		return e.boardBroadcast(ctx, op, seq)
 	}
-	pl := &e.runPlan
-	if pl.Sched != &boardSched || pl.Sig != k.sig {
-		*pl = boardPlan(op, seq, k.sig)
-	}
-	pl.Seq = seq
+	pl := e.boardRun(op, seq, k.sig)
 	n, me := e.nranks, e.rank
 	nb := op.Count * op.Type.Size() // one block
 	post := int(boardPost(op, n))
-	fail := func(peer int, err error) error {
-		return &StepError{Channel: 0, Piece: 0, Step: 0, Kind: algorithms.SendRecv, Peer: peer, Err: err}
-	}
-	// read returns rank r's post for seq, checked against this rank's.
-	read := func(r int) ([]byte, error) {
-		if e.boardWaits == nil {
-			e.boardPeer.Store(int32(r))
-		}
-		sig, data, posted, err := e.board.Read(ctx, r, seq)
-		if err != nil {
-			return nil, fail(r, err)
-		}
-		if !posted || sig != pl.Sig || len(data) != post {
-			want := transport.Tag{Op: seq, Sig: pl.Sig}
-			return nil, fail(r, &MismatchError{Peer: r, Got: transport.Tag{Op: seq, Sig: sig}, Want: want, GotBytes: len(data), WantBytes: post, OffBoard: !posted})
-		}
-		return data, nil
-	}
 	if e.boardWaits == nil {
 		e.boardPeer.Store(-1)
-	}
-	// Progress reads curSched. It stays set after a board operation (a
-	// store on the way in and out, each a fenced exchange, was a tenth of
-	// an 8-byte broadcast's time, docs/performance.md); Progress says what
-	// runs only while an operation does, which its callers know.
-	if e.curSched.Load() != &boardSched {
-		e.curSched.Store(&boardSched)
 	}
 	// What Read returns is the board's memory: it must stay mapped until
 	// this collective is done with it, whatever aborts meanwhile.
 	if err := e.board.Begin(); err != nil {
-		return pl, fail(-1, err)
+		return pl, boardFail(-1, err)
 	}
 	defer e.board.End()
 	in := op.In.Bytes()[:post]
@@ -280,7 +279,7 @@ func (e *Engine) runOnBoard(ctx context.Context, op *Op, seq uint64) (*Plan, err
 		// it is done reading what the others posted for earlier ones.
 		e.markReached(seq, pl.Sig)
 	} else if err := e.board.Post(ctx, seq, pl.Sig, in); err != nil {
-		return pl, fail(-1, err)
+		return pl, boardFail(-1, err)
 	}
 	switch {
 	case op.Coll == algorithms.CollReduce && me != op.Root:
@@ -296,7 +295,7 @@ func (e *Engine) runOnBoard(ctx context.Context, op *Op, seq uint64) (*Plan, err
 		if r == me {
 			return mine, nil
 		}
-		data, err := read(r)
+		data, err := e.readPost(ctx, r, seq, pl.Sig, post)
 		if err != nil || op.Coll != algorithms.CollReduceScatter {
 			return data, err
 		}
