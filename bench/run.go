@@ -28,6 +28,10 @@ type Row struct {
 	Root       int      `json:"root"`  // -1 where there is none
 	OutOfPlace Measure  `json:"outOfPlace"`
 	InPlace    *Measure `json:"inPlace"` // nil: no in-place form (printed N/A)
+	// Pick is the plan goccl's tuner chose at this size ("ring/1ch",
+	// Comm.Choose), as goccl-perf prints under its table; empty for a
+	// peer's table.
+	Pick string `json:"pick,omitempty"`
 }
 
 // Sink receives rows as they are measured; rank 0's Run gets one.

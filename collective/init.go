@@ -163,15 +163,19 @@ var verbsLink = algorithms.LinkModel{
 
 // shmLink is the tuner's model of shared-memory connections: a hop is a
 // store seen by a polling core (well under a microsecond) plus the
-// engine's own work per step; bandwidth is a memory copy through the
-// caches (RESULTS.md: 10–30 GB/s for one core); chunks of 512 KiB keep a
-// piece of a 2-rank ring within four 128 KiB slots. Posting a small
-// message is a store to one cache line, a tenth of a hop: one-shot
-// all-reduce, which posts to every peer and waits once, measured 0.74–0.82×
-// the time of recursive doubling at 8 B with 4, 6 and 8 ranks
-// (docs/performance.md), so the tuner picks it for small operations.
+// engine's own work per step, 2 µs as fitted by bench/fit to the choices
+// of 2 ranks on 2 CPUs (at 1 µs the ring took 16 KiB all-reduces from
+// recursive doubling, which was 1.39 times faster; in two runs 33 and 34
+// of 35 picks were within 10% of the fastest, at 2 µs 35 of 35 in both);
+// bandwidth is a memory copy through the caches (RESULTS.md: 10–30 GB/s
+// for one core); chunks of 512 KiB keep a piece of a 2-rank ring within
+// four 128 KiB slots. Posting a small message is a store to one cache
+// line, a tenth of a hop: one-shot all-reduce, which posts to every peer
+// and waits once, measured 0.74–0.82× the time of recursive doubling at
+// 8 B with 4, 6 and 8 ranks (docs/performance.md), so the tuner picks it
+// for small operations.
 var shmLink = algorithms.LinkModel{
-	Latency:      1e-6,
+	Latency:      2e-6,
 	Bandwidth:    8e9,
 	ReduceRate:   6e9,
 	MaxChannels:  DefaultMaxChannels,
@@ -186,6 +190,48 @@ var shmLink = algorithms.LinkModel{
 	// MiB on 4 ranks, 1.56 on 8 (docs/performance.md).
 	ExchangeEfficiency: 0.7,
 }
+
+// TunerLink returns the tuner's model of one transport's links (shm,
+// tcp or verbs) as Init starts from it for a job where some machine runs
+// more ranks than it has CPUs (oversubscribed) or none does, before a
+// NIC's or port's speed bounds its bandwidth: for tools that hold it
+// against measurements (bench/fit). False for another name.
+func TunerLink(transport string, oversubscribed bool) (algorithms.LinkModel, bool) {
+	switch transport {
+	case TransportShm:
+		return busyLink(shmLink, oversubscribed), true
+	case TransportTCP:
+		return tcpLink, true
+	case TransportVerbs:
+		return verbsLink, true
+	}
+	return algorithms.LinkModel{}, false
+}
+
+// busyLink is shared memory's model l for a job that is oversubscribed
+// or not: where ranks outnumber the CPUs, a hop waits for the receiver
+// to get a core (shmBusyHop).
+func busyLink(l algorithms.LinkModel, oversubscribed bool) algorithms.LinkModel {
+	if oversubscribed {
+		l.Latency *= shmBusyHop
+	}
+	return l
+}
+
+// shmBusyHop is what a hop over shared memory costs, relative to
+// shmLink's, where the machine runs more ranks than it has CPUs: each
+// hop then waits for its receiver to get a core (a context switch, not a
+// store seen by a polling core). Fitted with bench/fit to the choices of
+// 3 and 4 ranks on 2 CPUs, 64 B-16 MiB, every algorithm forced, two runs
+// 10 minutes apart, each fitted and then scored on the other: the picks
+// within 10% of the fastest went from 59 and 56 of 70 to 68 and 62, the
+// geometric mean of pick/fastest from 1.060 and 1.116 to 1.008 and 1.066
+// (docs/performance.md, "The tuner's link models, fitted"). The ring's
+// 2(n-1) hops then cost what they do, and the one-shot, recursive
+// doubling and Rabenseifner take the sizes up to 256 KiB-1 MiB from it.
+// Only for a job on one machine: the hops inside a host of a job across
+// hosts (intraLink) were not measured so.
+const shmBusyHop = 5.66 // 2^2.5: 11.3 µs a hop
 
 // Init joins rank of nranks to the job named by id and returns its
 // communicator. Ranks on the same host (same host identity and network
@@ -657,8 +703,11 @@ func buildProcs(ctx context.Context, id UniqueID, nranks, rank int, cfg Config, 
 		// slowest port of the job's RDMA ranks bounds them all.
 		link.Bandwidth = min(link.Bandwidth, ibPortBound(table.Peers)/float64(link.MaxChannels))
 	}
-	intra := intraLink(table.Peers, link)
 	cfg.oversubscribed = anyOversubscribed(hosts)
+	if !anyNet {
+		link = busyLink(link, cfg.oversubscribed)
+	}
+	intra := intraLink(table.Peers, link)
 	cfg.deviceLink, cfg.deviceLinkWhy = algorithms.LinkModel{}, "no GPU"
 	if dev != nil {
 		// The model is the job's: anyNet and the table are every rank's.

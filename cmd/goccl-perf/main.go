@@ -383,7 +383,7 @@ func sweep(ctx context.Context, c *collective.Comm, cfg config) int {
 		return exitCode(err)
 	}
 	bench.Table{}.Footer(os.Stdout, rep)
-	printPicks(os.Stdout, c, cfg.opts.Coll, rows)
+	printPicks(os.Stdout, c, cfg.opts.Coll, rep.Rows)
 	fmt.Fprintf(os.Stdout, "# Total time %.1fs\n", time.Since(start).Seconds())
 	if cfg.jsonPath != "" {
 		if werr := rep.WriteJSON(cfg.jsonPath); werr != nil {
@@ -412,20 +412,23 @@ var benchColls = map[bench.Coll]algorithms.Collective{bench.AllReduce: algorithm
 
 // printPicks writes, under the table, the algorithm and channel count the
 // tuner chose at each size measured (Comm.Choose), so that its crossovers
-// can be read off a sweep.
+// can be read off a sweep, and records each in its rows' Pick (the JSON's
+// "pick", which bench/fit reads).
 func printPicks(w io.Writer, c *collective.Comm, coll bench.Coll, rows []bench.Row) {
 	bc, ok := benchColls[coll]
 	if !ok || len(rows) == 0 {
 		return
 	}
 	fmt.Fprintln(w, "# Algorithm per size (the tuner's pick; GOCCL_ALGO or -algo forces one):")
-	seen := map[[2]any]bool{}
-	for _, r := range rows {
+	seen := map[[2]any]string{}
+	for i := range rows {
+		r := &rows[i]
 		k := [2]any{r.Bytes, r.Type}
-		if seen[k] {
+		if pick, ok := seen[k]; ok {
+			r.Pick = pick
 			continue
 		}
-		seen[k] = true
+		seen[k] = ""
 		dts, err := bench.ParseTypes(r.Type)
 		if err != nil || len(dts) != 1 {
 			continue
@@ -435,6 +438,7 @@ func printPicks(w io.Writer, c *collective.Comm, coll bench.Coll, rows []bench.R
 			fmt.Fprintf(w, "#  %12d %8s  ? (%v)\n", r.Bytes, r.Type, err)
 			continue
 		}
+		r.Pick, seen[k] = ch.String(), ch.String()
 		fmt.Fprintf(w, "#  %12d %8s  %s\n", r.Bytes, r.Type, ch)
 	}
 }

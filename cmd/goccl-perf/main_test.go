@@ -3,10 +3,12 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"image/png"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -89,6 +91,13 @@ func TestJSONPlotAndOverlay(t *testing.T) {
 	require.Equal(t, 2, rep.NRanks)
 	require.Len(t, rep.Rows, 12) // 6 sizes × 2 roots
 	require.Len(t, rep.Ranks, 2)
+	// Every row carries the plan the tuner chose for its size, as the
+	// lines under the table say: from 1 KiB, past the board, the chain
+	// ("ring").
+	for _, r := range rep.Rows {
+		require.Regexp(t, `^ring/[0-9]+ch$`, r.Pick, "%d bytes", r.Bytes)
+		require.Regexp(t, fmt.Sprintf(`(?m)^#\s+%d\s+float\s+%s$`, r.Bytes, regexp.QuoteMeta(r.Pick)), out)
+	}
 	for _, p := range []string{pngPath} {
 		f, err := os.Open(p)
 		require.NoError(t, err)
