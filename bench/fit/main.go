@@ -15,6 +15,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -94,6 +95,17 @@ func run(argv []string, out io.Writer) error {
 	if err := fs.Parse(argv); err != nil {
 		return err
 	}
+	var vary [4]bool
+	for _, v := range split(*varyS) {
+		i := slices.Index([]string{"latency", "bandwidth", "reduce", "post"}, v)
+		if i < 0 {
+			return fmt.Errorf("-vary %q: latency, bandwidth, reduce, post", v)
+		}
+		vary[i] = true
+	}
+	if *cpus < 1 {
+		return fmt.Errorf("-cpus %d: at least 1", *cpus)
+	}
 	var pts []point
 	var err error
 	if *from != "" {
@@ -113,14 +125,6 @@ func run(argv []string, out io.Writer) error {
 		if held, err = load(*check); err != nil {
 			return err
 		}
-	}
-	var vary [4]bool
-	for _, v := range split(*varyS) {
-		i := slices.Index([]string{"latency", "bandwidth", "reduce", "post"}, v)
-		if i < 0 {
-			return fmt.Errorf("-vary %q: latency, bandwidth, reduce, post", v)
-		}
-		vary[i] = true
 	}
 	report(out, pts, held, *cpus, vary)
 	return nil
@@ -177,6 +181,10 @@ func measure(a measureArgs, out io.Writer) ([]point, error) {
 	if err := os.MkdirAll(a.dir, 0o755); err != nil {
 		return nil, err
 	}
+	if old, _ := filepath.Glob(filepath.Join(a.dir, runGlob)); len(old) > 0 {
+		// load would take them with the new ones.
+		return nil, fmt.Errorf("-out %s already holds %d runs: fit them with -from, or measure into another directory", a.dir, len(old))
+	}
 	if a.bin == "" {
 		a.bin = filepath.Join(a.dir, "goccl-perf")
 		b := exec.Command("go", "build", "-o", a.bin, "./cmd/goccl-perf")
@@ -228,11 +236,14 @@ func runPerf(argv []string, log io.Writer, limit time.Duration) error {
 	return err
 }
 
+// runGlob matches the runs' files in a directory.
+const runGlob = "*_np*_*_*_*.json"
+
 // load reads every run's JSON in dir (named TRANSPORT_npN_COLL_ALGO_REP.json)
 // and returns the median time per transport, rank count, collective,
 // algorithm and size.
 func load(dir string) ([]point, error) {
-	files, err := filepath.Glob(filepath.Join(dir, "*_np*_*_*_*.json"))
+	files, err := filepath.Glob(filepath.Join(dir, runGlob))
 	if err != nil {
 		return nil, err
 	}
@@ -270,25 +281,11 @@ func load(dir string) ([]point, error) {
 	for k, ts := range times {
 		pts = append(pts, point{transport: k.tr, np: k.np, coll: k.coll, algo: k.algo, channels: chans[k], bytes: k.bytes, us: median(ts), runs: len(ts)})
 	}
-	sort.Slice(pts, func(i, j int) bool {
-		a, b := pts[i], pts[j]
-		return cmpKeys(a.transport, b.transport, a.np, b.np, string(a.coll), string(b.coll), a.bytes, b.bytes, int(a.algo), int(b.algo))
+	slices.SortFunc(pts, func(a, b point) int {
+		return cmp.Or(cmp.Compare(a.transport, b.transport), cmp.Compare(a.np, b.np), cmp.Compare(a.coll, b.coll),
+			cmp.Compare(a.bytes, b.bytes), cmp.Compare(a.algo, b.algo))
 	})
 	return pts, nil
-}
-
-func cmpKeys(ta, tb string, na, nb int, ca, cb string, ba, bb int64, aa, ab int) bool {
-	switch {
-	case ta != tb:
-		return ta < tb
-	case na != nb:
-		return na < nb
-	case ca != cb:
-		return ca < cb
-	case ba != bb:
-		return ba < bb
-	}
-	return aa < ab
 }
 
 // parseName reads transport, rank count and algorithm from a run's file
@@ -319,11 +316,11 @@ func channelsOf(pick string) int {
 func median(v []float64) float64 {
 	s := slices.Clone(v)
 	sort.Float64s(s)
-	if n := len(s); n%2 == 1 {
+	n := len(s)
+	if n%2 == 1 {
 		return s[n/2]
-	} else {
-		return (s[n/2-1] + s[n/2]) / 2
 	}
+	return (s[n/2-1] + s[n/2]) / 2
 }
 
 // problem is the tuner's question for a point on one host.

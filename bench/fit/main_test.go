@@ -148,4 +148,8 @@ func TestMeasureAndFit(t *testing.T) {
 	require.Regexp(t, `(?m)^\s+64 KiB(\s+[0-9.]+\*?){5}\s+\w+ [0-9.]+\s+\w+ [0-9.]+\s*$`, s)
 	_, err = os.Stat(filepath.Join(dir, "runs.log"))
 	require.NoError(t, err)
+	// Measuring into it again would mix the runs: refused before any run.
+	err = run([]string{"-transports", "shm", "-np", "2", "-colls", "all_reduce", "-out", dir}, &out)
+	require.ErrorContains(t, err, "already holds 5 runs")
+	require.ErrorContains(t, run([]string{"-vary", "hops", "-from", dir}, &out), `-vary "hops"`)
 }
