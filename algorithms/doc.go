@@ -66,7 +66,8 @@
 // tree of them.
 // Reduce-scatter and all-gather: the halves of the ring; OneShot, every
 // rank sending each peer its block directly (one hop, the ring's bytes,
-// for a few ranks on one host); and Hier, the same n-1 steps as the ring
+// for a few ranks on one host, and for a reduce-scatter of up to a chunk
+// on two ranks over a link slower than the reduction); and Hier, the same n-1 steps as the ring
 // on chains that cross hosts all at once (hosts.go), so that a host's
 // link carries (h-1)/h of the data. All-gather also has RecDoubling:
 // log2 n exchanges of growing groups of blocks (for a power of two from 4,

@@ -325,12 +325,19 @@ const (
 // hop, a post per extra peer (as the one-shot all-reduce), and the ring's
 // bytes, (n-1)/n of the data in and out of every rank. As for the
 // all-reduce, over a link slower than the reduction only the link's time
-// counts. Only on links that allow it (LinkModel.OneShotHalves); not on
-// two ranks, where it is the ring step for step (and would only change
-// the ring's pieces), nor across hosts, where Hier moves less over the
-// network, nor beyond oneShotHalvesMaxRanks.
+// counts. Only on links that allow it (LinkModel.OneShotHalves); on two
+// ranks, where it is the ring's one step without the ring's pieces, only
+// for a reduce-scatter over a link slower than the reduction (the case
+// the one-shot all-reduce's pick on two ranks rests on) and of at most
+// one chunk: over TCP it took 0.65-0.87 of the ring's time at 256 KiB-1
+// MiB in four runs, and was level from 4 MiB (0.70-1.11), while the
+// all-gather (nothing to reduce) was level with the ring and up to 1.2
+// times slower at 64 KiB and 64 MiB (docs/performance.md, "The 2-rank
+// one-shot reduce-scatter over TCP"). Not across hosts, where Hier moves
+// less over the network, nor beyond oneShotHalvesMaxRanks.
 func oneShotHalfCost(p Problem, S, alpha, beta, gamma float64) float64 {
-	if !p.Link.OneShotHalves || p.NRanks < 3 || p.NRanks > oneShotHalvesMaxRanks || p.Hosts > 1 {
+	pair := p.NRanks == 2 && gamma > 0 && beta > gamma && S <= float64(p.Link.ChunkBytes)
+	if !p.Link.OneShotHalves || p.NRanks < 3 && !pair || p.NRanks > oneShotHalvesMaxRanks || p.Hosts > 1 {
 		return math.Inf(1)
 	}
 	n := float64(p.NRanks)

@@ -174,8 +174,9 @@ func TestOneShotWhereTheLinkIsSlower(t *testing.T) {
 // they were measured ahead of the ring (docs/performance.md, "The one-shot
 // reduce-scatter and all-gather"): 3 and 4 ranks on one host, every size
 // over TCP and for the all-gather over shared memory, only small sizes
-// for the reduce-scatter over shared memory; never on 2 ranks (it is the
-// ring there), beyond 4 ranks, across hosts, or on a link that does not
+// for the reduce-scatter over shared memory; on 2 ranks only the
+// reduce-scatter over TCP (a link slower than the reduction), up to one
+// chunk; never beyond 4 ranks, across hosts, or on a link that does not
 // allow it (the in-process transport's).
 func TestTuneOneShotHalves(t *testing.T) {
 	tcp := LinkModel{Latency: 10e-6, Bandwidth: 1.5e9, ReduceRate: 6e9, MaxChannels: 2, ChannelBytes: 4 << 20, ChunkBytes: 2 << 20, OneShotHalves: true}
@@ -194,8 +195,21 @@ func TestTuneOneShotHalves(t *testing.T) {
 			require.Equal(t, Ring, pick(CollReduceScatter, n, shm, bytes), "shm rs n=%d %d B", n, bytes)
 		}
 	}
+	for _, bytes := range []int64{8, 64 << 10, 1 << 20, 2 << 20} {
+		require.Equal(t, OneShot, pick(CollReduceScatter, 2, tcp, bytes), "tcp rs n=2 %d B", bytes)
+	}
+	require.Equal(t, Ring, pick(CollReduceScatter, 2, tcp, 4<<20), "tcp rs n=2 past a chunk")
+	for _, bytes := range []int64{8, 64 << 10, 1 << 20, 64 << 20} {
+		require.Equal(t, Ring, pick(CollAllGather, 2, tcp, bytes), "tcp ag n=2 %d B", bytes)
+		require.Equal(t, Ring, pick(CollReduceScatter, 2, shm, bytes), "shm rs n=2 %d B", bytes)
+		require.Equal(t, Ring, pick(CollAllGather, 2, shm, bytes), "shm ag n=2 %d B", bytes)
+	}
 	for _, c := range []Collective{CollReduceScatter, CollAllGather} {
-		for _, n := range []int{2, 5, 8} {
+		ns := []int{5, 8}
+		if c == CollAllGather {
+			ns = append(ns, 2)
+		}
+		for _, n := range ns {
 			require.True(t, math.IsInf(Cost(Problem{Coll: c, NRanks: n, Bytes: 1 << 20, Link: tcp}, OneShot, 1), 1), "%v n=%d", c, n)
 		}
 		across := Problem{Coll: c, NRanks: 4, Bytes: 8, Link: tcp, Hosts: 2, PerHost: 2, Intra: shm}

@@ -385,13 +385,14 @@ func fitModel(pts []point, m algorithms.LinkModel) (algorithms.LinkModel, error)
 	return model(res.X), nil
 }
 
-// fitPicks fits m's four numbers to the choices rather than the times:
-// over a grid of multiples of the code's values (2^(k/2), |k| ≤
-// gridSteps, for each of those vary names), the model whose picks cost least over the
+// fitPicks fits m's numbers that vary names to the choices rather than
+// the times: over a grid of multiples of the code's values (2^(k/2),
+// |k| ≤ gridSteps), the model whose picks cost least over the
 // questions, by the geometric mean of pick/fastest; of models that tie
 // (the picks change in steps), the one nearest the code's. This is the
 // crossovers fitted: where the code's model already picks the fastest,
-// nothing moves.
+// nothing moves. A pick is scored by its algorithm's measured time (at
+// the channel count the code's model gave the forced run).
 func fitPicks(qs []*question, m algorithms.LinkModel, vary [4]bool) algorithms.LinkModel {
 	q0 := paramsOf(m)
 	var steps [4]int
