@@ -67,12 +67,13 @@
 // Reduce-scatter and all-gather: the halves of the ring; OneShot, every
 // rank sending each peer its block directly (one hop, the ring's bytes,
 // for a few ranks on one host, and for a reduce-scatter of up to a chunk
-// on two ranks over a link slower than the reduction); and Hier, the same n-1 steps as the ring
-// on chains that cross hosts all at once (hosts.go), so that a host's
-// link carries (h-1)/h of the data. All-gather also has RecDoubling:
-// log2 n exchanges of growing groups of blocks (for a power of two from 4,
-// fewer hops than the ring's n-1 and fewer messages than OneShot's n-1;
-// other counts fold, two hops more), for small and mid sizes on one host.
+// on two ranks over a link slower than the reduction); and Hier, the
+// same n-1 steps as the ring on chains that cross hosts all at once
+// (hosts.go), so that a host's link carries (h-1)/h of the data.
+// All-gather also has RecDoubling: log2 n exchanges of growing groups of
+// blocks (for a power of two from 4, fewer hops than the ring's n-1 and
+// fewer messages than OneShot's n-1; other counts fold, two hops more),
+// for small and mid sizes on one host.
 // Broadcast and reduce: a pipelined chain along the ring. All-to-all:
 // pairwise exchange.
 // Send and recv: one transfer.
