@@ -441,6 +441,12 @@ type question struct {
 	// tuner (a post of at most shm.BoardMax bytes, as the engine's
 	// onBoard), so no pick is scored.
 	board bool
+	// best and bestT: the fastest algorithm the code's model weighs here,
+	// and its time (+Inf: none measured). Every model is scored against
+	// it, so that a candidate cannot leave the fastest out of its own
+	// count.
+	best  algorithms.Algorithm
+	bestT float64
 }
 
 // onBoard reports whether goccl runs coll of this size on np ranks on
@@ -454,7 +460,9 @@ func onBoard(tr string, np int, coll bench.Coll, bytes int64) bool {
 	return tr == collective.TransportShm && post <= shm.BoardMax
 }
 
-func questions(pts []point) []*question {
+// questions gathers pts into questions, each with its fastest algorithm
+// among those ref (the code's model) weighs.
+func questions(pts []point, ref algorithms.LinkModel) []*question {
 	var qs []*question
 	idx := map[[3]int64]*question{}
 	for _, p := range pts {
@@ -468,13 +476,17 @@ func questions(pts []point) []*question {
 		}
 		q.times[p.algo], q.chans[p.algo] = p.us, p.channels
 	}
+	for _, q := range qs {
+		q.best, q.bestT = q.fastest(ref)
+	}
 	return qs
 }
 
 var collOrder = []bench.Coll{bench.AllReduce, bench.ReduceScatter, bench.AllGather, bench.Reduce, bench.Broadcast}
 
-// fastest is q's fastest measured algorithm among those m weighs there.
-func (q *question) fastest(m algorithms.LinkModel) (algorithms.Algorithm, float64, bool) {
+// fastest is q's fastest measured algorithm among those m weighs there,
+// and its time (+Inf: none).
+func (q *question) fastest(m algorithms.LinkModel) (algorithms.Algorithm, float64) {
 	best, bt := algorithms.AlgoAuto, math.Inf(1)
 	for _, a := range weighed[q.coll] {
 		t, ok := q.times[a]
@@ -489,19 +501,18 @@ func (q *question) fastest(m algorithms.LinkModel) (algorithms.Algorithm, float6
 			best, bt = a, t
 		}
 	}
-	return best, bt, !math.IsInf(bt, 1)
+	return best, bt
 }
 
 // pick is m's choice for q and its measured time over the fastest's (0
 // when the pick was not measured).
 func (q *question) pick(m algorithms.LinkModel) (algorithms.Algorithm, float64) {
 	pl := algorithms.Tune(problem(point{np: q.np, coll: q.coll, bytes: q.bytes}, m), algorithms.AlgoAuto, 0, 0)
-	_, bt, ok := q.fastest(m)
 	t, measured := q.times[pl.Algo]
-	if !ok || !measured {
+	if math.IsInf(q.bestT, 1) || !measured {
 		return pl.Algo, 0
 	}
-	return pl.Algo, t / bt
+	return pl.Algo, t / q.bestT
 }
 
 // score counts the questions where m's pick is the fastest or within 10%
@@ -579,9 +590,9 @@ func report(w io.Writer, pts, held []point, cpus int, vary [4]bool) {
 			fmt.Fprintf(w, "\n## %s: the fit failed: %v\n", g, err)
 			fitted = cur
 		}
-		qs := questions(tp)
+		qs := questions(tp, cur)
 		picked := fitPicks(qs, cur, vary)
-		hq := questions(heldG[g])
+		hq := questions(heldG[g], cur)
 		fmt.Fprintf(w, "\n## %s: %d medians (%s)\n\n", g, len(tp), runsText(tp))
 		fmt.Fprintf(w, "%-8s %12s %12s %14s %10s %14s %18s %10s", "model", "latency us", "GB/s", "reduce GB/s", "post", "median error", "picks within 10%", "geo mean")
 		if len(hq) > 0 {
@@ -619,7 +630,7 @@ func report(w io.Writer, pts, held []point, cpus int, vary [4]bool) {
 				}
 				fmt.Fprintf(w, "  %-20s %-20s\n", "code's pick", "picks-fitted pick")
 			}
-			best, _, _ := q.fastest(cur)
+			best := q.best
 			fmt.Fprintf(w, "%10s", sizeName(q.bytes))
 			for _, a := range weighed[q.coll] {
 				mark := " "

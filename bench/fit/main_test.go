@@ -66,7 +66,7 @@ func TestFitPicksFindsTheCrossovers(t *testing.T) {
 	truth.Latency *= 8
 	// Up to 4 MiB: one channel at every size (ChannelBytes), as the
 	// points are.
-	qs := questions(synthetic(collective.TransportShm, truth, 4<<20))
+	qs := questions(synthetic(collective.TransportShm, truth, 4<<20), cur)
 	require.Greater(t, scoreOf(qs, cur).geo, 1.01)
 	got := fitPicks(qs, cur, [4]bool{true, true, true, true})
 	s := scoreOf(qs, got)
@@ -101,7 +101,7 @@ func TestPicksAreScoredAgainstTheFastest(t *testing.T) {
 		pts = append(pts, point{transport: "tcp", np: 2, coll: bench.AllReduce, algo: a, channels: 1, bytes: 1024, us: us})
 	}
 	pts = append(pts, point{transport: "tcp", np: 2, coll: bench.Broadcast, algo: algorithms.Ring, channels: 1, bytes: 1024, us: 5})
-	qs := questions(pts)
+	qs := questions(pts, m)
 	require.Len(t, qs, 3)
 	s := scoreOf(qs, m)
 	require.Equal(t, 2, s.of, "the broadcast has no choice to score")
