@@ -19,12 +19,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/goccl/goccl/bench"
@@ -128,7 +126,7 @@ func run() error {
 		*binDir = filepath.Join(*out, "bin")
 	}
 	var chosen []peer
-	for _, name := range split(*peersF) {
+	for _, name := range bench.SplitList(*peersF) {
 		i := slices.IndexFunc(peers(), func(p peer) bool { return p.name == name })
 		if i < 0 {
 			return fmt.Errorf("unknown peer %q (want ompi, mpich or gloo)", name)
@@ -136,7 +134,7 @@ func run() error {
 		chosen = append(chosen, peers()[i])
 	}
 	var settings []setting
-	for _, c := range split(*collsF) {
+	for _, c := range bench.SplitList(*collsF) {
 		coll, err := bench.ParseColl(c)
 		if err != nil {
 			return err
@@ -144,12 +142,12 @@ func run() error {
 		if _, ok := mpiOps[coll]; !ok {
 			return fmt.Errorf("the peers do not measure %s", coll)
 		}
-		for _, n := range split(*npF) {
+		for _, n := range bench.SplitList(*npF) {
 			np, err := strconv.Atoi(n)
 			if err != nil || np < 2 {
 				return fmt.Errorf("bad rank count %q", n)
 			}
-			for _, tr := range split(*trF) {
+			for _, tr := range bench.SplitList(*trF) {
 				if tr != "shm" && tr != "tcp" && tr != "hosts" {
 					return fmt.Errorf("bad transport %q (want shm, tcp or hosts)", tr)
 				}
@@ -170,7 +168,7 @@ func run() error {
 		}
 		fmt.Fprintln(os.Stderr, "compare: go build -o", perf, "./cmd/goccl-perf")
 		cmd := exec.Command("go", "build", "-o", perf, "./cmd/goccl-perf")
-		cmd.Dir = moduleRoot()
+		cmd.Dir = bench.ModuleRoot()
 		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 		if err := cmd.Run(); err != nil {
 			return fmt.Errorf("building goccl-perf: %w", err)
@@ -178,12 +176,12 @@ func run() error {
 	}
 	missing := false
 	for _, p := range chosen {
-		if stale(filepath.Join(*binDir, p.binary), filepath.Join(moduleRoot(), "bench", "compare", "peers", p.source)) {
+		if stale(filepath.Join(*binDir, p.binary), filepath.Join(bench.ModuleRoot(), "bench", "compare", "peers", p.source)) {
 			missing = true
 		}
 	}
 	if missing && *setup {
-		cmd := exec.Command(filepath.Join(moduleRoot(), "bench", "compare", "setup.sh"), *binDir)
+		cmd := exec.Command(filepath.Join(bench.ModuleRoot(), "bench", "compare", "setup.sh"), *binDir)
 		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 		if err := cmd.Run(); err != nil {
 			return fmt.Errorf("setup.sh: %w", err)
@@ -226,7 +224,7 @@ func run() error {
 	sweeps := [][]string{{"-b", *minB, "-e", *maxB, "-f", strconv.FormatInt(*factor, 10)}}
 	if *sizesF != "" {
 		sweeps = nil
-		for _, sz := range split(*sizesF) {
+		for _, sz := range bench.SplitList(*sizesF) {
 			if _, err := collective.ParseSize(sz); err != nil {
 				return fmt.Errorf("-sizes: %w", err)
 			}
@@ -301,7 +299,7 @@ func run() error {
 					}
 					if err != nil {
 						fmt.Fprintf(os.Stderr, "compare:   %s failed: %v (see %s)\n", tool, err, logs.Name())
-						if tool != "goccl" && errors.Is(err, errTimedOut) {
+						if tool != "goccl" && errors.Is(err, bench.ErrTimedOut) {
 							slow.note(s, tool, from)
 							fmt.Fprintf(os.Stderr, "compare:   %s is left out of %s from %d bytes up for the rest of this comparison\n", tool, s, from)
 						}
@@ -347,7 +345,7 @@ func run() error {
 				if !ok {
 					continue
 				}
-				fmt.Printf("%-12s %14.2f %14.2f %8.2f %12.3f %12.3f %8.2f\n", sizeName(g.Bytes), g.OutOfPlace.TimeUs, q.OutOfPlace.TimeUs,
+				fmt.Printf("%-12s %14.2f %14.2f %8.2f %12.3f %12.3f %8.2f\n", bench.SizeName(g.Bytes), g.OutOfPlace.TimeUs, q.OutOfPlace.TimeUs,
 					ratio(g.OutOfPlace.TimeUs, q.OutOfPlace.TimeUs), g.OutOfPlace.BusBW, q.OutOfPlace.BusBW, ratio(g.OutOfPlace.BusBW, q.OutOfPlace.BusBW))
 			}
 			fmt.Println()
@@ -433,8 +431,8 @@ func printVerdict(w io.Writer, rows []verdictRow) {
 	var unmatched []string
 	for _, r := range rows {
 		if r.peer == "" {
-			fmt.Fprintf(w, "%-34s %-10s %10s %12.2f %12s   no peer result (their runs failed: see OUT/runs.log)\n", r.s, sizeName(r.bytes), "-", r.gUs, "-")
-			unmatched = append(unmatched, fmt.Sprintf("%s %s", r.s, sizeName(r.bytes)))
+			fmt.Fprintf(w, "%-34s %-10s %10s %12.2f %12s   no peer result (their runs failed: see OUT/runs.log)\n", r.s, bench.SizeName(r.bytes), "-", r.gUs, "-")
+			unmatched = append(unmatched, fmt.Sprintf("%s %s", r.s, bench.SizeName(r.bytes)))
 			continue
 		}
 		compared++
@@ -451,16 +449,13 @@ func printVerdict(w io.Writer, rows []verdictRow) {
 				behindApart++
 			}
 		}
-		fmt.Fprintf(w, "%-34s %-10s %10.2f %12.2f %12.2f %-10s %-8s%s\n", r.s, sizeName(r.bytes), r.ratio, r.gUs, r.peerUs, r.peer, runs, mark)
+		fmt.Fprintf(w, "%-34s %-10s %10.2f %12.2f %12.2f %-10s %-8s%s\n", r.s, bench.SizeName(r.bytes), r.ratio, r.gUs, r.peerUs, r.peer, runs, mark)
 	}
 	fmt.Fprintf(w, "\ngoccl ahead of every peer at %d of %d settings and sizes; behind in every run at %d\n", ahead, compared, behindApart)
 	if len(unmatched) > 0 {
 		fmt.Fprintf(w, "no peer result at %d: %s\n", len(unmatched), strings.Join(unmatched, ", "))
 	}
 }
-
-// errTimedOut: a run killed at -run-timeout.
-var errTimedOut = errors.New("killed")
 
 // giveUps records, per setting and peer, the smallest size at which a
 // run of the peer was killed at -run-timeout. Later rounds skip the peer
@@ -501,29 +496,14 @@ func sweepFrom(sweep []string) int64 {
 	return 0
 }
 
-// runTool runs one benchmark command, logs its output and parses its table.
+// runTool runs one benchmark command (bench.RunLimited: killed with its
+// ranks past limit), logs its output and parses its table.
 func runTool(ctx context.Context, log io.Writer, argv, env []string, limit time.Duration) ([]bench.Row, error) {
-	ctx, cancel := context.WithTimeout(ctx, limit)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	// A launcher's ranks are its children: a run past its limit (MPICH's
-	// 4 ranks over TCP on 2 cores hung here, blocked, for minutes) is
-	// killed as a process group, ranks and all.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.Env = append(os.Environ(), "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
-	cmd.Env = append(cmd.Env, env...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	err := cmd.Run()
-	fmt.Fprintf(log, "### %s\n%s\n", strings.Join(argv, " "), out.String())
-	if ctx.Err() == context.DeadlineExceeded {
-		return nil, fmt.Errorf("%w after -run-timeout %v", errTimedOut, limit)
-	}
+	out, err := bench.RunLimited(ctx, argv, append([]string{"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"}, env...), limit, log)
 	if err != nil {
 		return nil, err
 	}
-	rows, err := bench.ParseTable(&out)
+	rows, err := bench.ParseTable(bytes.NewReader(out))
 	if err != nil {
 		return nil, err
 	}
@@ -635,41 +615,10 @@ func ratio(a, b float64) float64 {
 	return a / b
 }
 
-func sizeName(b int64) string {
-	switch {
-	case b >= 1<<30 && b%(1<<30) == 0:
-		return fmt.Sprintf("%d GiB", b>>30)
-	case b >= 1<<20 && b%(1<<20) == 0:
-		return fmt.Sprintf("%d MiB", b>>20)
-	case b >= 1<<10 && b%(1<<10) == 0:
-		return fmt.Sprintf("%d KiB", b>>10)
-	}
-	return fmt.Sprintf("%d B", b)
-}
-
 func names(ps []peer) []string {
 	var out []string
 	for _, p := range ps {
 		out = append(out, p.name)
 	}
 	return out
-}
-
-func split(s string) []string {
-	var out []string
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f != "" {
-			out = append(out, f)
-		}
-	}
-	return out
-}
-
-// moduleRoot is the goccl checkout this program was built from.
-func moduleRoot() string {
-	_, file, _, ok := runtime.Caller(0)
-	if !ok {
-		return "."
-	}
-	return filepath.Dir(filepath.Dir(filepath.Dir(file)))
 }

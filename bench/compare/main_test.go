@@ -50,9 +50,9 @@ func TestNearestMatchesRoundedSizes(t *testing.T) {
 	require.Equal(t, int64(1048572), r.Bytes)
 	_, ok = nearest(rows, 2<<20)
 	require.False(t, ok)
-	require.Equal(t, "256 MiB", sizeName(256<<20))
-	require.Equal(t, "8 B", sizeName(8))
-	require.Equal(t, []string{"a", "b"}, split(" a, ,b "))
+	require.Equal(t, "256 MiB", bench.SizeName(256<<20))
+	require.Equal(t, "8 B", bench.SizeName(8))
+	require.Equal(t, []string{"a", "b"}, bench.SplitList(" a, ,b "))
 }
 
 // The verdict marks where goccl is behind the fastest peer and counts

@@ -30,7 +30,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"gonum.org/v1/gonum/optimize"
@@ -96,7 +95,7 @@ func run(argv []string, out io.Writer) error {
 		return err
 	}
 	var vary [4]bool
-	for _, v := range split(*varyS) {
+	for _, v := range bench.SplitList(*varyS) {
 		i := slices.Index([]string{"latency", "bandwidth", "reduce", "post"}, v)
 		if i < 0 {
 			return fmt.Errorf("-vary %q: latency, bandwidth, reduce, post", v)
@@ -111,7 +110,7 @@ func run(argv []string, out io.Writer) error {
 	if *from != "" {
 		pts, err = load(*from)
 	} else {
-		pts, err = measure(measureArgs{transports: split(*transports), nps: *nps, colls: split(*colls), b: *minB, e: *maxB,
+		pts, err = measure(measureArgs{transports: bench.SplitList(*transports), nps: *nps, colls: bench.SplitList(*colls), b: *minB, e: *maxB,
 			f: *factor, reps: *reps, target: *target, bin: *bin, dir: *outDir, limit: *limit}, out)
 	}
 	if err != nil {
@@ -148,7 +147,7 @@ func measure(a measureArgs, out io.Writer) ([]point, error) {
 		return nil, fmt.Errorf("-reps %d, -f %d, -T %v: need at least 1 run, a factor of at least 2 and a positive time", a.reps, a.f, a.target)
 	}
 	var nps []int
-	for _, s := range split(a.nps) {
+	for _, s := range bench.SplitList(a.nps) {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 2 {
 			return nil, fmt.Errorf("-np %q: rank counts of at least 2", a.nps)
@@ -188,7 +187,7 @@ func measure(a measureArgs, out io.Writer) ([]point, error) {
 	if a.bin == "" {
 		a.bin = filepath.Join(a.dir, "goccl-perf")
 		b := exec.Command("go", "build", "-o", a.bin, "./cmd/goccl-perf")
-		b.Dir, b.Stdout, b.Stderr = moduleRoot(), os.Stderr, os.Stderr
+		b.Dir, b.Stdout, b.Stderr = bench.ModuleRoot(), os.Stderr, os.Stderr
 		if err := b.Run(); err != nil {
 			return nil, fmt.Errorf("building goccl-perf: %w", err)
 		}
@@ -209,7 +208,7 @@ func measure(a measureArgs, out io.Writer) ([]point, error) {
 							"-b", a.b, "-e", a.e, "-f", strconv.Itoa(a.f), "-target", fmt.Sprintf("%gs", a.target),
 							"-a", "3", "-c", "1", "-out-of-place-only", "-J", name}
 						start := time.Now()
-						if err := runPerf(argv, log, a.limit); err != nil {
+						if _, err := bench.RunLimited(context.Background(), argv, nil, a.limit, log); err != nil {
 							return nil, fmt.Errorf("%s: %w (log: %s)", strings.Join(argv, " "), err, log.Name())
 						}
 						fmt.Fprintf(out, "fit: run %d/%d %s %d ranks %s %s (%.1fs)\n", rep+1, a.reps, tr, np, c, al, time.Since(start).Seconds())
@@ -219,21 +218,6 @@ func measure(a measureArgs, out io.Writer) ([]point, error) {
 		}
 	}
 	return load(a.dir)
-}
-
-// runPerf runs one goccl-perf sweep, killed with its ranks past limit.
-func runPerf(argv []string, log io.Writer, limit time.Duration) error {
-	ctx, cancel := context.WithTimeout(context.Background(), limit)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	o, err := cmd.CombinedOutput()
-	fmt.Fprintf(log, "### %s\n%s\n", strings.Join(argv, " "), o)
-	if ctx.Err() == context.DeadlineExceeded {
-		return fmt.Errorf("killed after -run-timeout %v", limit)
-	}
-	return err
 }
 
 // runGlob matches the runs' files in a directory.
@@ -631,7 +615,7 @@ func report(w io.Writer, pts, held []point, cpus int, vary [4]bool) {
 				fmt.Fprintf(w, "  %-20s %-20s\n", "code's pick", "picks-fitted pick")
 			}
 			best := q.best
-			fmt.Fprintf(w, "%10s", sizeName(q.bytes))
+			fmt.Fprintf(w, "%10s", bench.SizeName(q.bytes))
 			for _, a := range weighed[q.coll] {
 				mark := " "
 				if a == best {
@@ -689,33 +673,4 @@ func runsText(pts []point) string {
 		return fmt.Sprintf("%d runs each", lo)
 	}
 	return fmt.Sprintf("%d-%d runs each", lo, hi)
-}
-
-func sizeName(b int64) string {
-	switch {
-	case b >= 1<<20 && b%(1<<20) == 0:
-		return fmt.Sprintf("%d MiB", b>>20)
-	case b >= 1<<10 && b%(1<<10) == 0:
-		return fmt.Sprintf("%d KiB", b>>10)
-	}
-	return fmt.Sprintf("%d B", b)
-}
-
-func split(s string) []string {
-	var out []string
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f != "" {
-			out = append(out, f)
-		}
-	}
-	return out
-}
-
-// moduleRoot is the goccl checkout this program was built from.
-func moduleRoot() string {
-	_, file, _, ok := runtime.Caller(0)
-	if !ok {
-		return "."
-	}
-	return filepath.Dir(filepath.Dir(filepath.Dir(file)))
 }
