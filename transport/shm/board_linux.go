@@ -306,19 +306,33 @@ func (b *board) Mark(seq uint64, sig uint32) {
 }
 
 // setLast records seq as this member's latest collective and wakes the
-// sleepers. The store is sequentially consistent (an exchange on x86), so
-// either a member going to sleep sees it, or this sees the sleeper.
+// sleepers. Either a member going to sleep sees the store, or this sees
+// the sleeper: the store is sequentially consistent (an exchange on x86)
+// until every member has flagBarrier, and then plain, as Post's is, each
+// sleeper's barrier making it visible. The posters of a reduce poll this
+// line once they are a board's length ahead: an exchange waited for it to
+// come back from their cores, the root's mark a tenth of its time on 2
+// ranks (docs/performance.md, "The reduce's root marks with plain
+// stores").
 func (b *board) setLast(seq uint64, sig uint32) {
-	b.u32(b.me, memberLastSig).Store(sig)
-	b.u64(b.me, memberLast).Store(seq + 1)
+	m := b.member(b.me)
+	if b.plain || b.allBarrier() {
+		// Both in order (x86-TSO, or release stores elsewhere): a reader
+		// that sees last sees its signature.
+		fence.Store((*uint32)(unsafe.Pointer(&m[memberLastSig])), sig)
+		fence.Store64((*uint64)(unsafe.Pointer(&m[memberLast])), seq+1)
+	} else {
+		(*atomic.Uint32)(unsafe.Pointer(&m[memberLastSig])).Store(sig)
+		(*atomic.Uint64)(unsafe.Pointer(&m[memberLast])).Store(seq + 1)
+	}
 	b.wakeSleepers()
 }
 
 // wakeSleepers wakes the members sleeping on the board, if any, after a
-// sequentially consistent store (setLast's last, Post's entry until every
-// member has flagBarrier), or Post's plain store that the sleeper's
-// barrier backs: either a member going to sleep sees that store, or this
-// sees the sleeper.
+// sequentially consistent store (setLast's or Post's, until every member
+// has flagBarrier), or a plain one that the sleeper's barrier backs:
+// either a member going to sleep sees that store, or this sees the
+// sleeper.
 func (b *board) wakeSleepers() {
 	if b.sleepers().Load() != 0 {
 		b.wake().Add(1)
