@@ -243,7 +243,7 @@ func (h *hostPath) copy(dst, src memory.Buffer, to sink) error {
 	if h.streams(to) {
 		kernels.CopyStream(dst.Bytes(), src.Bytes())
 	} else {
-		copy(dst.Bytes(), src.Bytes())
+		kernels.Copy(dst.Bytes(), src.Bytes())
 	}
 	return nil
 }

@@ -21,3 +21,5 @@ func archScaledSum(Type, float64) Func              { return nil }
 func archScaledSumStream(Type, float64) Func        { return nil }
 func archScaledSumStream2(Type, float64) Func2      { return nil }
 func archScale(Type, float64) func(dst, src []byte) { return nil }
+
+func archCopy(dst, src []byte) bool { return false }
