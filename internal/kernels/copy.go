@@ -6,8 +6,9 @@ package kernels
 // MOVSB, which copies a buffer in cache about a third faster than the
 // runtime's memmove (AVX loads and stores): 512 KiB in 4.8 µs against
 // 5.7-6.7 on these VMs, 2 MiB in 22 against 28-31 (BenchmarkCopy;
-// docs/performance.md, "Copies with REP MOVSB"). glibc's memcpy makes the same choice between
-// its vector loop and REP MOVSB (sysdeps/x86, rep_movsb_threshold).
+// docs/performance.md, "Copies with REP MOVSB"). glibc's memcpy makes
+// the same choice between its vector loop and REP MOVSB (sysdeps/x86,
+// rep_movsb_threshold).
 func Copy(dst, src []byte) int {
 	n := min(len(dst), len(src))
 	if n < repMovsbMin || forcePortable || overlap(dst[:n], src[:n]) || !archCopy(dst[:n], src[:n]) {
