@@ -1,5 +1,7 @@
 package kernels
 
+import "github.com/goccl/goccl/memory"
+
 // Copy copies src into dst as copy does and returns the number of bytes
 // copied; the two must not overlap (where they do, it is copy). From
 // repMovsbMin bytes on a CPU with fast string moves (ERMS) it is one REP
@@ -11,7 +13,8 @@ package kernels
 // rep_movsb_threshold).
 func Copy(dst, src []byte) int {
 	n := min(len(dst), len(src))
-	if n < repMovsbMin || forcePortable || overlap(dst[:n], src[:n]) || !archCopy(dst[:n], src[:n]) {
+	dst, src = dst[:n], src[:n]
+	if n < repMovsbMin || forcePortable || memory.HostBuffer(dst).Overlaps(memory.HostBuffer(src)) || !archCopy(dst, src) {
 		return copy(dst, src)
 	}
 	return n
@@ -21,9 +24,3 @@ func Copy(dst, src []byte) int {
 // threshold for 32-byte vectors (2048 * 32/16 bytes), below which its
 // start-up costs more than a vector loop.
 const repMovsbMin = 4096
-
-// overlap reports whether a and b (of equal, nonzero length) share a byte.
-func overlap(a, b []byte) bool {
-	pa, pb := uintptrOf(a), uintptrOf(b)
-	return pa < pb+uintptr(len(b)) && pb < pa+uintptr(len(a))
-}
